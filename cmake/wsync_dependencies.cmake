@@ -1,0 +1,15 @@
+# Required and optional third-party packages, all from Debian 12 (scripts/bootstrap.sh installs them).
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+
+# xxHash is used header-only (XXH_INLINE_ALL): the inline build hashes twice as fast here as
+# Debian's shared library (notes/ucx-1.13.md, "Hashing").
+find_path(WSYNC_XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+add_library(wsync_xxhash INTERFACE)
+target_include_directories(wsync_xxhash SYSTEM INTERFACE "${WSYNC_XXHASH_INCLUDE_DIR}")
+
+if(WSYNC_ENABLE_TESTS)
+  find_package(GTest REQUIRED)
+  find_package(rapidcheck REQUIRED)
+endif()

@@ -1,0 +1,20 @@
+#pragma once
+// JSON form of a manifest: every field, exact round trip. 64-bit checksums travel as 16-digit
+// hex strings so that JSON readers with double-precision numbers cannot corrupt them.
+
+#include <string>
+#include <string_view>
+
+#include "wsync/manifest/manifest.hpp"
+#include "wsync/manifest/result.hpp"
+
+namespace wsync {
+
+/// Serialises a manifest to compact JSON text.
+std::string manifest_to_json(const weight_update_manifest& m);
+
+/// Parses JSON text; structural problems (missing field, wrong type) are errc::invalid_manifest
+/// naming the field. Does not run manifest_validate().
+result<weight_update_manifest> manifest_from_json(std::string_view text);
+
+}  // namespace wsync

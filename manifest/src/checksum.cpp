@@ -1,0 +1,69 @@
+#include "wsync/manifest/checksum.hpp"
+
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace wsync {
+namespace {
+
+// Hash and copy in blocks that stay in L2 between the two passes, so the source is read from
+// memory once.
+constexpr std::size_t block_bytes = 128 * 1024;
+
+// Copies a cache-hot block with streaming stores: the destination lines are written without
+// being read first (a plain store reads each line for ownership, one more pass over memory).
+void copy_block(unsigned char* dst, const unsigned char* src, std::size_t n) {
+#if defined(__x86_64__)
+  if ((reinterpret_cast<std::uintptr_t>(dst) & 15) == 0) {
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    if (i < n) std::memcpy(dst + i, src + i, n - i);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+}  // namespace
+
+std::uint64_t checksum_compute(const void* data, std::size_t nbytes) {
+  return XXH3_64bits(data, nbytes);
+}
+
+std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  if (nbytes <= block_bytes) {
+    std::uint64_t h = XXH3_64bits(s, nbytes);
+    std::memcpy(d, s, nbytes);
+    return h;
+  }
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  for (std::size_t off = 0; off < nbytes; off += block_bytes) {
+    std::size_t n = nbytes - off < block_bytes ? nbytes - off : block_bytes;
+    XXH3_64bits_update(&state, s + off, n);
+    copy_block(d + off, s + off, n);
+  }
+#if defined(__x86_64__)
+  _mm_sfence();  // streaming stores are weakly ordered; publish only after they are visible
+#endif
+  return XXH3_64bits_digest(&state);
+}
+
+}  // namespace wsync

@@ -1,0 +1,96 @@
+#pragma once
+// The data-plane contract. A transport implements only how segment bytes are exported and
+// imported; the lifecycle (versions, acks, releases) lives once, above it, in WeightPublisher
+// and WeightConsumer.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "wsync/manifest/manifest.hpp"
+#include "wsync/manifest/result.hpp"
+
+namespace wsync {
+
+/// What a transport can honestly do; the selector trusts these.
+struct transport_caps {
+  bool cpu_memory = false;
+  bool gpu_memory = false;
+  bool cross_process = false;  ///< publisher and consumer may be different processes
+  bool cross_node = false;     ///< ... on different hosts
+  bool zero_copy_import = false;
+};
+
+/// Transport settings as text key/value pairs (from config files or flags); each transport
+/// refuses keys it does not know, naming them.
+using transport_options = std::map<std::string, std::string>;
+
+/// Publisher half: owns the memory it handed out until release().
+class publisher_transport {
+ public:
+  virtual ~publisher_transport() = default;
+
+  /// Reserves writable host memory for the segments of update `id`, one span per entry of
+  /// `segment_bytes`. Waits up to `wait` for pooled memory to come free, then fails with
+  /// errc::timeout. The spans are the caller's to fill until expose() or release().
+  virtual result<std::vector<std::span<std::byte>>> acquire(
+      const update_id& id, std::span<const std::uint64_t> segment_bytes,
+      std::chrono::milliseconds wait) = 0;
+
+  /// Seals what the caller wrote and returns the opaque handle consumers import with.
+  virtual result<std::string> expose(const update_id& id) = 0;
+
+  /// Gives the update's memory back; called exactly once per acquired update, after every
+  /// consumer released it or when publishing failed. Unknown ids are ignored.
+  virtual void release(const update_id& id) = 0;
+};
+
+/// Consumer half: imported views stay valid until release().
+class consumer_transport {
+ public:
+  virtual ~consumer_transport() = default;
+
+  /// Makes the segments of an update readable in this process, one span per manifest segment,
+  /// each exactly manifest.segments[i].nbytes long. The manifest has been validated.
+  virtual result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& manifest) = 0;
+
+  /// Drops this process's hold on the update; its spans become invalid.
+  virtual void release(const update_id& id) = 0;
+};
+
+/// One configured transport: makes publisher and consumer halves that can talk to each other.
+class transport {
+ public:
+  virtual ~transport() = default;
+  virtual std::string_view name() const = 0;
+  virtual transport_caps caps() const = 0;
+  virtual result<std::unique_ptr<publisher_transport>> make_publisher() = 0;
+  virtual result<std::unique_ptr<consumer_transport>> make_consumer() = 0;
+};
+
+/// Reads transport_options strictly: typed getters with defaults, and finish() refuses any key
+/// that no getter asked for.
+class options_reader {
+ public:
+  options_reader(std::string transport, const transport_options& options)
+      : transport_(std::move(transport)), options_(options) {}
+
+  result<std::uint64_t> get_uint(const std::string& key, std::uint64_t fallback,
+                                 std::uint64_t min, std::uint64_t max);
+  std::string get_string(const std::string& key, std::string fallback);
+  result<void> finish() const;
+
+ private:
+  std::string transport_;
+  const transport_options& options_;
+  std::vector<std::string> seen_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,81 @@
+#pragma once
+// WeightConsumer: the rollout-side lifecycle over any consumer_transport. Validates manifests,
+// enforces monotonic versions, imports, verifies checksums and walks each update through the
+// one lifecycle state machine (wsync/manifest/lifecycle.hpp).
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "wsync/manifest/lifecycle.hpp"
+#include "wsync/manifest/manifest.hpp"
+#include "wsync/manifest/result.hpp"
+#include "wsync/transports/transport.hpp"
+
+namespace wsync {
+
+/// Read-only view of one imported tensor; valid until its update is released.
+struct tensor_view {
+  const tensor_descriptor* descriptor = nullptr;
+  const std::byte* data = nullptr;
+};
+
+/// An imported update: the manifest and its tensors, zero-copy where the transport allows.
+struct imported_update {
+  weight_update_manifest manifest;
+  std::vector<std::span<const std::byte>> segments;
+  std::vector<tensor_view> tensors;  ///< same order as manifest.tensors
+};
+
+struct consumer_config {
+  std::int32_t rank = 0;
+  unsigned verify_threads = 1;  ///< threads that recompute checksums in verify()
+};
+
+class weight_consumer {
+ public:
+  weight_consumer(std::unique_ptr<consumer_transport> transport, consumer_config config);
+  ~weight_consumer();
+  weight_consumer(const weight_consumer&) = delete;
+  weight_consumer& operator=(const weight_consumer&) = delete;
+
+  /// Validates the manifest, refuses a version not above every version seen for the model, and
+  /// imports the bytes. The returned pointer stays valid until release(update_id).
+  result<const imported_update*> import_update(const weight_update_manifest& manifest);
+  /// Recomputes every tensor checksum; a difference is "tensor checksum mismatch" naming the
+  /// tensor.
+  result<void> verify(const update_id& id);
+  /// Records that the install adapter took the update.
+  result<void> mark_installed(const update_id& id);
+  result<void> acknowledge(const update_id& id);
+  /// Records a failure reason; the update may then only be released.
+  result<void> reject(const update_id& id, std::string reason);
+  /// Gives the bytes back to the transport; the update's views become invalid.
+  result<void> release(const update_id& id);
+
+  result<update_state> state(const update_id& id) const;
+  std::int32_t rank() const { return config_.rank; }
+
+ private:
+  struct entry {
+    update_state state = update_state::announced;
+    std::unique_ptr<imported_update> update;
+    std::string reason;
+  };
+  result<void> step(const update_id& id, update_event event);
+  std::string context(const update_id& id) const;
+
+  std::unique_ptr<consumer_transport> transport_;
+  consumer_config config_;
+  mutable std::mutex mutex_;
+  std::map<update_id, entry> updates_;
+  std::map<std::string, std::uint64_t> highest_version_;  ///< per model_id
+  std::deque<std::pair<update_id, update_state>> finished_;  ///< recent terminal states
+};
+
+}  // namespace wsync

@@ -1,0 +1,115 @@
+#pragma once
+// WeightPublisher: the trainer-side lifecycle over any publisher_transport. Packs tensors into
+// 256-byte-aligned segments, copies and checksums them in one pass, builds the manifest,
+// enforces monotonic versions and releases memory once every expected consumer is done.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "wsync/manifest/manifest.hpp"
+#include "wsync/manifest/result.hpp"
+#include "wsync/transports/transport.hpp"
+
+namespace wsync {
+
+/// A host tensor offered for publishing; its bytes must stay valid while publish() runs.
+struct tensor_source {
+  std::string name;
+  wsync::dtype dtype = wsync::dtype::f32;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;  ///< in elements; empty = contiguous row-major
+  const std::byte* data = nullptr;
+  std::uint64_t nbytes = 0;
+};
+
+struct publisher_config {
+  std::string model_id;
+  std::string source_worker;  ///< empty: "<hostname>:<pid>"
+  std::int32_t source_rank = 0;
+  std::uint64_t max_segment_bytes = std::uint64_t{256} << 20;
+  std::chrono::milliseconds slot_wait{10000};
+  unsigned copy_threads = 2;  ///< threads that copy and checksum; 1 disables the pool
+};
+
+/// What the publisher knows of one consumer rank for one update.
+enum class consumer_outcome { pending, acknowledged, rejected, failed, released };
+std::string_view consumer_outcome_name(consumer_outcome o);
+
+struct consumer_report {
+  consumer_outcome outcome = consumer_outcome::pending;
+  bool acknowledged = false;  ///< kept after release so the final table still shows it
+  std::string reason;
+};
+
+/// Per-update status: the manifest and each expected consumer's answer.
+struct publication {
+  weight_update_manifest manifest;
+  std::map<std::int32_t, consumer_report> consumers;
+  bool memory_released = false;
+};
+
+/// Splits tensors into segments of at most `max_segment_bytes` (a larger tensor gets a segment
+/// of its own), each tensor 256-byte aligned. Fills descriptors (checksum left 0) and sizes.
+result<void> pack_tensors(std::span<const tensor_source> tensors, std::uint64_t max_segment_bytes,
+                          std::vector<tensor_descriptor>& descriptors,
+                          std::vector<segment_descriptor>& segments);
+
+class weight_publisher {
+ public:
+  weight_publisher(std::unique_ptr<publisher_transport> transport, std::string transport_name,
+                   publisher_config config);
+  ~weight_publisher();
+  weight_publisher(const weight_publisher&) = delete;
+  weight_publisher& operator=(const weight_publisher&) = delete;
+
+  /// Publishes one complete update for `expected_consumers` ranks. Fails with
+  /// "weight_version must increase monotonically" when the version does not grow, and with
+  /// invalid_argument naming the tensor when a source is inconsistent. Nothing stays acquired
+  /// on failure.
+  result<weight_update_manifest> publish(std::span<const tensor_source> tensors,
+                                         std::uint64_t weight_version,
+                                         std::vector<std::int32_t> expected_consumers,
+                                         std::map<std::string, std::string> metadata = {});
+
+  /// Records a consumer's answer. Errors: unknown update_id, an unexpected rank, or a second
+  /// answer from the same rank.
+  result<void> on_acknowledged(const update_id& id, std::int32_t rank);
+  result<void> on_rejected(const update_id& id, std::int32_t rank, std::string reason);
+  /// The consumer dropped its hold (released) or died (failed); when every expected consumer is
+  /// released or failed, the transport memory is released.
+  result<void> on_released(const update_id& id, std::int32_t rank);
+  result<void> on_failed(const update_id& id, std::int32_t rank, std::string reason);
+  /// Releases the update's memory now, whatever consumers said (abort, deadline).
+  result<void> release(const update_id& id);
+
+  /// Snapshot of an update's status; unknown_update once it was forgotten.
+  result<publication> status(const update_id& id) const;
+  /// Highest published version, 0 before the first publish.
+  std::uint64_t last_version() const;
+  /// Ids whose memory is still held.
+  std::vector<update_id> held_updates() const;
+
+ private:
+  result<void> report(const update_id& id, std::int32_t rank, consumer_outcome outcome,
+                      std::string reason);
+  void copy_all(std::span<const tensor_source> tensors, std::vector<tensor_descriptor>& descs,
+                const std::vector<std::span<std::byte>>& dest);
+  void maybe_release_locked(publication& p);
+
+  std::unique_ptr<publisher_transport> transport_;
+  std::string transport_name_;
+  publisher_config config_;
+  mutable std::mutex mutex_;
+  std::uint64_t last_version_ = 0;
+  bool published_any_ = false;
+  std::map<update_id, publication> updates_;
+  std::vector<update_id> order_;  ///< publish order, to forget the oldest finished updates
+};
+
+}  // namespace wsync

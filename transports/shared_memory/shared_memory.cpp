@@ -1,0 +1,497 @@
+#include "shared_memory/shared_memory.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "wsync/manifest/log.hpp"
+
+namespace wsync {
+namespace {
+
+constexpr std::uint64_t page = 4096;
+constexpr std::uint64_t header_bytes = page;
+constexpr std::uint64_t capacity_quantum = std::uint64_t{2} << 20;
+constexpr char name_prefix[] = "wsync-";
+constexpr char magic[8] = {'W', 'S', 'Y', 'N', 'C', 'S', 'L', 'T'};
+
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+// First page of every slot: who owns it (for the orphan sweep) and which exposure it holds (so a
+// consumer never imports a slot that was already rewritten for a newer update).
+struct slot_header {
+  char magic[8];
+  std::uint32_t layout;
+  std::int32_t owner_pid;
+  std::uint64_t owner_start;  // start time of owner_pid, /proc/<pid>/stat field 22
+  std::uint64_t capacity;     // data bytes after the header
+  std::atomic<std::uint64_t> generation;
+};
+static_assert(sizeof(slot_header) <= header_bytes);
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+std::string errno_text(int err) { return std::string(std::strerror(err)); }
+
+// Start time of a process in clock ticks since boot; 0 when the process does not exist.
+std::uint64_t process_start_time(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  // After "pid (comm) " the state is field 3; starttime is field 22.
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+std::string random_hex(std::size_t bytes) {
+  std::vector<unsigned char> buf(bytes);
+  std::size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::getrandom(buf.data() + got, bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (auto b : buf) out += {hex[b >> 4], hex[b & 15]};
+  return out;
+}
+
+struct slot {
+  std::string name;  // without the leading '/'
+  std::byte* base = nullptr;
+  std::uint64_t map_bytes = 0;
+  std::uint64_t capacity = 0;
+  update_id holder;  // empty when free
+  std::vector<std::uint64_t> offsets;
+  slot_header* header() const { return reinterpret_cast<slot_header*>(base); }
+};
+
+void slot_destroy(slot& s) {
+  if (s.base) ::munmap(s.base, s.map_bytes);
+  if (!s.name.empty()) ::shm_unlink(("/" + s.name).c_str());
+  s.base = nullptr;
+  s.name.clear();
+}
+
+// Creates, sizes, maps and pre-faults one slot. Fresh pages cost ~0.3 GB/s to fault in here, so
+// this happens once per slot, never per update.
+result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_start) {
+  s.name = name_prefix + std::to_string(::getpid()) + "-" + random_hex(16);
+  s.capacity = capacity;
+  s.map_bytes = header_bytes + capacity;
+  int fd = ::shm_open(("/" + s.name).c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int err = errno;
+    s.name.clear();
+    return make_error(errc::io_error, "shared-memory: shm_open failed: " + errno_text(err));
+  }
+  auto fail = [&](const char* what) -> result<void> {
+    int err = errno;
+    ::close(fd);
+    slot_destroy(s);
+    return make_error(errc::io_error,
+                      std::string("shared-memory: ") + what + " failed for a slot of " +
+                          std::to_string(capacity) + " bytes: " + errno_text(err));
+  };
+  if (::fchmod(fd, 0600) != 0) return fail("fchmod");
+  if (::ftruncate(fd, static_cast<off_t>(s.map_bytes)) != 0) return fail("ftruncate");
+  void* p = ::mmap(nullptr, s.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return fail("mmap");
+  s.base = static_cast<std::byte*>(p);
+  // Allocate every page now; tmpfs reports a full /dev/shm here rather than with SIGBUS later.
+  if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
+    if (errno != EINVAL) return fail("madvise(MADV_POPULATE_WRITE)");
+    if (::posix_fallocate(fd, 0, static_cast<off_t>(s.map_bytes)) != 0) return fail("fallocate");
+    for (std::uint64_t off = 0; off < s.map_bytes; off += page) {
+      static_cast<volatile std::byte*>(p)[off] = std::byte{0};
+    }
+  }
+  ::close(fd);
+  auto* h = new (s.base) slot_header{};
+  std::memcpy(h->magic, magic, sizeof magic);
+  h->layout = 1;
+  h->owner_pid = ::getpid();
+  h->owner_start = owner_start;
+  h->capacity = capacity;
+  h->generation.store(0, std::memory_order_relaxed);
+  return {};
+}
+
+struct pool_config {
+  std::uint64_t slots = 2;  // most slots the ring holds; created on first need
+};
+
+class shm_publisher final : public publisher_transport {
+ public:
+  explicit shm_publisher(pool_config cfg)
+      : cfg_(std::move(cfg)), pool_id_(random_hex(8)), owner_start_(process_start_time(::getpid())) {}
+
+  ~shm_publisher() override {
+    for (auto& s : slots_) slot_destroy(*s);
+  }
+
+  result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
+                                                    std::span<const std::uint64_t> sizes,
+                                                    std::chrono::milliseconds wait) override {
+    std::vector<std::uint64_t> offsets;
+    std::uint64_t need = 0;
+    for (auto n : sizes) {
+      offsets.push_back(need);
+      need = align_up(need + n, page);  // page-aligned segments can be registered later
+    }
+    need = std::max(need, page);
+    std::unique_lock lock(mutex_);
+    for (const auto& s : slots_) {
+      if (s->holder == id) {
+        return make_error(errc::invalid_argument,
+                          "shared-memory: update_id " + id + " acquired twice (field update_id)");
+      }
+    }
+    auto deadline = std::chrono::steady_clock::now() + wait;
+    slot* chosen = nullptr;
+    while (!chosen) {
+      slot* small_free = nullptr;
+      for (auto& s : slots_) {
+        if (!s->holder.empty()) continue;
+        if (s->capacity >= need && (!chosen || s->capacity < chosen->capacity)) chosen = s.get();
+        if (s->capacity < need) small_free = s.get();
+      }
+      if (chosen) break;
+      if (slots_.size() < cfg_.slots || small_free) {
+        // Grow: a new slot while the ring may grow, otherwise resize a free one that is too small.
+        if (!small_free) {
+          slots_.push_back(std::make_unique<slot>());
+          small_free = slots_.back().get();
+        }
+        slot_destroy(*small_free);
+        std::uint64_t capacity = align_up(need + need / 8, capacity_quantum);
+        if (auto ok = slot_create(*small_free, capacity, owner_start_); !ok) {
+          slots_.erase(std::find_if(slots_.begin(), slots_.end(),
+                                    [&](const auto& p) { return p.get() == small_free; }));
+          return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
+        }
+        chosen = small_free;
+        break;
+      }
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return make_error(errc::timeout,
+                          "shared-memory: no free slot for update_id=" + id + " after " +
+                              std::to_string(wait.count()) + " ms: all " +
+                              std::to_string(slots_.size()) +
+                              " slots hold updates not yet released by every consumer "
+                              "(option slots=" +
+                              std::to_string(cfg_.slots) + ")");
+      }
+    }
+    chosen->holder = id;
+    chosen->offsets = offsets;
+    std::vector<std::span<std::byte>> spans;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      spans.emplace_back(chosen->base + header_bytes + offsets[i], sizes[i]);
+    }
+    return spans;
+  }
+
+  result<std::string> expose(const update_id& id) override {
+    std::lock_guard lock(mutex_);
+    slot* s = find(id);
+    if (!s) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id + " was not acquired from shared-memory");
+    }
+    std::uint64_t gen = s->header()->generation.fetch_add(1, std::memory_order_acq_rel) + 1;
+    std::size_t index = static_cast<std::size_t>(
+        std::find_if(slots_.begin(), slots_.end(), [&](const auto& p) { return p.get() == s; }) -
+        slots_.begin());
+    nlohmann::json h = {{"pool", pool_id_},   {"slot", index},          {"name", s->name},
+                        {"generation", gen}, {"capacity", s->capacity}, {"offsets", s->offsets}};
+    return h.dump();
+  }
+
+  void release(const update_id& id) override {
+    std::lock_guard lock(mutex_);
+    if (slot* s = find(id)) {
+      s->holder.clear();
+      cv_.notify_all();
+    }
+  }
+
+ private:
+  slot* find(const update_id& id) {
+    for (auto& s : slots_) {
+      if (s->holder == id) return s.get();
+    }
+    return nullptr;
+  }
+
+  pool_config cfg_;
+  std::string pool_id_;
+  std::uint64_t owner_start_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<slot>> slots_;
+};
+
+struct handle {
+  std::string pool;
+  std::uint64_t slot = 0;
+  std::string name;
+  std::uint64_t generation = 0;
+  std::uint64_t capacity = 0;
+  std::vector<std::uint64_t> offsets;
+};
+
+result<handle> handle_parse(const weight_update_manifest& m) {
+  auto bad = [&](const std::string& why) -> error {
+    return make_error(errc::invalid_manifest,
+                      "invalid manifest: transport_handle: " + why + " (" + update_context(m) + ")");
+  };
+  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a shared-memory handle");
+  handle h;
+  try {
+    h.pool = j.at("pool").get<std::string>();
+    h.slot = j.at("slot").get<std::uint64_t>();
+    h.name = j.at("name").get<std::string>();
+    h.generation = j.at("generation").get<std::uint64_t>();
+    h.capacity = j.at("capacity").get<std::uint64_t>();
+    h.offsets = j.at("offsets").get<std::vector<std::uint64_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    return bad(std::string("shared-memory handle field: ") + e.what());
+  }
+  if (h.name.rfind(name_prefix, 0) != 0 || h.name.find('/') != std::string::npos) {
+    return bad("segment name \"" + h.name + "\" is not a wsync shared-memory name");
+  }
+  if (h.offsets.size() != m.segments.size()) {
+    return bad(std::to_string(h.offsets.size()) + " offsets for " +
+               std::to_string(m.segments.size()) + " segments");
+  }
+  for (std::size_t i = 0; i < h.offsets.size(); ++i) {
+    if (h.offsets[i] > h.capacity || m.segments[i].nbytes > h.capacity - h.offsets[i]) {
+      return bad("segment " + std::to_string(i) + " lies outside the slot");
+    }
+  }
+  return h;
+}
+
+class shm_consumer final : public consumer_transport {
+ public:
+  ~shm_consumer() override {
+    for (auto& [key, m] : maps_) m.unmap();
+    for (auto& m : retired_) m.unmap();
+  }
+
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    auto h = handle_parse(m);
+    if (!h) return h.error();
+    std::lock_guard lock(mutex_);
+    auto key = h->pool + "/" + std::to_string(h->slot);
+    auto it = maps_.find(key);
+    if (it != maps_.end() && it->second.name != h->name) {
+      // The publisher replaced this slot with a larger one: drop the old mapping once unused.
+      retire(it);
+      it = maps_.end();
+    }
+    if (it == maps_.end()) {
+      auto mapped = map(*h, m);
+      if (!mapped) return mapped.error();
+      it = maps_.emplace(key, *mapped).first;
+    }
+    auto& mp = it->second;
+    const auto* header = reinterpret_cast<const slot_header*>(mp.base);
+    std::uint64_t gen = header->generation.load(std::memory_order_acquire);
+    if (gen != h->generation) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + m.update_id +
+                            " is no longer in shared memory: its slot now holds generation " +
+                            std::to_string(gen) + ", the handle names " +
+                            std::to_string(h->generation) + " (" + update_context(m) + ")");
+    }
+    std::vector<std::span<const std::byte>> spans;
+    for (std::size_t i = 0; i < h->offsets.size(); ++i) {
+      spans.emplace_back(mp.base + header_bytes + h->offsets[i], m.segments[i].nbytes);
+    }
+    ++mp.holds;
+    held_[m.update_id] = {key, mp.name};
+    return spans;
+  }
+
+  void release(const update_id& id) override {
+    std::lock_guard lock(mutex_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return;
+    auto [key, name] = it->second;
+    held_.erase(it);
+    if (auto m = maps_.find(key); m != maps_.end() && m->second.name == name) {
+      --m->second.holds;
+      return;
+    }
+    for (auto r = retired_.begin(); r != retired_.end(); ++r) {
+      if (r->name == name && --r->holds == 0) {
+        r->unmap();
+        retired_.erase(r);
+        return;
+      }
+    }
+  }
+
+ private:
+  struct mapping {
+    std::string name;
+    const std::byte* base = nullptr;
+    std::uint64_t map_bytes = 0;
+    int holds = 0;
+    void unmap() const { ::munmap(const_cast<std::byte*>(base), map_bytes); }
+  };
+
+  void retire(std::unordered_map<std::string, mapping>::iterator it) {
+    if (it->second.holds == 0) {
+      it->second.unmap();
+    } else {
+      retired_.push_back(it->second);
+    }
+    maps_.erase(it);
+  }
+
+  // Maps a slot read-only and faults its pages in once (MAP_POPULATE), so later imports of the
+  // same slot cost nothing but a generation check.
+  result<mapping> map(const handle& h, const weight_update_manifest& m) {
+    int fd = ::shm_open(("/" + h.name).c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) {
+      int err = errno;
+      if (err == ENOENT) {
+        return make_error(errc::unknown_update,
+                          "unknown update_id: " + m.update_id + ": shared-memory segment " +
+                              h.name + " no longer exists (publisher released it or exited) (" +
+                              update_context(m) + ")");
+      }
+      return make_error(errc::io_error, "shared-memory: shm_open " + h.name +
+                                            " failed: " + errno_text(err) + " (" +
+                                            update_context(m) + ")");
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < header_bytes + h.capacity) {
+      ::close(fd);
+      return make_error(errc::invalid_manifest,
+                        "invalid manifest: transport_handle: segment " + h.name +
+                            " is smaller than the capacity the handle names (" +
+                            update_context(m) + ")");
+    }
+    std::uint64_t bytes = header_bytes + h.capacity;
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      return make_error(errc::io_error, "shared-memory: mmap " + h.name + " failed: " +
+                                            errno_text(err) + " (" + update_context(m) + ")");
+    }
+    const auto* header = static_cast<const slot_header*>(p);
+    if (std::memcmp(header->magic, magic, sizeof magic) != 0 || header->capacity != h.capacity) {
+      ::munmap(p, bytes);
+      return make_error(errc::invalid_manifest,
+                        "invalid manifest: transport_handle: " + h.name +
+                            " is not a wsync slot of the named capacity (" + update_context(m) +
+                            ")");
+    }
+    return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0};
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<std::string, mapping> maps_;  // "<pool>/<slot>" -> mapping
+  std::vector<mapping> retired_;
+  std::unordered_map<update_id, std::pair<std::string, std::string>> held_;
+};
+
+constexpr transport_caps shm_caps{.cpu_memory = true,
+                                  .gpu_memory = false,
+                                  .cross_process = true,
+                                  .cross_node = false,
+                                  .zero_copy_import = true};
+
+class shared_memory_transport final : public transport {
+ public:
+  explicit shared_memory_transport(pool_config cfg) : cfg_(std::move(cfg)) {}
+  std::string_view name() const override { return "shared-memory"; }
+  transport_caps caps() const override { return shm_caps; }
+  result<std::unique_ptr<publisher_transport>> make_publisher() override {
+    auto swept = shm_sweep_orphans();
+    if (!swept.empty()) {
+      log_warn("shared-memory: removed " + std::to_string(swept.size()) +
+               " segment(s) left by dead publishers, first: " + swept.front());
+    }
+    return std::unique_ptr<publisher_transport>(std::make_unique<shm_publisher>(cfg_));
+  }
+  result<std::unique_ptr<consumer_transport>> make_consumer() override {
+    return std::unique_ptr<consumer_transport>(std::make_unique<shm_consumer>());
+  }
+
+ private:
+  pool_config cfg_;
+};
+
+}  // namespace
+
+std::vector<std::string> shm_sweep_orphans(const std::string& dir) {
+  std::vector<std::string> removed;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return removed;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind(name_prefix, 0) != 0) continue;
+    int pid = std::atoi(name.c_str() + sizeof name_prefix - 1);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::uint64_t alive_start = process_start_time(pid);
+    if (alive_start != 0) {
+      // The pid is in use: keep the segment unless its header proves another process made it.
+      int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
+      if (fd < 0) continue;
+      void* p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
+      ::close(fd);
+      if (p == MAP_FAILED) continue;
+      const auto* h = static_cast<const slot_header*>(p);
+      bool same_owner = std::memcmp(h->magic, magic, sizeof magic) != 0 ||  // not ours to judge
+                        h->owner_start == 0 || h->owner_start == alive_start;
+      ::munmap(p, header_bytes);
+      if (same_owner) continue;
+    }
+    if (::shm_unlink(("/" + name).c_str()) == 0) removed.push_back(name);
+  }
+  ::closedir(d);
+  return removed;
+}
+
+transport_entry shared_memory_entry() {
+  return {"shared-memory", "one node; pooled POSIX shared-memory slots, zero-copy import",
+          shm_caps, [](const transport_options& options) -> result<std::unique_ptr<transport>> {
+            options_reader reader("shared-memory", options);
+            pool_config cfg;
+            auto slots = reader.get_uint("slots", 2, 1, 64);
+            if (!slots) return slots.error();
+            cfg.slots = *slots;
+            if (auto ok = reader.finish(); !ok) return ok.error();
+            return std::unique_ptr<transport>(std::make_unique<shared_memory_transport>(cfg));
+          }};
+}
+
+}  // namespace wsync

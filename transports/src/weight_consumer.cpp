@@ -1,0 +1,179 @@
+#include "wsync/transports/weight_consumer.hpp"
+
+#include <atomic>
+#include <thread>
+
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/validate.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync {
+namespace {
+
+// Terminal states remembered after release, so a late call gets "after release", not "unknown".
+constexpr std::size_t finished_history = 256;
+
+std::string hex(std::uint64_t v) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = digits[v & 15];
+  return s;
+}
+
+}  // namespace
+
+weight_consumer::weight_consumer(std::unique_ptr<consumer_transport> transport,
+                                 consumer_config config)
+    : transport_(std::move(transport)), config_(config) {
+  if (config_.verify_threads == 0) config_.verify_threads = 1;
+}
+
+weight_consumer::~weight_consumer() {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, e] : updates_) {
+    if (e.update) transport_->release(id);
+  }
+}
+
+std::string weight_consumer::context(const update_id& id) const {
+  return update_context(id, config_.rank);
+}
+
+result<const imported_update*> weight_consumer::import_update(
+    const weight_update_manifest& manifest) {
+  const auto& id = manifest.update_id;
+  if (auto ok = manifest_validate(manifest, transport_known); !ok) {
+    // The validator names the publisher's rank; say which consumer refused it too.
+    return make_error(ok.error().code, ok.error().message + " at consumer rank " +
+                                           std::to_string(config_.rank));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (updates_.count(id)) {
+      return make_error(errc::illegal_transition,
+                        "cannot import update: update_id already imported (" + context(id) + ")");
+    }
+    auto hv = highest_version_.find(manifest.model_id);
+    if (hv != highest_version_.end() && manifest.weight_version <= hv->second) {
+      return make_error(errc::version_not_monotonic,
+                        "weight_version must increase monotonically: weight_version " +
+                            std::to_string(manifest.weight_version) + " is not above " +
+                            std::to_string(hv->second) + " already seen for model_id=" +
+                            manifest.model_id + " (" + context(id) + ")");
+    }
+  }
+  auto segments = transport_->import_segments(manifest);
+  if (!segments) return segments.error();
+
+  auto update = std::make_unique<imported_update>();
+  update->manifest = manifest;
+  update->segments = std::move(*segments);
+  update->tensors.reserve(manifest.tensors.size());
+  for (const auto& t : update->manifest.tensors) {
+    update->tensors.push_back({&t, update->segments[t.segment].data() + t.offset});
+  }
+  std::lock_guard lock(mutex_);
+  auto& e = updates_[id];
+  e.state = update_state::imported;
+  e.update = std::move(update);
+  auto& hv = highest_version_[manifest.model_id];
+  hv = std::max(hv, manifest.weight_version);
+  return e.update.get();
+}
+
+result<void> weight_consumer::verify(const update_id& id) {
+  const imported_update* u = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = updates_.find(id);
+    if (it != updates_.end()) u = it->second.update.get();
+  }
+  if (u == nullptr) return step(id, update_event::verify_ok);  // gives the right refusal
+  // Workers take tensors in turn; the first mismatch (lowest index) is reported.
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> bad{u->tensors.size()};
+  std::vector<std::uint64_t> got(u->tensors.size());
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < u->tensors.size();) {
+      const auto& t = u->tensors[i];
+      got[i] = checksum_compute(t.data, t.descriptor->nbytes);
+      if (got[i] != t.descriptor->checksum) {
+        std::size_t cur = bad.load();
+        while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+        }
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  for (unsigned k = 1; k < config_.verify_threads; ++k) workers.emplace_back(work);
+  work();
+  for (auto& w : workers) w.join();
+  if (std::size_t i = bad.load(); i < u->tensors.size()) {
+    const auto& d = *u->tensors[i].descriptor;
+    return make_error(errc::checksum_mismatch,
+                      "tensor checksum mismatch: tensors[" + std::to_string(i) + "] \"" + d.name +
+                          "\" checksum expected " + hex(d.checksum) + " got " + hex(got[i]) +
+                          " (" + context(id) + ")");
+  }
+  return step(id, update_event::verify_ok);
+}
+
+result<void> weight_consumer::step(const update_id& id, update_event event) {
+  std::lock_guard lock(mutex_);
+  auto it = updates_.find(id);
+  update_state from = update_state::announced;
+  if (it != updates_.end()) {
+    from = it->second.state;
+  } else {
+    bool known = false;
+    for (const auto& [fid, state] : finished_) {
+      if (fid == id) from = state, known = true;
+    }
+    // Never seen: the lifecycle refuses everything but release and reject from "announced";
+    // an unknown id cannot be released or rejected either.
+    if (!known && (event == update_event::release || event == update_event::reject)) {
+      return make_error(errc::unknown_update, "unknown update_id: " + id + " (" + context(id) + ")");
+    }
+  }
+  auto to = update_transition(from, event, context(id));
+  if (!to) return to.error();
+  if (it == updates_.end()) return {};  // a legal move on a forgotten update changes nothing
+  it->second.state = *to;
+  if (*to == update_state::released) {
+    if (it->second.update) transport_->release(id);
+    finished_.emplace_back(id, update_state::released);
+    if (finished_.size() > finished_history) finished_.pop_front();
+    updates_.erase(it);
+  }
+  return {};
+}
+
+result<void> weight_consumer::mark_installed(const update_id& id) {
+  return step(id, update_event::install_ok);
+}
+
+result<void> weight_consumer::acknowledge(const update_id& id) {
+  return step(id, update_event::acknowledge);
+}
+
+result<void> weight_consumer::reject(const update_id& id, std::string reason) {
+  auto ok = step(id, update_event::reject);
+  if (ok) {
+    std::lock_guard lock(mutex_);
+    if (auto it = updates_.find(id); it != updates_.end()) it->second.reason = std::move(reason);
+  }
+  return ok;
+}
+
+result<void> weight_consumer::release(const update_id& id) { return step(id, update_event::release); }
+
+result<update_state> weight_consumer::state(const update_id& id) const {
+  std::lock_guard lock(mutex_);
+  if (auto it = updates_.find(id); it != updates_.end()) return it->second.state;
+  for (const auto& [fid, s] : finished_) {
+    if (fid == id) return s;
+  }
+  return make_error(errc::unknown_update, "unknown update_id: " + id + " (" + context(id) + ")");
+}
+
+}  // namespace wsync

@@ -1,0 +1,306 @@
+#include "wsync/transports/weight_publisher.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <numeric>
+#include <thread>
+
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/validate.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync {
+namespace {
+
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+// Below this, a second copy thread costs more to start than it saves.
+constexpr std::uint64_t parallel_copy_min_bytes = std::uint64_t{16} << 20;
+// Finished updates kept for status() after their memory was released.
+constexpr std::size_t finished_history = 64;
+
+std::string default_worker_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string(host[0] ? host : "localhost") + ":" + std::to_string(::getpid());
+}
+
+}  // namespace
+
+std::string_view consumer_outcome_name(consumer_outcome o) {
+  switch (o) {
+    case consumer_outcome::pending: return "pending";
+    case consumer_outcome::acknowledged: return "acknowledged";
+    case consumer_outcome::rejected: return "rejected";
+    case consumer_outcome::failed: return "failed";
+    case consumer_outcome::released: return "released";
+  }
+  return "invalid";
+}
+
+result<void> pack_tensors(std::span<const tensor_source> tensors, std::uint64_t max_segment_bytes,
+                          std::vector<tensor_descriptor>& descriptors,
+                          std::vector<segment_descriptor>& segments) {
+  descriptors.clear();
+  segments.clear();
+  std::uint64_t cursor = 0;
+  for (const auto& t : tensors) {
+    std::uint64_t start = align_up(cursor, tensor_alignment);
+    // Open a new segment when this tensor would overflow a non-empty one.
+    if (segments.empty() || (cursor > 0 && start + t.nbytes > max_segment_bytes)) {
+      if (!segments.empty()) segments.back().nbytes = align_up(cursor, tensor_alignment);
+      segments.push_back({});
+      start = 0;
+    }
+    tensor_descriptor d;
+    d.name = t.name;
+    d.dtype = t.dtype;
+    d.shape = t.shape;
+    d.strides = t.strides;
+    d.nbytes = t.nbytes;
+    d.segment = static_cast<std::uint32_t>(segments.size() - 1);
+    d.offset = start;
+    descriptors.push_back(std::move(d));
+    cursor = start + t.nbytes;
+  }
+  if (!segments.empty()) segments.back().nbytes = align_up(std::max<std::uint64_t>(cursor, 1), tensor_alignment);
+  return {};
+}
+
+weight_publisher::weight_publisher(std::unique_ptr<publisher_transport> transport,
+                                   std::string transport_name, publisher_config config)
+    : transport_(std::move(transport)),
+      transport_name_(std::move(transport_name)),
+      config_(std::move(config)) {
+  if (config_.source_worker.empty()) config_.source_worker = default_worker_name();
+  if (config_.copy_threads == 0) config_.copy_threads = 1;
+}
+
+weight_publisher::~weight_publisher() {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, p] : updates_) {
+    if (!p.memory_released) transport_->release(id);
+  }
+}
+
+void weight_publisher::copy_all(std::span<const tensor_source> tensors,
+                                std::vector<tensor_descriptor>& descs,
+                                const std::vector<std::span<std::byte>>& dest) {
+  auto copy_one = [&](std::size_t i) {
+    auto& d = descs[i];
+    d.checksum = checksum_copy(dest[d.segment].data() + d.offset, tensors[i].data, d.nbytes);
+  };
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) total += t.nbytes;
+  unsigned threads = config_.copy_threads;
+  if (threads <= 1 || total < parallel_copy_min_bytes || tensors.size() < 2) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) copy_one(i);
+    return;
+  }
+  // Largest tensors first, each to the least-loaded thread: balanced within one tensor's size.
+  std::vector<std::size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return tensors[a].nbytes > tensors[b].nbytes; });
+  std::vector<std::vector<std::size_t>> share(threads);
+  std::vector<std::uint64_t> load(threads, 0);
+  for (auto i : order) {
+    auto k = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    share[k].push_back(i);
+    load[k] += tensors[i].nbytes;
+  }
+  std::vector<std::thread> workers;
+  for (unsigned k = 1; k < threads; ++k) {
+    workers.emplace_back([&, k] {
+      for (auto i : share[k]) copy_one(i);
+    });
+  }
+  for (auto i : share[0]) copy_one(i);
+  for (auto& w : workers) w.join();
+}
+
+result<weight_update_manifest> weight_publisher::publish(
+    std::span<const tensor_source> tensors, std::uint64_t weight_version,
+    std::vector<std::int32_t> expected_consumers, std::map<std::string, std::string> metadata) {
+  weight_update_manifest m;
+  m.update_id = update_id_generate();
+  m.model_id = config_.model_id;
+  m.weight_version = weight_version;
+  m.source_worker = config_.source_worker;
+  m.source_rank = config_.source_rank;
+  m.transport = transport_name_;
+  m.metadata = std::move(metadata);
+  {
+    std::lock_guard lock(mutex_);
+    if (published_any_ && weight_version <= last_version_) {
+      return make_error(errc::version_not_monotonic,
+                        "weight_version must increase monotonically: weight_version " +
+                            std::to_string(weight_version) + " is not above " +
+                            std::to_string(last_version_) + " for model_id=" + m.model_id + " (" +
+                            update_context(m) + ")");
+    }
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].data == nullptr && tensors[i].nbytes > 0) {
+      return make_error(errc::invalid_argument, "invalid tensor: tensors[" + std::to_string(i) +
+                                                    "].data: null for \"" + tensors[i].name +
+                                                    "\" (" + update_context(m) + ")");
+    }
+  }
+  std::sort(expected_consumers.begin(), expected_consumers.end());
+  if (std::adjacent_find(expected_consumers.begin(), expected_consumers.end()) !=
+      expected_consumers.end()) {
+    return make_error(errc::invalid_argument,
+                      "expected_consumers: duplicate rank (" + update_context(m) + ")");
+  }
+  if (auto packed = pack_tensors(tensors, config_.max_segment_bytes, m.tensors, m.segments);
+      !packed) {
+    return packed.error();
+  }
+  m.total_bytes = 0;
+  for (const auto& s : m.segments) m.total_bytes += s.nbytes;
+  // Validate before touching memory: the manifest's rules are the input rules.
+  if (auto ok = manifest_validate(m, transport_known); !ok) return ok.error();
+
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : m.segments) sizes.push_back(s.nbytes);
+  auto dest = transport_->acquire(m.update_id, sizes, config_.slot_wait);
+  if (!dest) return dest.error();
+  copy_all(tensors, m.tensors, *dest);
+  auto handle = transport_->expose(m.update_id);
+  if (!handle) {
+    transport_->release(m.update_id);
+    return handle.error();
+  }
+  m.transport_handle = std::move(*handle);
+
+  std::lock_guard lock(mutex_);
+  // A concurrent publish may have raced past the check above; the later one loses.
+  if (published_any_ && weight_version <= last_version_) {
+    transport_->release(m.update_id);
+    return make_error(errc::version_not_monotonic,
+                      "weight_version must increase monotonically: weight_version " +
+                          std::to_string(weight_version) + " is not above " +
+                          std::to_string(last_version_) + " (" + update_context(m) + ")");
+  }
+  published_any_ = true;
+  last_version_ = weight_version;
+  publication p;
+  p.manifest = m;
+  for (auto rank : expected_consumers) p.consumers[rank] = {};
+  auto [it, inserted] = updates_.emplace(m.update_id, std::move(p));
+  order_.push_back(m.update_id);
+  maybe_release_locked(it->second);  // no expected consumer: nothing will ever hold it
+  // Forget the oldest finished updates so bookkeeping stays bounded.
+  while (order_.size() > finished_history) {
+    auto old = updates_.find(order_.front());
+    if (old != updates_.end() && !old->second.memory_released) break;
+    if (old != updates_.end()) updates_.erase(old);
+    order_.erase(order_.begin());
+  }
+  return m;
+}
+
+void weight_publisher::maybe_release_locked(publication& p) {
+  if (p.memory_released) return;
+  for (const auto& [rank, r] : p.consumers) {
+    if (r.outcome != consumer_outcome::released && r.outcome != consumer_outcome::failed) return;
+  }
+  p.memory_released = true;
+  transport_->release(p.manifest.update_id);
+}
+
+result<void> weight_publisher::report(const update_id& id, std::int32_t rank,
+                                      consumer_outcome outcome, std::string reason) {
+  std::lock_guard lock(mutex_);
+  auto it = updates_.find(id);
+  if (it == updates_.end()) {
+    return make_error(errc::unknown_update, "unknown update_id: " + id + " (" +
+                                                update_context(id, rank) + ")");
+  }
+  auto& p = it->second;
+  auto c = p.consumers.find(rank);
+  if (c == p.consumers.end()) {
+    return make_error(errc::invalid_argument, "consumer rank " + std::to_string(rank) +
+                                                  " is not expected for this update (" +
+                                                  update_context(id, rank) + ")");
+  }
+  auto& r = c->second;
+  using o = consumer_outcome;
+  bool ok = false;
+  switch (outcome) {
+    case o::acknowledged:
+    case o::rejected: ok = r.outcome == o::pending; break;
+    case o::released: ok = r.outcome != o::released && r.outcome != o::failed; break;
+    case o::failed: ok = r.outcome != o::released && r.outcome != o::failed; break;
+    case o::pending: ok = false; break;
+  }
+  if (!ok) {
+    return make_error(errc::illegal_transition,
+                      "cannot record " + std::string(consumer_outcome_name(outcome)) +
+                          " for a consumer already " +
+                          std::string(consumer_outcome_name(r.outcome)) + " (" +
+                          update_context(id, rank) + ")");
+  }
+  if (outcome == o::acknowledged) r.acknowledged = true;
+  if (!reason.empty()) r.reason = std::move(reason);
+  r.outcome = outcome;
+  maybe_release_locked(p);
+  return {};
+}
+
+result<void> weight_publisher::on_acknowledged(const update_id& id, std::int32_t rank) {
+  return report(id, rank, consumer_outcome::acknowledged, {});
+}
+result<void> weight_publisher::on_rejected(const update_id& id, std::int32_t rank,
+                                           std::string reason) {
+  return report(id, rank, consumer_outcome::rejected, std::move(reason));
+}
+result<void> weight_publisher::on_released(const update_id& id, std::int32_t rank) {
+  return report(id, rank, consumer_outcome::released, {});
+}
+result<void> weight_publisher::on_failed(const update_id& id, std::int32_t rank,
+                                         std::string reason) {
+  return report(id, rank, consumer_outcome::failed, std::move(reason));
+}
+
+result<void> weight_publisher::release(const update_id& id) {
+  std::lock_guard lock(mutex_);
+  auto it = updates_.find(id);
+  if (it == updates_.end()) {
+    return make_error(errc::unknown_update,
+                      "unknown update_id: " + id + " (" + update_context(id, config_.source_rank) + ")");
+  }
+  if (!it->second.memory_released) {
+    it->second.memory_released = true;
+    transport_->release(id);
+  }
+  return {};
+}
+
+result<publication> weight_publisher::status(const update_id& id) const {
+  std::lock_guard lock(mutex_);
+  auto it = updates_.find(id);
+  if (it == updates_.end()) {
+    return make_error(errc::unknown_update,
+                      "unknown update_id: " + id + " (" + update_context(id, config_.source_rank) + ")");
+  }
+  return it->second;
+}
+
+std::uint64_t weight_publisher::last_version() const {
+  std::lock_guard lock(mutex_);
+  return last_version_;
+}
+
+std::vector<update_id> weight_publisher::held_updates() const {
+  std::lock_guard lock(mutex_);
+  std::vector<update_id> out;
+  for (const auto& [id, p] : updates_) {
+    if (!p.memory_released) out.push_back(id);
+  }
+  return out;
+}
+
+}  // namespace wsync
