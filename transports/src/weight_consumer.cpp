@@ -12,6 +12,7 @@ namespace {
 
 // Terminal states remembered after release, so a late call gets "after release", not "unknown".
 constexpr std::size_t finished_history = 256;
+constexpr std::uint64_t parallel_verify_min_bytes = std::uint64_t{16} << 20;
 
 std::string hex(std::uint64_t v) {
   static constexpr char digits[] = "0123456789abcdef";
@@ -104,8 +105,10 @@ result<void> weight_consumer::verify(const update_id& id) {
       }
     }
   };
+  // Small updates hash faster than a thread starts.
+  unsigned threads = u->manifest.total_bytes < parallel_verify_min_bytes ? 1 : config_.verify_threads;
   std::vector<std::thread> workers;
-  for (unsigned k = 1; k < config_.verify_threads; ++k) workers.emplace_back(work);
+  for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
   work();
   for (auto& w : workers) w.join();
   if (std::size_t i = bad.load(); i < u->tensors.size()) {

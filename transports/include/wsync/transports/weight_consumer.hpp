@@ -34,7 +34,7 @@ struct imported_update {
 
 struct consumer_config {
   std::int32_t rank = 0;
-  unsigned verify_threads = 1;  ///< threads that recompute checksums in verify()
+  unsigned verify_threads = 2;  ///< threads that recompute checksums in verify() (large updates)
 };
 
 class weight_consumer {

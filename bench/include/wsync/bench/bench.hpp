@@ -1,0 +1,27 @@
+#pragma once
+// `wsync bench`: times one transport end to end (publish -> import -> verify -> install -> ack ->
+// release) against baselines measured in the same run, and prints JSON rows (DESIGN §11).
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace wsync {
+
+struct bench_options {
+  std::string mode = "shared-memory";  ///< "local" or "shared-memory"
+  bool smoke = false;                  ///< small and quick: 8 MiB in 16 tensors, 3 repeats
+  std::string layout;                  ///< model layout name; empty: qwen2.5-0.5b or --bytes
+  std::uint64_t bytes = 0;             ///< synthetic layout size (with `tensors`)
+  std::uint64_t tensors = 0;
+  unsigned repeat = 5;
+  bool verify = true;
+  unsigned copy_threads = 2;
+  unsigned slots = 2;
+};
+
+/// Runs the benchmark; prints one JSON row per timed update and the result row last.
+/// Returns 0 for "pass", 1 for "fail", 2 for "blocked".
+int bench_run(const bench_options& options, std::ostream& out);
+
+}  // namespace wsync

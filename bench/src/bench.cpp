@@ -1,0 +1,490 @@
+#include "wsync/bench/bench.hpp"
+
+#include <dirent.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "wsync/bench/layouts.hpp"
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/log.hpp"
+#include "wsync/runtime/reference_runtime.hpp"
+#include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/registry.hpp"
+#include "wsync/transports/weight_publisher.hpp"
+
+namespace wsync {
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+constexpr std::int32_t consumer_rank = 0;
+constexpr auto reply_timeout = std::chrono::seconds(120);
+
+double now_s() {
+  return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  auto n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+std::string host_name() {
+  char host[256] = {};
+  return ::gethostname(host, sizeof host - 1) == 0 ? host : "unknown";
+}
+
+// Anonymous memory for the source tensors, faulted in up front (huge pages where allowed).
+class host_buffer {
+ public:
+  explicit host_buffer(std::uint64_t n) : size_(std::max<std::uint64_t>(n, 1)) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    ::madvise(p, size_, MADV_HUGEPAGE);
+    data_ = static_cast<std::byte*>(p);
+    std::memset(data_, 0, size_);
+  }
+  ~host_buffer() { ::munmap(data_, size_); }
+  host_buffer(const host_buffer&) = delete;
+  host_buffer& operator=(const host_buffer&) = delete;
+  std::byte* data() const { return data_; }
+  std::uint64_t size() const { return size_; }
+
+ private:
+  std::uint64_t size_;
+  std::byte* data_;
+};
+
+void fill_random(std::byte* p, std::uint64_t n, std::uint64_t seed) {
+  std::uint64_t x = seed | 1;
+  std::uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::memcpy(p + i, &x, 8);
+  }
+  for (; i < n; ++i) p[i] = std::byte(i);
+}
+
+// --- the control channel between the benchmark's publisher and consumer processes ----------
+
+bool write_all(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w, n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, std::size_t n, clock_type::time_point deadline) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    ssize_t got = ::read(fd, p, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got, n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+bool send_message(int fd, const json& j) {
+  std::string text = j.dump();
+  std::uint32_t len = static_cast<std::uint32_t>(text.size());
+  return write_all(fd, &len, sizeof len) && write_all(fd, text.data(), text.size());
+}
+
+std::optional<json> receive_message(int fd) {
+  auto deadline = clock_type::now() + reply_timeout;
+  std::uint32_t len = 0;
+  if (!read_all(fd, &len, sizeof len, deadline)) return std::nullopt;
+  std::string text(len, '\0');
+  if (!read_all(fd, text.data(), len, deadline)) return std::nullopt;
+  auto j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+// --- the consumer side: a reference runtime behind the rollout executor ----------------------
+
+class consumer_side {
+ public:
+  consumer_side(std::unique_ptr<consumer_transport> t, bool verify)
+      : consumer_(std::move(t), consumer_config{consumer_rank, 2}),
+        executor_(consumer_, runtime_, runtime_.gate(), executor_config{verify}) {}
+
+  json handle(const weight_update_manifest& m, double decode_s) {
+    auto r = executor_.update_weights(m);
+    double ack_sent = now_s();
+    json timings = {{"import", r.timings.import},   {"verify", r.timings.verify},
+                    {"install", r.timings.install}, {"ack", r.timings.ack},
+                    {"release", r.timings.release}, {"decode", decode_s}};
+    return {{"type", "report"},
+            {"update_id", r.id},
+            {"acknowledged", r.acknowledged},
+            {"reason", r.failure ? r.failure->message : ""},
+            {"released", r.released ? json(*r.released) : json(nullptr)},
+            {"released_self", r.released_self},
+            {"active_weight_version", runtime_.active_version()},
+            {"ack_sent_s", ack_sent},
+            {"timings", timings}};
+  }
+
+  // Releases what the active weights still hold; returns its id.
+  std::optional<update_id> shutdown() {
+    auto held = executor_.active_update();
+    executor_.release_active();
+    return held;
+  }
+
+ private:
+  weight_consumer consumer_;
+  reference_runtime runtime_;
+  rollout_executor executor_;
+};
+
+[[noreturn]] void consumer_process(int fd, bool verify) {
+  int code = 0;
+  {
+    auto t = make_transport("shared-memory");
+    auto c = t ? (*t)->make_consumer() : result<std::unique_ptr<consumer_transport>>(t.error());
+    if (!c) {
+      send_message(fd, {{"type", "error"}, {"reason", c.error().message}});
+      ::_exit(1);
+    }
+    consumer_side side(std::move(*c), verify);
+    while (auto msg = receive_message(fd)) {
+      if ((*msg)["type"] == "update") {
+        auto t0 = now_s();
+        auto m = manifest_from_json((*msg)["manifest"].get<std::string>());
+        double decode_s = now_s() - t0;
+        if (!m) {
+          send_message(fd, {{"type", "report"}, {"acknowledged", false},
+                            {"reason", m.error().message}});
+          continue;
+        }
+        if (!send_message(fd, side.handle(*m, decode_s))) break;
+      } else if ((*msg)["type"] == "stop") {
+        auto held = side.shutdown();
+        send_message(fd, {{"type", "released"}, {"update_id", held ? json(*held) : json(nullptr)}});
+        break;
+      }
+    }
+  }
+  ::close(fd);
+  ::_exit(code);
+}
+
+// --- the publisher side and the run -----------------------------------------------------------
+
+struct samples {
+  std::vector<double> publish, import, verify, install, ack, release, total, decode;
+};
+
+struct run_result {
+  std::string status = "pass";
+  std::optional<std::string> blocker;
+  std::string error;
+  std::uint64_t last_version = 0;
+  std::uint64_t active_version = 0;
+};
+
+// Counts /dev/shm entries a process of ours left: "wsync-<pid>-*".
+std::vector<std::string> leftover_segments(const std::vector<int>& pids) {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      for (int pid : pids) {
+        if (std::string(e->d_name).rfind("wsync-" + std::to_string(pid) + "-", 0) == 0) {
+          found.emplace_back(e->d_name);
+        }
+      }
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+double gbps(std::uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+
+}  // namespace
+
+int bench_run(const bench_options& opt, std::ostream& out) {
+  json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
+  auto finish = [&](const std::string& status, const std::string& why) {
+    row["status"] = status;
+    if (status == "blocked") row["blocker"] = why;
+    if (status == "fail") row["error"] = why;
+    out << row.dump() << std::endl;
+    return status == "pass" ? 0 : status == "fail" ? 1 : 2;
+  };
+  if (opt.mode != "local" && opt.mode != "shared-memory") {
+    return finish("fail", "unknown mode \"" + opt.mode + "\" (known: local, shared-memory)");
+  }
+
+  // Layout: a named model, a synthetic size, or the smoke default.
+  model_layout layout;
+  if (!opt.layout.empty()) {
+    auto l = layout_find(opt.layout);
+    if (!l) {
+      std::string known;
+      for (const auto& n : layout_names()) known += (known.empty() ? "" : ", ") + n;
+      return finish("fail", "unknown layout \"" + opt.layout + "\" (known: " + known + ")");
+    }
+    layout = *l;
+  } else if (opt.bytes > 0 || opt.smoke) {
+    layout = layout_synthetic(opt.bytes ? opt.bytes : 8u << 20, opt.tensors ? opt.tensors : 16);
+  } else {
+    layout = *layout_find("qwen2.5-0.5b");
+  }
+  const unsigned repeat = opt.smoke ? std::min(opt.repeat, 3u) : std::max(opt.repeat, 1u);
+  const unsigned slots = std::max(opt.slots, 2u);
+  const std::uint64_t bytes = layout.bytes();
+  row["layout"] = layout.name;
+  row["tensors"] = layout.tensors.size();
+  row["bytes"] = bytes;
+  row["repeat"] = repeat;
+  row["verify"] = opt.verify;
+
+  // Source tensors + a memcpy destination + every slot of the ring must fit in memory.
+  std::uint64_t need = bytes * (2 + slots);
+  std::uint64_t avail = mem_available();
+  if (avail && need > avail / 10 * 9) {
+    return finish("blocked", "blocked: layout " + layout.name + " needs about " +
+                                 std::to_string(need >> 20) + " MiB (source, baseline and " +
+                                 std::to_string(slots) + " slots of " +
+                                 std::to_string(bytes >> 20) + " MiB) but only " +
+                                 std::to_string(avail >> 20) + " MiB are available");
+  }
+
+  // Fork the consumer before anything else exists in this process: no threads, no mappings.
+  int fds[2] = {-1, -1};
+  pid_t child = -1;
+  if (opt.mode == "shared-memory") {
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      return finish("fail", std::string("socketpair: ") + std::strerror(errno));
+    }
+    out.flush();
+    child = ::fork();
+    if (child < 0) return finish("fail", std::string("fork: ") + std::strerror(errno));
+    if (child == 0) {
+      ::close(fds[0]);
+      consumer_process(fds[1], opt.verify);
+    }
+    ::close(fds[1]);
+  }
+
+  // Source tensors, packed back to back with the publisher's alignment.
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t src_bytes = 0;
+  for (const auto& t : layout.tensors) {
+    offsets.push_back(src_bytes);
+    src_bytes = (src_bytes + t.nbytes() + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+  }
+  host_buffer source(src_bytes);
+  fill_random(source.data(), src_bytes, 0x9e3779b97f4a7c15ull);
+  std::vector<tensor_source> tensors;
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
+    const auto& t = layout.tensors[i];
+    tensors.push_back({t.name, t.dtype, t.shape, {}, source.data() + offsets[i], t.nbytes()});
+  }
+
+  // Baselines in the same run: single-thread memcpy into pre-faulted memory, single-thread xxh3.
+  std::vector<double> memcpy_s, hash_s;
+  {
+    host_buffer dst(src_bytes);
+    for (unsigned i = 0; i < repeat + 1; ++i) {
+      double t0 = now_s();
+      std::memcpy(dst.data(), source.data(), src_bytes);
+      double t1 = now_s();
+      volatile std::uint64_t h = checksum_compute(source.data(), src_bytes);
+      (void)h;
+      double t2 = now_s();
+      if (i > 0) memcpy_s.push_back(t1 - t0), hash_s.push_back(t2 - t1);
+    }
+  }
+  const double memcpy_gbps = gbps(src_bytes, median(memcpy_s));
+  const double hash_gbps = gbps(src_bytes, median(hash_s));
+
+  transport_options topts;
+  if (opt.mode == "shared-memory") topts["slots"] = std::to_string(slots);
+  auto t = make_transport(opt.mode == "local" ? "local-clone" : "shared-memory", topts);
+  if (!t) return finish("fail", t.error().message);
+  auto pt = (*t)->make_publisher();
+  if (!pt) return finish("fail", pt.error().message);
+  publisher_config pcfg;
+  pcfg.model_id = layout.name;
+  pcfg.copy_threads = std::max(opt.copy_threads, 1u);
+  pcfg.slot_wait = std::chrono::seconds(60);
+  auto publisher = std::make_unique<weight_publisher>(std::move(*pt), std::string((*t)->name()), pcfg);
+
+  std::unique_ptr<consumer_side> local;
+  if (opt.mode == "local") {
+    auto ct = (*t)->make_consumer();
+    if (!ct) return finish("fail", ct.error().message);
+    local = std::make_unique<consumer_side>(std::move(*ct), opt.verify);
+  }
+
+  samples s;
+  run_result rr;
+  // One update end to end; `timed` updates are recorded after the warm-up ones (one per slot,
+  // so every slot and every consumer mapping is faulted in before timing starts).
+  auto one_update = [&](std::uint64_t version, bool timed) -> bool {
+    double t0 = now_s();
+    auto m = publisher->publish(tensors, version, {consumer_rank},
+                                {{"bench", "true"}});
+    double t1 = now_s();
+    if (!m) return rr.error = m.error().message, false;
+    json report;
+    if (local) {
+      report = local->handle(*m, 0);
+    } else {
+      if (!send_message(fds[0], {{"type", "update"}, {"manifest", manifest_to_json(*m)}})) {
+        return rr.error = "consumer process went away", false;
+      }
+      auto r = receive_message(fds[0]);
+      if (!r) return rr.error = "no report from the consumer process within 120 s", false;
+      report = *r;
+    }
+    double t_recv = now_s();
+    if (!report.value("acknowledged", false)) {
+      (void)publisher->on_rejected(m->update_id, consumer_rank, report.value("reason", ""));
+      return rr.error = "update rejected: " + report.value("reason", std::string("?")), false;
+    }
+    double a0 = now_s();
+    if (auto ok = publisher->on_acknowledged(m->update_id, consumer_rank); !ok) {
+      return rr.error = ok.error().message, false;
+    }
+    double ack_pub = now_s() - a0;
+    double r0 = now_s();
+    if (report["released"].is_string()) {
+      if (auto ok = publisher->on_released(report["released"].get<std::string>(), consumer_rank);
+          !ok) {
+        return rr.error = ok.error().message, false;
+      }
+    }
+    double t_end = now_s();
+    double release_pub = t_end - r0;
+    rr.last_version = version;
+    rr.active_version = report.value("active_weight_version", std::uint64_t{0});
+    if (rr.active_version != version) {
+      return rr.error = "consumer reports active_weight_version " +
+                        std::to_string(rr.active_version) + " after installing " +
+                        std::to_string(version),
+             false;
+    }
+    if (!timed) return true;
+    const auto& ct = report["timings"];
+    double ack = ct["ack"].get<double>() + ack_pub +
+                 (local ? 0.0 : std::max(0.0, t_recv - report["ack_sent_s"].get<double>()));
+    s.publish.push_back(t1 - t0);
+    s.import.push_back(ct["import"].get<double>());
+    s.verify.push_back(ct["verify"].get<double>());
+    s.install.push_back(ct["install"].get<double>());
+    s.ack.push_back(ack);
+    s.release.push_back(ct["release"].get<double>() + release_pub);
+    s.decode.push_back(ct["decode"].get<double>());
+    s.total.push_back(t_end - t0);
+    out << json{{"event", "sample"},
+                {"mode", opt.mode},
+                {"weight_version", version},
+                {"publish_s", t1 - t0},
+                {"import_s", ct["import"]},
+                {"verify_s", ct["verify"]},
+                {"install_s", ct["install"]},
+                {"total_s", t_end - t0}}
+               .dump()
+        << std::endl;
+    return true;
+  };
+
+  bool ok = true;
+  std::uint64_t version = 0;
+  for (unsigned w = 0; ok && w < slots; ++w) ok = one_update(++version, false);
+  for (unsigned i = 0; ok && i < repeat; ++i) ok = one_update(++version, true);
+
+  // Shutdown: the consumer releases what it still holds, then every segment must be gone.
+  std::optional<std::string> last_held;
+  if (local) {
+    last_held = local->shutdown();
+    local.reset();
+  } else {
+    send_message(fds[0], {{"type", "stop"}});
+    if (auto r = receive_message(fds[0]); r && (*r)["update_id"].is_string()) {
+      last_held = (*r)["update_id"].get<std::string>();
+    }
+    ::close(fds[0]);
+    int wstatus = 0;
+    ::waitpid(child, &wstatus, 0);
+    if (ok && !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)) {
+      ok = false, rr.error = "consumer process exited abnormally";
+    }
+  }
+  if (last_held) (void)publisher->on_released(*last_held, consumer_rank);
+  if (ok && !publisher->held_updates().empty()) {
+    ok = false, rr.error = "publisher still holds memory after every consumer released";
+  }
+  publisher.reset();
+  t->reset();
+  if (auto left = leftover_segments({::getpid(), child}); !left.empty()) {
+    ok = false, rr.error = "left in /dev/shm: " + left.front();
+  }
+
+  row["weight_version"] = rr.last_version;
+  row["active_weight_version"] = rr.active_version;
+  double publish = median(s.publish), verify = median(s.verify);
+  row["timings_s"] = {{"publish", publish},         {"import", median(s.import)},
+                      {"verify", verify},           {"install", median(s.install)},
+                      {"ack", median(s.ack)},       {"release", median(s.release)},
+                      {"total", median(s.total)},   {"decode", median(s.decode)}};
+  row["baseline"] = {{"name", "memcpy"}, {"gbps", memcpy_gbps}};
+  row["ratio_to_baseline"] = memcpy_gbps > 0 ? gbps(bytes, publish) / memcpy_gbps : 0;
+  row["publish_gbps"] = gbps(bytes, publish);
+  row["verify_gbps"] = opt.verify ? gbps(bytes, verify) : 0;
+  row["hash_baseline"] = {{"name", "xxh3-1thread"}, {"gbps", hash_gbps}};
+  row["verify_ratio"] = opt.verify && hash_gbps > 0 ? gbps(bytes, verify) / hash_gbps : 0;
+  row["copy_threads"] = pcfg.copy_threads;
+  row["env"] = {{"host", host_name()},
+                {"cores", std::thread::hardware_concurrency()},
+                {"transport_notes",
+                 opt.mode == "local"
+                     ? "local-clone: publisher and consumer in one process; import copies"
+                     : "shared-memory: " + std::to_string(slots) +
+                           "-slot pooled ring; consumer is a separate process (pid " +
+                           std::to_string(child) + "), maps each slot once, zero-copy import"}};
+  return ok ? finish("pass", "") : finish("fail", rr.error);
+}
+
+}  // namespace wsync

@@ -1,0 +1,33 @@
+#pragma once
+// The gate between generation (readers of the active weights) and installs (the one writer).
+// Writer-preferring: once an install waits, new generations wait behind it, so hundreds of
+// readers cannot starve an update.
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+namespace wsync {
+
+/// Meets the SharedMutex requirements, so std::shared_lock / std::unique_lock work on it.
+class generation_gate {
+ public:
+  /// Shared side: one generation step. Blocks while an install holds or waits for the gate.
+  void lock_shared();
+  void unlock_shared();
+  /// Exclusive side: waits for running generations to finish and holds new ones back.
+  void lock();
+  void unlock();
+
+  /// Generations running now (for status and tests).
+  std::uint64_t active_readers() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::uint64_t readers_ = 0;
+  std::uint64_t writers_waiting_ = 0;
+  bool writer_ = false;
+};
+
+}  // namespace wsync

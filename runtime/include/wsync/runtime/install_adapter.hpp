@@ -1,0 +1,32 @@
+#pragma once
+// How imported tensors get into a runtime. Installing is two steps so that a failure can never
+// leave readers on a half-installed model: stage (may fail, changes nothing readers see), then
+// activate (under the exclusive side of the generation gate, cannot fail).
+
+#include "wsync/manifest/result.hpp"
+#include "wsync/transports/weight_consumer.hpp"
+
+namespace wsync {
+
+class install_adapter {
+ public:
+  virtual ~install_adapter() = default;
+
+  /// Prepares `update` for activation: checks it fits the model and copies or indexes its
+  /// tensors. On failure nothing readers see has changed and the adapter holds nothing of it.
+  /// The update's views stay valid at least until activate() or discard() returns, and longer
+  /// when references_import() is true (then until the next activation replaces it).
+  virtual result<void> stage(const imported_update& update) = 0;
+
+  /// Switches readers to the staged update. Runs under the exclusive side of the gate.
+  virtual void activate(const update_id& id) noexcept = 0;
+
+  /// Forgets a staged update that will not be activated.
+  virtual void discard(const update_id& id) noexcept = 0;
+
+  /// True when the active weights point into the imported memory, so the import must be held
+  /// until the next activation; false when stage() copied everything.
+  virtual bool references_import() const = 0;
+};
+
+}  // namespace wsync

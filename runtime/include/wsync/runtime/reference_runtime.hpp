@@ -1,0 +1,76 @@
+#pragma once
+// A small in-memory inference runtime for tests, benchmarks and the demo: it installs weights
+// through the install_adapter contract and runs generation steps that read the active weights
+// under the generation gate, like a real engine's forward pass would.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "wsync/runtime/generation_gate.hpp"
+#include "wsync/runtime/install_adapter.hpp"
+
+namespace wsync {
+
+/// One tensor of the active weights, as a generation step sees it.
+struct runtime_tensor {
+  std::string name;
+  wsync::dtype dtype = wsync::dtype::f32;
+  std::vector<std::int64_t> shape;
+  const std::byte* data = nullptr;
+  std::uint64_t nbytes = 0;
+};
+
+/// The weights readers see: one version, complete.
+struct runtime_weights {
+  std::uint64_t weight_version = 0;
+  update_id id;
+  std::vector<runtime_tensor> tensors;
+};
+
+class reference_runtime final : public install_adapter {
+ public:
+  /// view: active tensors point into the imported memory (zero-copy, double-buffered by the
+  /// transport's slots). copy: stage() copies into the runtime's own inactive buffer.
+  enum class install_mode { view, copy };
+
+  explicit reference_runtime(install_mode mode = install_mode::view) : mode_(mode) {}
+
+  result<void> stage(const imported_update& update) override;
+  void activate(const update_id& id) noexcept override;
+  void discard(const update_id& id) noexcept override;
+  bool references_import() const override { return mode_ == install_mode::view; }
+
+  generation_gate& gate() { return gate_; }
+
+  /// Runs `fn(const runtime_weights&)` as one generation step: under the shared side of the
+  /// gate, so it sees one complete version from start to end. Before any install the weights
+  /// are empty with version 0.
+  template <class F>
+  decltype(auto) generate(F&& fn) {
+    std::shared_lock lock(gate_);
+    const runtime_weights& weights = active_->weights;
+    return fn(weights);
+  }
+
+  /// Version readers see now (0 before the first install).
+  std::uint64_t active_version();
+
+ private:
+  struct buffer_set {
+    runtime_weights weights;
+    std::vector<std::vector<std::byte>> storage;  // copy mode only
+  };
+
+  install_mode mode_;
+  generation_gate gate_;
+  std::mutex stage_mutex_;
+  std::unique_ptr<buffer_set> active_ = std::make_unique<buffer_set>();
+  std::unique_ptr<buffer_set> staged_;
+  std::unique_ptr<buffer_set> spare_;  // copy mode: the previous buffers, reused
+};
+
+}  // namespace wsync

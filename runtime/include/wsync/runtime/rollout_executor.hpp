@@ -1,0 +1,64 @@
+#pragma once
+// The consumer-side entry point: import -> verify -> install -> acknowledge -> activate ->
+// release the previous update. On any failure: reject with the reason, release the new update,
+// keep the previous version active.
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "wsync/runtime/generation_gate.hpp"
+#include "wsync/runtime/install_adapter.hpp"
+#include "wsync/transports/weight_consumer.hpp"
+
+namespace wsync {
+
+/// Seconds each stage took for one update_weights() call.
+struct stage_timings {
+  double import = 0, verify = 0, install = 0, ack = 0, release = 0, total = 0;
+};
+
+/// What update_weights() did, for the caller to report to the publisher / coordinator.
+struct rollout_report {
+  update_id id;
+  std::uint64_t weight_version = 0;
+  bool acknowledged = false;
+  std::optional<wsync::error> failure;  ///< set when rejected
+  std::optional<update_id> released;    ///< previous update released by this call, if any
+  bool released_self = false;           ///< the new update itself was released (rejected or copied)
+  stage_timings timings;
+};
+
+struct executor_config {
+  bool verify = true;  ///< recompute checksums before installing
+};
+
+class rollout_executor {
+ public:
+  rollout_executor(weight_consumer& consumer, install_adapter& adapter, generation_gate& gate,
+                   executor_config config = {});
+  ~rollout_executor();
+
+  /// Installs one update, or rejects it and keeps the previous version. Never throws.
+  rollout_report update_weights(const weight_update_manifest& manifest);
+
+  /// Version readers see; nullopt before the first successful update.
+  std::optional<std::uint64_t> active_weight_version() const;
+  std::optional<update_id> active_update() const;
+
+  /// Releases the import still held for the active weights (at shutdown, after readers stop).
+  void release_active();
+
+ private:
+  weight_consumer& consumer_;
+  install_adapter& adapter_;
+  generation_gate& gate_;
+  executor_config config_;
+  mutable std::mutex mutex_;  ///< one update at a time
+  std::optional<std::uint64_t> active_version_;
+  std::optional<update_id> active_id_;
+  std::optional<update_id> held_;  ///< import kept alive for the active weights
+};
+
+}  // namespace wsync

@@ -1,0 +1,84 @@
+#include "wsync/runtime/reference_runtime.hpp"
+
+#include <cstring>
+
+namespace wsync {
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+result<void> reference_runtime::stage(const imported_update& update) {
+  std::lock_guard lock(stage_mutex_);
+  const auto& m = update.manifest;
+  auto context = update_context(m);
+  // The model's architecture is fixed by the first install; later updates must match it, as a
+  // real engine's parameters would.
+  const auto& current = active_->weights.tensors;
+  if (!current.empty()) {
+    if (current.size() != update.tensors.size()) {
+      return make_error(errc::install_failed,
+                        "install failed: tensors: update has " +
+                            std::to_string(update.tensors.size()) + " tensors, the model has " +
+                            std::to_string(current.size()) + " (" + context + ")");
+    }
+    for (std::size_t i = 0; i < current.size(); ++i) {
+      const auto& d = *update.tensors[i].descriptor;
+      if (d.name != current[i].name || d.shape != current[i].shape || d.dtype != current[i].dtype) {
+        return make_error(errc::install_failed,
+                          "install failed: tensors[" + std::to_string(i) + "] \"" + d.name + "\" " +
+                              std::string(dtype_name(d.dtype)) + shape_text(d.shape) +
+                              " does not match the model's \"" + current[i].name + "\" " +
+                              std::string(dtype_name(current[i].dtype)) +
+                              shape_text(current[i].shape) + " (" + context + ")");
+      }
+    }
+  }
+  auto set = spare_ ? std::move(spare_) : std::make_unique<buffer_set>();
+  set->weights.weight_version = m.weight_version;
+  set->weights.id = m.update_id;
+  set->weights.tensors.resize(update.tensors.size());
+  if (mode_ == install_mode::copy) set->storage.resize(update.tensors.size());
+  for (std::size_t i = 0; i < update.tensors.size(); ++i) {
+    const auto& view = update.tensors[i];
+    auto& t = set->weights.tensors[i];
+    t.name = view.descriptor->name;
+    t.dtype = view.descriptor->dtype;
+    t.shape = view.descriptor->shape;
+    t.nbytes = view.descriptor->nbytes;
+    if (mode_ == install_mode::copy) {
+      // The inactive buffer is private to this thread until activate(): readers never see it.
+      auto& storage = set->storage[i];
+      storage.resize(t.nbytes);
+      std::memcpy(storage.data(), view.data, t.nbytes);
+      t.data = storage.data();
+    } else {
+      t.data = view.data;
+    }
+  }
+  staged_ = std::move(set);
+  return {};
+}
+
+void reference_runtime::activate(const update_id& id) noexcept {
+  std::lock_guard lock(stage_mutex_);
+  if (!staged_ || staged_->weights.id != id) return;
+  std::swap(active_, staged_);
+  spare_ = std::move(staged_);  // the previous buffers, reused by the next stage()
+}
+
+void reference_runtime::discard(const update_id& id) noexcept {
+  std::lock_guard lock(stage_mutex_);
+  if (staged_ && staged_->weights.id == id) spare_ = std::move(staged_);
+}
+
+std::uint64_t reference_runtime::active_version() {
+  return generate([](const runtime_weights& w) { return w.weight_version; });
+}
+
+}  // namespace wsync
