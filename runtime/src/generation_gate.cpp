@@ -32,4 +32,9 @@ std::uint64_t generation_gate::active_readers() const {
   return readers_;
 }
 
+std::uint64_t generation_gate::waiting_writers() const {
+  std::lock_guard lock(mutex_);
+  return writers_waiting_;
+}
+
 }  // namespace wsync

@@ -21,6 +21,8 @@ class generation_gate {
 
   /// Generations running now (for status and tests).
   std::uint64_t active_readers() const;
+  /// Installs waiting for the exclusive side (for status and tests).
+  std::uint64_t waiting_writers() const;
 
  private:
   mutable std::mutex mutex_;

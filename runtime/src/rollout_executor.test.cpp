@@ -1,0 +1,245 @@
+#include "wsync/runtime/rollout_executor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "pattern_tensors.hpp"
+#include "wsync/runtime/reference_runtime.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync {
+namespace {
+
+// A consumer transport that flips one byte of every import: a faulty link or bad memory.
+class corrupting_transport final : public consumer_transport {
+ public:
+  corrupting_transport(std::unique_ptr<consumer_transport> inner, std::uint64_t byte)
+      : inner_(std::move(inner)), byte_(byte) {}
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    auto spans = inner_->import_segments(m);
+    if (!spans) return spans;
+    copies_.clear();
+    std::vector<std::span<const std::byte>> out;
+    for (auto s : *spans) {
+      copies_.emplace_back(s.begin(), s.end());
+      out.emplace_back(copies_.back().data(), copies_.back().size());
+    }
+    copies_.front()[byte_] ^= std::byte{1};
+    return out;
+  }
+  void release(const update_id& id) override { inner_->release(id); }
+
+ private:
+  std::unique_ptr<consumer_transport> inner_;
+  std::uint64_t byte_;
+  std::vector<std::vector<std::byte>> copies_;
+};
+
+// An adapter whose stage() fails on demand, wrapping the reference runtime.
+class flaky_adapter final : public install_adapter {
+ public:
+  explicit flaky_adapter(reference_runtime& rt) : rt_(rt) {}
+  result<void> stage(const imported_update& u) override {
+    if (fail_) return make_error(errc::install_failed, "install failed: injected");
+    return rt_.stage(u);
+  }
+  void activate(const update_id& id) noexcept override { rt_.activate(id); }
+  void discard(const update_id& id) noexcept override { rt_.discard(id); }
+  bool references_import() const override { return rt_.references_import(); }
+  bool fail_ = false;
+
+ private:
+  reference_runtime& rt_;
+};
+
+class executor_test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = make_transport("local-clone");
+    ASSERT_TRUE(t);
+    transport_ = std::move(*t);
+    auto p = transport_->make_publisher();
+    ASSERT_TRUE(p);
+    publisher_config cfg;
+    cfg.model_id = "m";
+    publisher_ = std::make_unique<weight_publisher>(std::move(*p), "local-clone", cfg);
+  }
+
+  weight_consumer make_consumer(std::unique_ptr<consumer_transport> wrap = nullptr) {
+    auto c = transport_->make_consumer();
+    EXPECT_TRUE(c);
+    return weight_consumer(wrap ? std::move(wrap) : std::move(*c), consumer_config{0, 1});
+  }
+
+  weight_update_manifest publish(std::uint64_t version) {
+    auto m = publisher_->publish(tensors_.fill(version), version, {0});
+    EXPECT_TRUE(m) << m.error().message;
+    return *m;
+  }
+
+  // Passes the consumer's answers back to the publisher, as the control plane would.
+  void report(const rollout_report& r) {
+    if (r.acknowledged) {
+      EXPECT_TRUE(publisher_->on_acknowledged(r.id, 0));
+    } else {
+      EXPECT_TRUE(publisher_->on_rejected(r.id, 0, r.failure->message));
+    }
+    if (r.released) {
+      EXPECT_TRUE(publisher_->on_released(*r.released, 0));
+    }
+    if (r.released_self) {
+      EXPECT_TRUE(publisher_->on_released(r.id, 0));
+    }
+  }
+
+  static std::size_t torn(reference_runtime& rt) {
+    return rt.generate([](const runtime_weights& w) {
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < w.tensors.size(); ++i) {
+        bad += test::pattern_mismatches(w.tensors[i].data, w.tensors[i].nbytes, w.weight_version, i);
+      }
+      return bad;
+    });
+  }
+
+  std::unique_ptr<transport> transport_;
+  std::unique_ptr<weight_publisher> publisher_;
+  test::pattern_tensors tensors_{4, 512};
+};
+
+TEST_F(executor_test, installs_acknowledges_and_releases_the_previous_update) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto m1 = publish(1);
+  auto r1 = ex.update_weights(m1);
+  ASSERT_TRUE(r1.acknowledged) << r1.failure->message;
+  report(r1);
+  EXPECT_EQ(ex.active_weight_version(), 1u);
+  EXPECT_EQ(rt.active_version(), 1u);
+  EXPECT_EQ(torn(rt), 0u);
+  EXPECT_EQ(*consumer.state(m1.update_id), update_state::acknowledged);  // held: view mode
+
+  auto m2 = publish(2);
+  auto r2 = ex.update_weights(m2);
+  ASSERT_TRUE(r2.acknowledged);
+  ASSERT_TRUE(r2.released);
+  EXPECT_EQ(*r2.released, m1.update_id);
+  report(r2);
+  EXPECT_EQ(*consumer.state(m1.update_id), update_state::released);
+  EXPECT_EQ(rt.active_version(), 2u);
+  EXPECT_EQ(torn(rt), 0u);
+  EXPECT_EQ(publisher_->held_updates(), std::vector<update_id>{m2.update_id});
+  ex.release_active();
+  EXPECT_TRUE(publisher_->on_released(m2.update_id, 0));
+  EXPECT_TRUE(publisher_->held_updates().empty());
+}
+
+TEST_F(executor_test, failed_install_keeps_the_previous_version) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  flaky_adapter adapter(rt);
+  rollout_executor ex(consumer, adapter, rt.gate());
+  report(ex.update_weights(publish(1)));
+  adapter.fail_ = true;
+  auto m2 = publish(2);
+  auto r2 = ex.update_weights(m2);
+  EXPECT_FALSE(r2.acknowledged);
+  ASSERT_TRUE(r2.failure);
+  EXPECT_EQ(r2.failure->code, errc::install_failed);
+  EXPECT_TRUE(r2.released_self);
+  EXPECT_FALSE(r2.released);  // the previous update is still held for the readers
+  report(r2);
+  EXPECT_EQ(*consumer.state(m2.update_id), update_state::released);
+  EXPECT_EQ(ex.active_weight_version(), 1u);
+  EXPECT_EQ(rt.active_version(), 1u);
+  EXPECT_EQ(torn(rt), 0u);
+  adapter.fail_ = false;
+  auto r3 = ex.update_weights(publish(3));  // recovers with the next version
+  EXPECT_TRUE(r3.acknowledged);
+  EXPECT_EQ(rt.active_version(), 3u);
+}
+
+TEST_F(executor_test, corrupted_byte_is_a_checksum_mismatch_and_a_reject) {
+  auto inner = transport_->make_consumer();
+  ASSERT_TRUE(inner);
+  weight_consumer consumer(std::make_unique<corrupting_transport>(std::move(*inner), 5000),
+                           consumer_config{3, 1});
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto m = publish(1);
+  auto r = ex.update_weights(m);
+  EXPECT_FALSE(r.acknowledged);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->code, errc::checksum_mismatch);
+  EXPECT_EQ(r.failure->message.rfind("tensor checksum mismatch", 0), 0u) << r.failure->message;
+  EXPECT_NE(r.failure->message.find("model.layers.1.weight"), std::string::npos);  // byte 5000
+  EXPECT_NE(r.failure->message.find("update_id=" + m.update_id), std::string::npos);
+  EXPECT_NE(r.failure->message.find("rank=3"), std::string::npos);
+  EXPECT_FALSE(ex.active_weight_version());
+  EXPECT_EQ(rt.active_version(), 0u);
+  EXPECT_EQ(*consumer.state(m.update_id), update_state::released);
+}
+
+TEST_F(executor_test, verify_off_installs_without_recomputing_checksums) {
+  auto inner = transport_->make_consumer();
+  ASSERT_TRUE(inner);
+  weight_consumer consumer(std::make_unique<corrupting_transport>(std::move(*inner), 0),
+                           consumer_config{});
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate(), executor_config{false});
+  auto r = ex.update_weights(publish(1));
+  EXPECT_TRUE(r.acknowledged);
+  EXPECT_EQ(r.timings.verify, 0.0);
+}
+
+TEST_F(executor_test, older_version_is_rejected_and_previous_stays) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto m5 = publish(5);
+  auto stale = m5;
+  stale.update_id = update_id_generate();
+  stale.weight_version = 4;
+  report(ex.update_weights(m5));
+  auto r = ex.update_weights(stale);
+  EXPECT_FALSE(r.acknowledged);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("weight_version must increase monotonically", 0), 0u);
+  EXPECT_EQ(rt.active_version(), 5u);
+}
+
+TEST_F(executor_test, changed_architecture_is_refused_by_the_runtime) {
+  auto consumer = make_consumer();
+  reference_runtime rt(reference_runtime::install_mode::copy);
+  rollout_executor ex(consumer, rt, rt.gate());
+  report(ex.update_weights(publish(1)));
+  test::pattern_tensors other(5, 512);  // one tensor more than the model has
+  auto m = publisher_->publish(other.fill(2), 2, {0});
+  ASSERT_TRUE(m);
+  auto r = ex.update_weights(*m);
+  EXPECT_FALSE(r.acknowledged);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->code, errc::install_failed);
+  EXPECT_NE(r.failure->message.find("tensors:"), std::string::npos) << r.failure->message;
+  EXPECT_EQ(rt.active_version(), 1u);
+  EXPECT_EQ(torn(rt), 0u);
+}
+
+TEST_F(executor_test, copy_mode_releases_the_import_at_once) {
+  auto consumer = make_consumer();
+  reference_runtime rt(reference_runtime::install_mode::copy);
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto m = publish(1);
+  auto r = ex.update_weights(m);
+  ASSERT_TRUE(r.acknowledged);
+  EXPECT_TRUE(r.released_self);
+  report(r);
+  EXPECT_TRUE(publisher_->held_updates().empty());
+  EXPECT_EQ(torn(rt), 0u);  // the runtime's own copy stays readable
+}
+
+}  // namespace
+}  // namespace wsync

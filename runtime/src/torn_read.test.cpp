@@ -1,0 +1,142 @@
+// The torn-read detector: reader threads check, generation after generation, that every tensor
+// of the active weights carries the pattern of the version the runtime says is active, while
+// hundreds of updates stream through a two-slot shared-memory ring that rewrites each slot as
+// soon as it is released. Any early release, late switch or torn install shows up as a mismatch.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "pattern_tensors.hpp"
+#include "wsync/runtime/reference_runtime.hpp"
+#include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync {
+namespace {
+
+struct torn_case {
+  const char* transport;
+  reference_runtime::install_mode mode;
+};
+
+// Tells the publisher about a consumer release the moment it happens, as a prompt control plane
+// would, so the publisher may rewrite the slot right away.
+class releasing_transport final : public consumer_transport {
+ public:
+  releasing_transport(std::unique_ptr<consumer_transport> inner, weight_publisher& publisher)
+      : inner_(std::move(inner)), publisher_(publisher) {}
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    return inner_->import_segments(m);
+  }
+  void release(const update_id& id) override {
+    inner_->release(id);
+    EXPECT_TRUE(publisher_.on_released(id, 0));
+  }
+
+ private:
+  std::unique_ptr<consumer_transport> inner_;
+  weight_publisher& publisher_;
+};
+
+class torn_read : public ::testing::TestWithParam<torn_case> {};
+
+TEST_P(torn_read, readers_never_see_a_mixed_model) {
+  constexpr std::uint64_t updates = 300;
+  constexpr int readers = 2;
+  auto t = make_transport(GetParam().transport,
+                          std::string(GetParam().transport) == "shared-memory"
+                              ? transport_options{{"slots", "2"}}
+                              : transport_options{});
+  ASSERT_TRUE(t);
+  auto p = (*t)->make_publisher();
+  auto c = (*t)->make_consumer();
+  ASSERT_TRUE(p && c);
+  publisher_config cfg;
+  cfg.model_id = "torn";
+  cfg.slot_wait = std::chrono::seconds(30);
+  weight_publisher publisher(std::move(*p), std::string((*t)->name()), cfg);
+  weight_consumer consumer(std::make_unique<releasing_transport>(std::move(*c), publisher),
+                           consumer_config{0, 1});
+  reference_runtime rt(GetParam().mode);
+  rollout_executor ex(consumer, rt, rt.gate());
+  test::pattern_tensors tensors(8, 4096);  // 8 x 32 KiB
+
+  // The trainer publishes as fast as slots come free, while the consumer installs: the
+  // publisher rewrites a slot the instant the consumer releases it.
+  std::mutex queue_mutex;
+  std::condition_variable queue_cv;
+  std::deque<weight_update_manifest> queue;
+  std::thread trainer([&] {
+    for (std::uint64_t v = 1; v <= updates; ++v) {
+      auto m = publisher.publish(tensors.fill(v), v, {0});
+      ASSERT_TRUE(m) << m.error().message;
+      std::lock_guard l(queue_mutex);
+      queue.push_back(*m);
+      queue_cv.notify_one();
+    }
+  });
+
+  std::atomic<bool> done{false};
+  std::atomic<std::uint64_t> torn{0}, reads{0}, versions_seen{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < readers; ++k) {
+    threads.emplace_back([&] {
+      std::uint64_t last = 0;
+      while (!done.load()) {
+        rt.generate([&](const runtime_weights& w) {
+          if (w.weight_version < last) torn.fetch_add(1);  // versions never go back
+          if (w.weight_version != last) versions_seen.fetch_add(1);
+          last = w.weight_version;
+          for (std::size_t i = 0; i < w.tensors.size(); ++i) {
+            torn.fetch_add(test::pattern_mismatches(w.tensors[i].data, w.tensors[i].nbytes,
+                                                    w.weight_version, i));
+          }
+        });
+        reads.fetch_add(1);
+      }
+    });
+  }
+  for (std::uint64_t v = 1; v <= updates; ++v) {
+    weight_update_manifest m;
+    {
+      std::unique_lock l(queue_mutex);
+      queue_cv.wait(l, [&] { return !queue.empty(); });
+      m = std::move(queue.front());
+      queue.pop_front();
+    }
+    auto r = ex.update_weights(m);
+    ASSERT_TRUE(r.acknowledged) << r.failure->message;
+  }
+  trainer.join();
+  // Let readers look at the last version too before stopping.
+  auto seen = reads.load();
+  while (reads.load() < seen + readers) std::this_thread::yield();
+  done = true;
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(torn.load(), 0u) << "torn words over " << reads.load() << " generations";
+  EXPECT_GT(versions_seen.load(), 0u);
+  EXPECT_EQ(rt.active_version(), updates);
+  ex.release_active();
+  EXPECT_TRUE(publisher.held_updates().empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    transports, torn_read,
+    ::testing::Values(torn_case{"shared-memory", reference_runtime::install_mode::view},
+                      torn_case{"shared-memory", reference_runtime::install_mode::copy},
+                      torn_case{"local-clone", reference_runtime::install_mode::view}),
+    [](const auto& param_info) {
+      std::string n = std::string(param_info.param.transport) +
+                      (param_info.param.mode == reference_runtime::install_mode::view ? "_view" : "_copy");
+      for (auto& ch : n) ch = ch == '-' ? '_' : ch;
+      return n;
+    });
+
+}  // namespace
+}  // namespace wsync
