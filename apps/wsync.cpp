@@ -22,9 +22,10 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify) {
       "Time one weight update end to end (publish, import, verify, install, ack, release) and "
       "print JSON rows: one per timed update, the result row last. Baselines (single-thread "
       "memcpy into pre-faulted memory, single-thread xxh3) are measured in the same run.");
-  bench->add_option("--mode", opt.mode,
-                    "local: publisher and consumer in one process over local-clone; "
-                    "shared-memory: the consumer is a separate process importing zero-copy")
+  bench
+      ->add_option("--mode", opt.mode,
+                   "local: publisher and consumer in one process over local-clone; "
+                   "shared-memory: the consumer is a separate process importing zero-copy")
       ->check(CLI::IsMember({"local", "shared-memory"}))
       ->capture_default_str();
   bench->add_flag("--smoke", opt.smoke,
@@ -33,7 +34,8 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify) {
   auto* layout = bench->add_option(
       "--layout", opt.layout,
       "model whose checkpoint layout (tensor names, shapes, bf16) to publish, with random "
-      "contents: " + join(wsync::layout_names()) + " (default qwen2.5-0.5b)");
+      "contents: " +
+          join(wsync::layout_names()) + " (default qwen2.5-0.5b)");
   auto* bytes = bench->add_option("--bytes", opt.bytes,
                                   "publish a synthetic update of this many bytes instead of a "
                                   "model layout");
@@ -46,12 +48,14 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify) {
   bench->add_option("--verify", verify, "recompute every tensor checksum on import")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  bench->add_option("--copy-threads", opt.copy_threads,
-                    "threads that copy and checksum tensors into the segments")
+  bench
+      ->add_option("--copy-threads", opt.copy_threads,
+                   "threads that copy and checksum tensors into the segments")
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
-  bench->add_option("--slots", opt.slots,
-                    "shared-memory ring size (at least 2: the active version and the incoming one)")
+  bench
+      ->add_option("--slots", opt.slots,
+                   "shared-memory ring size (at least 2: the active version and the incoming one)")
       ->check(CLI::Range(2u, 64u))
       ->capture_default_str();
 }

@@ -191,8 +191,8 @@ class consumer_side {
         auto m = manifest_from_json((*msg)["manifest"].get<std::string>());
         double decode_s = now_s() - t0;
         if (!m) {
-          send_message(fd, {{"type", "report"}, {"acknowledged", false},
-                            {"reason", m.error().message}});
+          send_message(
+              fd, {{"type", "report"}, {"acknowledged", false}, {"reason", m.error().message}});
           continue;
         }
         if (!send_message(fd, side.handle(*m, decode_s))) break;
@@ -237,7 +237,9 @@ std::vector<std::string> leftover_segments(const std::vector<int>& pids) {
   return found;
 }
 
-double gbps(std::uint64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+double gbps(std::uint64_t bytes, double seconds) {
+  return seconds > 0 ? bytes / seconds / 1e9 : 0;
+}
 
 }  // namespace
 
@@ -311,7 +313,8 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   std::uint64_t src_bytes = 0;
   for (const auto& t : layout.tensors) {
     offsets.push_back(src_bytes);
-    src_bytes = (src_bytes + t.nbytes() + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
+    src_bytes =
+        (src_bytes + t.nbytes() + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
   }
   host_buffer source(src_bytes);
   fill_random(source.data(), src_bytes, 0x9e3779b97f4a7c15ull);
@@ -348,7 +351,8 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   pcfg.model_id = layout.name;
   pcfg.copy_threads = std::max(opt.copy_threads, 1u);
   pcfg.slot_wait = std::chrono::seconds(60);
-  auto publisher = std::make_unique<weight_publisher>(std::move(*pt), std::string((*t)->name()), pcfg);
+  auto publisher =
+      std::make_unique<weight_publisher>(std::move(*pt), std::string((*t)->name()), pcfg);
 
   std::unique_ptr<consumer_side> local;
   if (opt.mode == "local") {
@@ -363,8 +367,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   // so every slot and every consumer mapping is faulted in before timing starts).
   auto one_update = [&](std::uint64_t version, bool timed) -> bool {
     double t0 = now_s();
-    auto m = publisher->publish(tensors, version, {consumer_rank},
-                                {{"bench", "true"}});
+    auto m = publisher->publish(tensors, version, {consumer_rank}, {{"bench", "true"}});
     double t1 = now_s();
     if (!m) return rr.error = m.error().message, false;
     json report;
@@ -417,14 +420,10 @@ int bench_run(const bench_options& opt, std::ostream& out) {
     s.release.push_back(ct["release"].get<double>() + release_pub);
     s.decode.push_back(ct["decode"].get<double>());
     s.total.push_back(t_end - t0);
-    out << json{{"event", "sample"},
-                {"mode", opt.mode},
-                {"weight_version", version},
-                {"publish_s", t1 - t0},
-                {"import_s", ct["import"]},
-                {"verify_s", ct["verify"]},
-                {"install_s", ct["install"]},
-                {"total_s", t_end - t0}}
+    out << json{{"event", "sample"},          {"mode", opt.mode},
+                {"weight_version", version},  {"publish_s", t1 - t0},
+                {"import_s", ct["import"]},   {"verify_s", ct["verify"]},
+                {"install_s", ct["install"]}, {"total_s", t_end - t0}}
                .dump()
         << std::endl;
     return true;
@@ -465,10 +464,10 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   row["weight_version"] = rr.last_version;
   row["active_weight_version"] = rr.active_version;
   double publish = median(s.publish), verify = median(s.verify);
-  row["timings_s"] = {{"publish", publish},         {"import", median(s.import)},
-                      {"verify", verify},           {"install", median(s.install)},
-                      {"ack", median(s.ack)},       {"release", median(s.release)},
-                      {"total", median(s.total)},   {"decode", median(s.decode)}};
+  row["timings_s"] = {{"publish", publish},       {"import", median(s.import)},
+                      {"verify", verify},         {"install", median(s.install)},
+                      {"ack", median(s.ack)},     {"release", median(s.release)},
+                      {"total", median(s.total)}, {"decode", median(s.decode)}};
   row["baseline"] = {{"name", "memcpy"}, {"gbps", memcpy_gbps}};
   row["ratio_to_baseline"] = memcpy_gbps > 0 ? gbps(bytes, publish) / memcpy_gbps : 0;
   row["publish_gbps"] = gbps(bytes, publish);

@@ -15,8 +15,8 @@ struct decoder_config {
 
 // From the models' published config.json files.
 constexpr decoder_config configs[] = {
-    {"qwen2.5-0.5b", "Qwen2.5-0.5B (bf16, tied embeddings)", 151936, 896, 4864, 24, 14, 2, 64,
-     true, true},
+    {"qwen2.5-0.5b", "Qwen2.5-0.5B (bf16, tied embeddings)", 151936, 896, 4864, 24, 14, 2, 64, true,
+     true},
     {"qwen2.5-1.5b", "Qwen2.5-1.5B (bf16, tied embeddings)", 151936, 1536, 8960, 28, 12, 2, 128,
      true, true},
     {"llama-3-8b", "Meta-Llama-3-8B (bf16)", 128256, 4096, 14336, 32, 32, 8, 128, false, false},
@@ -83,7 +83,8 @@ model_layout layout_synthetic(std::uint64_t bytes, std::uint64_t tensors) {
   model_layout l{"synthetic", "synthetic bf16 tensors", {}};
   for (std::uint64_t i = 0; i < tensors; ++i) {
     auto rows = rows_total / tensors + (i < rows_total % tensors ? 1 : 0);
-    l.tensors.push_back({"synthetic.layers." + std::to_string(i) + ".weight", dtype::bf16,
+    l.tensors.push_back({"synthetic.layers." + std::to_string(i) + ".weight",
+                         dtype::bf16,
                          {static_cast<std::int64_t>(rows), row_elems}});
   }
   return l;

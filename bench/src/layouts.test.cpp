@@ -11,7 +11,7 @@ TEST(layouts, qwen25_05b_matches_the_checkpoint) {
   auto l = layout_find("qwen2.5-0.5b");
   ASSERT_TRUE(l);
   EXPECT_EQ(l->tensors.size(), 290u);  // 24 layers x 12 + embeddings + final norm
-  EXPECT_EQ(l->bytes(), 988065536u);  // 494,032,768 bf16 parameters
+  EXPECT_EQ(l->bytes(), 988065536u);   // 494,032,768 bf16 parameters
   EXPECT_EQ(l->tensors.front().name, "model.embed_tokens.weight");
   EXPECT_EQ(l->tensors.front().shape, (std::vector<std::int64_t>{151936, 896}));
   EXPECT_EQ(l->tensors[3].name, "model.layers.0.self_attn.k_proj.weight");

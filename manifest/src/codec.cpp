@@ -14,8 +14,7 @@ using json = nlohmann::json;
 // Bumped when a field changes meaning; decoders refuse formats they do not know.
 constexpr int format_version = 1;
 
-constexpr char b64_alphabet[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+constexpr char b64_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 // The transport handle is opaque bytes; base64 keeps any byte intact through JSON.
 std::string base64_encode(std::string_view in) {
@@ -97,8 +96,8 @@ class reader {
     seen_.insert(key);
     auto it = obj_.find(key);
     if (it == obj_.end()) return err = field(key) + ": missing", nullptr;
-    bool ok = it->type() == kind ||
-              (kind == json::value_t::number_integer && it->is_number_unsigned());
+    bool ok =
+        it->type() == kind || (kind == json::value_t::number_integer && it->is_number_unsigned());
     if (!ok) return err = field(key) + ": expected " + type_word(kind), nullptr;
     return &*it;
   }
@@ -113,12 +112,18 @@ class reader {
  private:
   static const char* type_word(json::value_t kind) {
     switch (kind) {
-      case json::value_t::string: return "a string";
-      case json::value_t::number_unsigned: return "a non-negative integer";
-      case json::value_t::number_integer: return "an integer";
-      case json::value_t::array: return "an array";
-      case json::value_t::object: return "an object";
-      default: return "another type";
+      case json::value_t::string:
+        return "a string";
+      case json::value_t::number_unsigned:
+        return "a non-negative integer";
+      case json::value_t::number_integer:
+        return "an integer";
+      case json::value_t::array:
+        return "an array";
+      case json::value_t::object:
+        return "an object";
+      default:
+        return "another type";
     }
   }
 
@@ -144,8 +149,7 @@ bool read_string(reader& r, const char* key, std::string& out, std::string& err)
   return true;
 }
 
-bool read_int_array(reader& r, const char* key, std::vector<std::int64_t>& out,
-                    std::string& err) {
+bool read_int_array(reader& r, const char* key, std::vector<std::int64_t>& out, std::string& err) {
   const json* v = r.get(key, json::value_t::array, err);
   if (!v) return false;
   out.clear();
@@ -257,18 +261,13 @@ std::string manifest_to_json(const weight_update_manifest& m) {
   }
   json segments = json::array();
   for (const auto& s : m.segments) segments.push_back({{"nbytes", s.nbytes}});
-  json j = {{"wsync_manifest", format_version},
-            {"update_id", m.update_id},
-            {"model_id", m.model_id},
-            {"weight_version", m.weight_version},
-            {"source_worker", m.source_worker},
-            {"source_rank", m.source_rank},
-            {"transport", m.transport},
-            {"transport_handle", base64_encode(m.transport_handle)},
-            {"tensors", std::move(tensors)},
-            {"segments", std::move(segments)},
-            {"metadata", m.metadata},
-            {"total_bytes", m.total_bytes}};
+  json j = {
+      {"wsync_manifest", format_version}, {"update_id", m.update_id},
+      {"model_id", m.model_id},           {"weight_version", m.weight_version},
+      {"source_worker", m.source_worker}, {"source_rank", m.source_rank},
+      {"transport", m.transport},         {"transport_handle", base64_encode(m.transport_handle)},
+      {"tensors", std::move(tensors)},    {"segments", std::move(segments)},
+      {"metadata", m.metadata},           {"total_bytes", m.total_bytes}};
   // Names and ids may hold any bytes; replace invalid UTF-8 rather than throw. Validation refuses
   // such ids, so a valid manifest always round-trips exactly.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);

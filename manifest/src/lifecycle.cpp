@@ -6,25 +6,38 @@ namespace wsync {
 
 std::string_view update_state_name(update_state s) {
   switch (s) {
-    case update_state::announced: return "announced";
-    case update_state::imported: return "imported";
-    case update_state::verified: return "verified";
-    case update_state::installed: return "installed";
-    case update_state::acknowledged: return "acknowledged";
-    case update_state::rejected: return "rejected";
-    case update_state::released: return "released";
+    case update_state::announced:
+      return "announced";
+    case update_state::imported:
+      return "imported";
+    case update_state::verified:
+      return "verified";
+    case update_state::installed:
+      return "installed";
+    case update_state::acknowledged:
+      return "acknowledged";
+    case update_state::rejected:
+      return "rejected";
+    case update_state::released:
+      return "released";
   }
   return "invalid";
 }
 
 std::string_view update_event_name(update_event e) {
   switch (e) {
-    case update_event::import_ok: return "import";
-    case update_event::verify_ok: return "verify";
-    case update_event::install_ok: return "install";
-    case update_event::acknowledge: return "acknowledge";
-    case update_event::reject: return "reject";
-    case update_event::release: return "release";
+    case update_event::import_ok:
+      return "import";
+    case update_event::verify_ok:
+      return "verify";
+    case update_event::install_ok:
+      return "install";
+    case update_event::acknowledge:
+      return "acknowledge";
+    case update_event::reject:
+      return "reject";
+    case update_event::release:
+      return "release";
   }
   return "invalid";
 }

@@ -9,7 +9,9 @@ namespace {
 std::atomic<log_level> threshold{log_level::info};
 }
 
-void log_set_level(log_level level) { threshold.store(level); }
+void log_set_level(log_level level) {
+  threshold.store(level);
+}
 
 void log_write(log_level level, std::string_view text) {
   if (level < threshold.load(std::memory_order_relaxed)) return;

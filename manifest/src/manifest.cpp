@@ -41,8 +41,7 @@ update_id update_id_generate() {
 }
 
 std::string update_context(const update_id& id, std::int32_t rank) {
-  return "update_id=" + (id.empty() ? std::string("<none>") : id) +
-         " rank=" + std::to_string(rank);
+  return "update_id=" + (id.empty() ? std::string("<none>") : id) + " rank=" + std::to_string(rank);
 }
 
 std::string update_context(const weight_update_manifest& m) {

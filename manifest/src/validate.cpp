@@ -17,8 +17,8 @@ bool add_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
 
 bool printable_id(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_' || c == '.' || c == ':' || c == '/' || c == '@';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.' || c == ':' || c == '/' || c == '@';
   });
 }
 
@@ -109,8 +109,8 @@ result<void> manifest_validate(const weight_update_manifest& m,
     return c.fail("transport", "unknown transport \"" + m.transport + "\"");
   }
   if (m.transport_handle.size() > limits.max_handle_bytes) {
-    return c.fail("transport_handle", "larger than " + std::to_string(limits.max_handle_bytes) +
-                                          " bytes");
+    return c.fail("transport_handle",
+                  "larger than " + std::to_string(limits.max_handle_bytes) + " bytes");
   }
   for (const auto& [key, value] : m.metadata) {
     if (key.empty()) return c.fail("metadata", "empty key");
@@ -160,9 +160,9 @@ result<void> manifest_validate(const weight_update_manifest& m,
     }
     for (std::size_t d = 0; d < t.shape.size(); ++d) {
       if (t.shape[d] < 0) {
-        return c.fail(tensor_field(i, "shape"), "dimension " + std::to_string(d) +
-                                                    " is negative (" +
-                                                    std::to_string(t.shape[d]) + ")");
+        return c.fail(
+            tensor_field(i, "shape"),
+            "dimension " + std::to_string(d) + " is negative (" + std::to_string(t.shape[d]) + ")");
       }
     }
     std::uint64_t elements = 0, want = 0;
@@ -178,17 +178,17 @@ result<void> manifest_validate(const weight_update_manifest& m,
       }
       for (std::size_t d = 0; d < t.strides.size(); ++d) {
         if (t.strides[d] < 0) {
-          return c.fail(tensor_field(i, "strides"),
-                        "stride " + std::to_string(d) + " is negative (" +
-                            std::to_string(t.strides[d]) + ")");
+          return c.fail(tensor_field(i, "strides"), "stride " + std::to_string(d) +
+                                                        " is negative (" +
+                                                        std::to_string(t.strides[d]) + ")");
         }
       }
     }
     if (row_major(t)) {
       if (t.nbytes != want) {
-        return c.fail(tensor_field(i, "nbytes"),
-                      std::to_string(t.nbytes) + " but shape x itemsize is " +
-                          std::to_string(want));
+        return c.fail(
+            tensor_field(i, "nbytes"),
+            std::to_string(t.nbytes) + " but shape x itemsize is " + std::to_string(want));
       }
     } else {
       std::uint64_t span = 0;
@@ -196,9 +196,9 @@ result<void> manifest_validate(const weight_update_manifest& m,
         return c.fail(tensor_field(i, "strides"), "reach overflows 64 bits");
       }
       if (span > t.nbytes) {
-        return c.fail(tensor_field(i, "strides"),
-                      "reach " + std::to_string(span) + " bytes, outside nbytes " +
-                          std::to_string(t.nbytes));
+        return c.fail(
+            tensor_field(i, "strides"),
+            "reach " + std::to_string(span) + " bytes, outside nbytes " + std::to_string(t.nbytes));
       }
     }
     if (!valid_device(t.device)) {
@@ -211,9 +211,9 @@ result<void> manifest_validate(const weight_update_manifest& m,
                         std::to_string(m.segments.size()) + " segments");
     }
     if (t.offset % tensor_alignment != 0) {
-      return c.fail(tensor_field(i, "offset"),
-                    std::to_string(t.offset) + " is not " + std::to_string(tensor_alignment) +
-                        "-byte aligned");
+      return c.fail(tensor_field(i, "offset"), std::to_string(t.offset) + " is not " +
+                                                   std::to_string(tensor_alignment) +
+                                                   "-byte aligned");
     }
     std::uint64_t end = 0;
     if (add_overflows(t.offset, t.nbytes, end) || end > m.segments[t.segment].nbytes) {
@@ -236,9 +236,9 @@ result<void> manifest_validate(const weight_update_manifest& m,
     const auto& cur = m.tensors[order[k]];
     if (prev.segment == cur.segment && prev.nbytes > 0 && cur.nbytes > 0 &&
         prev.offset + prev.nbytes > cur.offset) {
-      return c.fail(tensor_field(order[k], "offset"),
-                    "range overlaps tensor \"" + prev.name + "\" in segment " +
-                        std::to_string(cur.segment));
+      return c.fail(
+          tensor_field(order[k], "offset"),
+          "range overlaps tensor \"" + prev.name + "\" in segment " + std::to_string(cur.segment));
     }
   }
   return {};

@@ -22,7 +22,9 @@ rollout_executor::rollout_executor(weight_consumer& consumer, install_adapter& a
                                    generation_gate& gate, executor_config config)
     : consumer_(consumer), adapter_(adapter), gate_(gate), config_(config) {}
 
-rollout_executor::~rollout_executor() { release_active(); }
+rollout_executor::~rollout_executor() {
+  release_active();
+}
 
 rollout_report rollout_executor::update_weights(const weight_update_manifest& manifest) {
   std::lock_guard lock(mutex_);

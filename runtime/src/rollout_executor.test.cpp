@@ -98,7 +98,8 @@ class executor_test : public ::testing::Test {
     return rt.generate([](const runtime_weights& w) {
       std::size_t bad = 0;
       for (std::size_t i = 0; i < w.tensors.size(); ++i) {
-        bad += test::pattern_mismatches(w.tensors[i].data, w.tensors[i].nbytes, w.weight_version, i);
+        bad +=
+            test::pattern_mismatches(w.tensors[i].data, w.tensors[i].nbytes, w.weight_version, i);
       }
       return bad;
     });

@@ -49,10 +49,9 @@ class torn_read : public ::testing::TestWithParam<torn_case> {};
 TEST_P(torn_read, readers_never_see_a_mixed_model) {
   constexpr std::uint64_t updates = 300;
   constexpr int readers = 2;
-  auto t = make_transport(GetParam().transport,
-                          std::string(GetParam().transport) == "shared-memory"
-                              ? transport_options{{"slots", "2"}}
-                              : transport_options{});
+  auto t = make_transport(GetParam().transport, std::string(GetParam().transport) == "shared-memory"
+                                                    ? transport_options{{"slots", "2"}}
+                                                    : transport_options{});
   ASSERT_TRUE(t);
   auto p = (*t)->make_publisher();
   auto c = (*t)->make_consumer();
@@ -132,8 +131,9 @@ INSTANTIATE_TEST_SUITE_P(
                       torn_case{"shared-memory", reference_runtime::install_mode::copy},
                       torn_case{"local-clone", reference_runtime::install_mode::view}),
     [](const auto& param_info) {
-      std::string n = std::string(param_info.param.transport) +
-                      (param_info.param.mode == reference_runtime::install_mode::view ? "_view" : "_copy");
+      std::string n =
+          std::string(param_info.param.transport) +
+          (param_info.param.mode == reference_runtime::install_mode::view ? "_view" : "_copy");
       for (auto& ch : n) ch = ch == '-' ? '_' : ch;
       return n;
     });

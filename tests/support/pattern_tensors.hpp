@@ -19,8 +19,10 @@ class pattern_tensors {
   pattern_tensors(std::size_t count, std::size_t words_each)
       : storage_(count, std::vector<std::uint64_t>(words_each)) {
     for (std::size_t i = 0; i < count; ++i) {
-      sources_.push_back({"model.layers." + std::to_string(i) + ".weight", dtype::i64,
-                          {static_cast<std::int64_t>(words_each)}, {},
+      sources_.push_back({"model.layers." + std::to_string(i) + ".weight",
+                          dtype::i64,
+                          {static_cast<std::int64_t>(words_each)},
+                          {},
                           reinterpret_cast<const std::byte*>(storage_[i].data()),
                           words_each * sizeof(std::uint64_t)});
     }

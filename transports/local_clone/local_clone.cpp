@@ -65,8 +65,8 @@ class local_publisher final : public publisher_transport {
     for (auto& b : bufs) spans.emplace_back(b.data(), b.size());
     std::lock_guard lock(store_->mutex);
     if (!store_->exposed.emplace(id, std::move(bufs)).second) {
-      return make_error(errc::invalid_argument, "local-clone: update_id " + id +
-                                                    " acquired twice (field update_id)");
+      return make_error(errc::invalid_argument,
+                        "local-clone: update_id " + id + " acquired twice (field update_id)");
     }
     return spans;
   }
@@ -126,8 +126,8 @@ class local_consumer final : public consumer_transport {
         if (src.size() != m.segments[i].nbytes) {
           return make_error(errc::invalid_manifest,
                             "invalid manifest: segments[" + std::to_string(i) +
-                                "].nbytes: differs from the exposed segment (" +
-                                update_context(m) + ")");
+                                "].nbytes: differs from the exposed segment (" + update_context(m) +
+                                ")");
         }
         buffer b = pool_.take(src.size());
         std::memcpy(b.data(), src.data(), src.size());
@@ -168,7 +168,9 @@ constexpr transport_caps local_caps{.cpu_memory = true,
 
 class local_clone_transport final : public transport {
  public:
-  local_clone_transport() : store_(std::make_shared<store>()) { store_->instance = instance_name(); }
+  local_clone_transport() : store_(std::make_shared<store>()) {
+    store_->instance = instance_name();
+  }
   std::string_view name() const override { return "local-clone"; }
   transport_caps caps() const override { return local_caps; }
   result<std::unique_ptr<publisher_transport>> make_publisher() override {

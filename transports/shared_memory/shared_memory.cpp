@@ -29,7 +29,9 @@ constexpr std::uint64_t capacity_quantum = std::uint64_t{2} << 20;
 constexpr char name_prefix[] = "wsync-";
 constexpr char magic[8] = {'W', 'S', 'Y', 'N', 'C', 'S', 'L', 'T'};
 
-constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // First page of every slot: who owns it (for the orphan sweep) and which exposure it holds (so a
 // consumer never imports a slot that was already rewritten for a newer update).
@@ -44,7 +46,9 @@ struct slot_header {
 static_assert(sizeof(slot_header) <= header_bytes);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
-std::string errno_text(int err) { return std::string(std::strerror(err)); }
+std::string errno_text(int err) {
+  return std::string(std::strerror(err));
+}
 
 // Start time of a process in clock ticks since boot; 0 when the process does not exist.
 std::uint64_t process_start_time(int pid) {
@@ -109,9 +113,9 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
     int err = errno;
     ::close(fd);
     slot_destroy(s);
-    return make_error(errc::io_error,
-                      std::string("shared-memory: ") + what + " failed for a slot of " +
-                          std::to_string(capacity) + " bytes: " + errno_text(err));
+    return make_error(errc::io_error, std::string("shared-memory: ") + what +
+                                          " failed for a slot of " + std::to_string(capacity) +
+                                          " bytes: " + errno_text(err));
   };
   if (::fchmod(fd, 0600) != 0) return fail("fchmod");
   if (::ftruncate(fd, static_cast<off_t>(s.map_bytes)) != 0) return fail("ftruncate");
@@ -144,7 +148,9 @@ struct pool_config {
 class shm_publisher final : public publisher_transport {
  public:
   explicit shm_publisher(pool_config cfg)
-      : cfg_(std::move(cfg)), pool_id_(random_hex(8)), owner_start_(process_start_time(::getpid())) {}
+      : cfg_(std::move(cfg)),
+        pool_id_(random_hex(8)),
+        owner_start_(process_start_time(::getpid())) {}
 
   ~shm_publisher() override {
     for (auto& s : slots_) slot_destroy(*s);
@@ -223,7 +229,7 @@ class shm_publisher final : public publisher_transport {
     std::size_t index = static_cast<std::size_t>(
         std::find_if(slots_.begin(), slots_.end(), [&](const auto& p) { return p.get() == s; }) -
         slots_.begin());
-    nlohmann::json h = {{"pool", pool_id_},   {"slot", index},          {"name", s->name},
+    nlohmann::json h = {{"pool", pool_id_},  {"slot", index},           {"name", s->name},
                         {"generation", gen}, {"capacity", s->capacity}, {"offsets", s->offsets}};
     return h.dump();
   }
@@ -263,8 +269,8 @@ struct handle {
 
 result<handle> handle_parse(const weight_update_manifest& m) {
   auto bad = [&](const std::string& why) -> error {
-    return make_error(errc::invalid_manifest,
-                      "invalid manifest: transport_handle: " + why + " (" + update_context(m) + ")");
+    return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
+                                                  update_context(m) + ")");
   };
   auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return bad("not a shared-memory handle");
@@ -386,17 +392,17 @@ class shm_consumer final : public consumer_transport {
                               h.name + " no longer exists (publisher released it or exited) (" +
                               update_context(m) + ")");
       }
-      return make_error(errc::io_error, "shared-memory: shm_open " + h.name +
-                                            " failed: " + errno_text(err) + " (" +
-                                            update_context(m) + ")");
+      return make_error(errc::io_error, "shared-memory: shm_open " + h.name + " failed: " +
+                                            errno_text(err) + " (" + update_context(m) + ")");
     }
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < header_bytes + h.capacity) {
+    if (::fstat(fd, &st) != 0 ||
+        static_cast<std::uint64_t>(st.st_size) < header_bytes + h.capacity) {
       ::close(fd);
       return make_error(errc::invalid_manifest,
                         "invalid manifest: transport_handle: segment " + h.name +
-                            " is smaller than the capacity the handle names (" +
-                            update_context(m) + ")");
+                            " is smaller than the capacity the handle names (" + update_context(m) +
+                            ")");
     }
     std::uint64_t bytes = header_bytes + h.capacity;
     void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -409,10 +415,9 @@ class shm_consumer final : public consumer_transport {
     const auto* header = static_cast<const slot_header*>(p);
     if (std::memcmp(header->magic, magic, sizeof magic) != 0 || header->capacity != h.capacity) {
       ::munmap(p, bytes);
-      return make_error(errc::invalid_manifest,
-                        "invalid manifest: transport_handle: " + h.name +
-                            " is not a wsync slot of the named capacity (" + update_context(m) +
-                            ")");
+      return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + h.name +
+                                                    " is not a wsync slot of the named capacity (" +
+                                                    update_context(m) + ")");
     }
     return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0};
   }
@@ -482,8 +487,8 @@ std::vector<std::string> shm_sweep_orphans(const std::string& dir) {
 }
 
 transport_entry shared_memory_entry() {
-  return {"shared-memory", "one node; pooled POSIX shared-memory slots, zero-copy import",
-          shm_caps, [](const transport_options& options) -> result<std::unique_ptr<transport>> {
+  return {"shared-memory", "one node; pooled POSIX shared-memory slots, zero-copy import", shm_caps,
+          [](const transport_options& options) -> result<std::unique_ptr<transport>> {
             options_reader reader("shared-memory", options);
             pool_config cfg;
             auto slots = reader.get_uint("slots", 2, 1, 64);

@@ -56,6 +56,8 @@ result<std::unique_ptr<transport>> make_transport(std::string_view name,
   return builtin_transports().make(name, options);
 }
 
-bool transport_known(std::string_view name) { return builtin_transports().find(name) != nullptr; }
+bool transport_known(std::string_view name) {
+  return builtin_transports().find(name) != nullptr;
+}
 
 }  // namespace wsync

@@ -14,14 +14,14 @@ result<std::uint64_t> options_reader::get_uint(const std::string& key, std::uint
   std::uint64_t value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc{} || end != text.data() + text.size()) {
-    return make_error(errc::invalid_argument, transport_ + " option " + key +
-                                                  ": expected a non-negative integer, got \"" +
-                                                  text + "\"");
+    return make_error(
+        errc::invalid_argument,
+        transport_ + " option " + key + ": expected a non-negative integer, got \"" + text + "\"");
   }
   if (value < min || value > max) {
-    return make_error(errc::invalid_argument,
-                      transport_ + " option " + key + ": " + text + " is outside [" +
-                          std::to_string(min) + ", " + std::to_string(max) + "]");
+    return make_error(errc::invalid_argument, transport_ + " option " + key + ": " + text +
+                                                  " is outside [" + std::to_string(min) + ", " +
+                                                  std::to_string(max) + "]");
   }
   return value;
 }
@@ -38,8 +38,8 @@ result<void> options_reader::finish() const {
       std::string known;
       for (const auto& k : seen_) known += (known.empty() ? "" : ", ") + k;
       return make_error(errc::invalid_argument,
-                        transport_ + " option " + key + ": unknown option (known: " +
-                            (known.empty() ? "none" : known) + ")");
+                        transport_ + " option " + key +
+                            ": unknown option (known: " + (known.empty() ? "none" : known) + ")");
     }
   }
   return {};

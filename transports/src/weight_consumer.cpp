@@ -45,8 +45,8 @@ result<const imported_update*> weight_consumer::import_update(
   const auto& id = manifest.update_id;
   if (auto ok = manifest_validate(manifest, transport_known); !ok) {
     // The validator names the publisher's rank; say which consumer refused it too.
-    return make_error(ok.error().code, ok.error().message + " at consumer rank " +
-                                           std::to_string(config_.rank));
+    return make_error(ok.error().code,
+                      ok.error().message + " at consumer rank " + std::to_string(config_.rank));
   }
   {
     std::lock_guard lock(mutex_);
@@ -106,7 +106,8 @@ result<void> weight_consumer::verify(const update_id& id) {
     }
   };
   // Small updates hash faster than a thread starts.
-  unsigned threads = u->manifest.total_bytes < parallel_verify_min_bytes ? 1 : config_.verify_threads;
+  unsigned threads =
+      u->manifest.total_bytes < parallel_verify_min_bytes ? 1 : config_.verify_threads;
   std::vector<std::thread> workers;
   for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
   work();
@@ -115,8 +116,8 @@ result<void> weight_consumer::verify(const update_id& id) {
     const auto& d = *u->tensors[i].descriptor;
     return make_error(errc::checksum_mismatch,
                       "tensor checksum mismatch: tensors[" + std::to_string(i) + "] \"" + d.name +
-                          "\" checksum expected " + hex(d.checksum) + " got " + hex(got[i]) +
-                          " (" + context(id) + ")");
+                          "\" checksum expected " + hex(d.checksum) + " got " + hex(got[i]) + " (" +
+                          context(id) + ")");
   }
   return step(id, update_event::verify_ok);
 }
@@ -135,7 +136,8 @@ result<void> weight_consumer::step(const update_id& id, update_event event) {
     // Never seen: the lifecycle refuses everything but release and reject from "announced";
     // an unknown id cannot be released or rejected either.
     if (!known && (event == update_event::release || event == update_event::reject)) {
-      return make_error(errc::unknown_update, "unknown update_id: " + id + " (" + context(id) + ")");
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id + " (" + context(id) + ")");
     }
   }
   auto to = update_transition(from, event, context(id));
@@ -168,7 +170,9 @@ result<void> weight_consumer::reject(const update_id& id, std::string reason) {
   return ok;
 }
 
-result<void> weight_consumer::release(const update_id& id) { return step(id, update_event::release); }
+result<void> weight_consumer::release(const update_id& id) {
+  return step(id, update_event::release);
+}
 
 result<update_state> weight_consumer::state(const update_id& id) const {
   std::lock_guard lock(mutex_);

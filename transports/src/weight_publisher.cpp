@@ -13,7 +13,9 @@
 namespace wsync {
 namespace {
 
-constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // Below this, a second copy thread costs more to start than it saves.
 constexpr std::uint64_t parallel_copy_min_bytes = std::uint64_t{16} << 20;
@@ -30,11 +32,16 @@ std::string default_worker_name() {
 
 std::string_view consumer_outcome_name(consumer_outcome o) {
   switch (o) {
-    case consumer_outcome::pending: return "pending";
-    case consumer_outcome::acknowledged: return "acknowledged";
-    case consumer_outcome::rejected: return "rejected";
-    case consumer_outcome::failed: return "failed";
-    case consumer_outcome::released: return "released";
+    case consumer_outcome::pending:
+      return "pending";
+    case consumer_outcome::acknowledged:
+      return "acknowledged";
+    case consumer_outcome::rejected:
+      return "rejected";
+    case consumer_outcome::failed:
+      return "failed";
+    case consumer_outcome::released:
+      return "released";
   }
   return "invalid";
 }
@@ -64,7 +71,8 @@ result<void> pack_tensors(std::span<const tensor_source> tensors, std::uint64_t 
     descriptors.push_back(std::move(d));
     cursor = start + t.nbytes;
   }
-  if (!segments.empty()) segments.back().nbytes = align_up(std::max<std::uint64_t>(cursor, 1), tensor_alignment);
+  if (!segments.empty())
+    segments.back().nbytes = align_up(std::max<std::uint64_t>(cursor, 1), tensor_alignment);
   return {};
 }
 
@@ -216,8 +224,8 @@ result<void> weight_publisher::report(const update_id& id, std::int32_t rank,
   std::lock_guard lock(mutex_);
   auto it = updates_.find(id);
   if (it == updates_.end()) {
-    return make_error(errc::unknown_update, "unknown update_id: " + id + " (" +
-                                                update_context(id, rank) + ")");
+    return make_error(errc::unknown_update,
+                      "unknown update_id: " + id + " (" + update_context(id, rank) + ")");
   }
   auto& p = it->second;
   auto c = p.consumers.find(rank);
@@ -231,17 +239,25 @@ result<void> weight_publisher::report(const update_id& id, std::int32_t rank,
   bool ok = false;
   switch (outcome) {
     case o::acknowledged:
-    case o::rejected: ok = r.outcome == o::pending; break;
-    case o::released: ok = r.outcome != o::released && r.outcome != o::failed; break;
-    case o::failed: ok = r.outcome != o::released && r.outcome != o::failed; break;
-    case o::pending: ok = false; break;
+    case o::rejected:
+      ok = r.outcome == o::pending;
+      break;
+    case o::released:
+      ok = r.outcome != o::released && r.outcome != o::failed;
+      break;
+    case o::failed:
+      ok = r.outcome != o::released && r.outcome != o::failed;
+      break;
+    case o::pending:
+      ok = false;
+      break;
   }
   if (!ok) {
-    return make_error(errc::illegal_transition,
-                      "cannot record " + std::string(consumer_outcome_name(outcome)) +
-                          " for a consumer already " +
-                          std::string(consumer_outcome_name(r.outcome)) + " (" +
-                          update_context(id, rank) + ")");
+    return make_error(errc::illegal_transition, "cannot record " +
+                                                    std::string(consumer_outcome_name(outcome)) +
+                                                    " for a consumer already " +
+                                                    std::string(consumer_outcome_name(r.outcome)) +
+                                                    " (" + update_context(id, rank) + ")");
   }
   if (outcome == o::acknowledged) r.acknowledged = true;
   if (!reason.empty()) r.reason = std::move(reason);
@@ -269,8 +285,8 @@ result<void> weight_publisher::release(const update_id& id) {
   std::lock_guard lock(mutex_);
   auto it = updates_.find(id);
   if (it == updates_.end()) {
-    return make_error(errc::unknown_update,
-                      "unknown update_id: " + id + " (" + update_context(id, config_.source_rank) + ")");
+    return make_error(errc::unknown_update, "unknown update_id: " + id + " (" +
+                                                update_context(id, config_.source_rank) + ")");
   }
   if (!it->second.memory_released) {
     it->second.memory_released = true;
@@ -283,8 +299,8 @@ result<publication> weight_publisher::status(const update_id& id) const {
   std::lock_guard lock(mutex_);
   auto it = updates_.find(id);
   if (it == updates_.end()) {
-    return make_error(errc::unknown_update,
-                      "unknown update_id: " + id + " (" + update_context(id, config_.source_rank) + ")");
+    return make_error(errc::unknown_update, "unknown update_id: " + id + " (" +
+                                                update_context(id, config_.source_rank) + ")");
   }
   return it->second;
 }

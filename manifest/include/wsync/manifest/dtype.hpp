@@ -8,7 +8,18 @@ namespace wsync {
 
 /// Element types a tensor may have. The names (dtype_name) are the wire format.
 enum class dtype {
-  f64, f32, f16, bf16, fp8_e4m3, fp8_e5m2, i64, i32, i16, i8, u8, boolean,
+  f64,
+  f32,
+  f16,
+  bf16,
+  fp8_e4m3,
+  fp8_e5m2,
+  i64,
+  i32,
+  i16,
+  i8,
+  u8,
+  boolean,
 };
 
 /// Bytes per element.

@@ -10,7 +10,7 @@ namespace wsync {
 
 /// Limits a manifest must respect; the defaults refuse absurd sizes early.
 struct manifest_limits {
-  std::uint64_t max_total_bytes = std::uint64_t{1} << 42;    ///< 4 TiB
+  std::uint64_t max_total_bytes = std::uint64_t{1} << 42;  ///< 4 TiB
   std::uint64_t max_tensors = 1u << 20;
   std::uint64_t max_rank = 1u << 24;
   std::uint64_t max_name_bytes = 1024;

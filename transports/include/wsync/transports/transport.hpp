@@ -82,8 +82,8 @@ class options_reader {
   options_reader(std::string transport, const transport_options& options)
       : transport_(std::move(transport)), options_(options) {}
 
-  result<std::uint64_t> get_uint(const std::string& key, std::uint64_t fallback,
-                                 std::uint64_t min, std::uint64_t max);
+  result<std::uint64_t> get_uint(const std::string& key, std::uint64_t fallback, std::uint64_t min,
+                                 std::uint64_t max);
   std::string get_string(const std::string& key, std::string fallback);
   result<void> finish() const;
 

@@ -74,7 +74,7 @@ class weight_consumer {
   consumer_config config_;
   mutable std::mutex mutex_;
   std::map<update_id, entry> updates_;
-  std::map<std::string, std::uint64_t> highest_version_;  ///< per model_id
+  std::map<std::string, std::uint64_t> highest_version_;     ///< per model_id
   std::deque<std::pair<update_id, update_state>> finished_;  ///< recent terminal states
 };
 

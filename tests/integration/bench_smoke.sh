@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs `wsync bench --smoke` and checks the contract of DESIGN §11: JSON rows, the last one the
+# result with status pass and every required field; nothing of ours left in /dev/shm.
+set -euo pipefail
+wsync="$1"
+mode="$2"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+"$wsync" bench --smoke --mode "$mode" --repeat 3 >"$out"
+last=$(tail -n 1 "$out")
+fail() { echo "bench_smoke($mode): $*"; echo "last row: $last"; exit 1; }
+# Every line is one JSON object.
+while IFS= read -r line; do
+  case "$line" in "{"*"}") ;; *) fail "not a JSON row: $line" ;; esac
+done <"$out"
+for field in '"mode":"'"$mode"'"' '"status":"pass"' '"blocker":null' '"layout":' '"tensors":' \
+             '"bytes":' '"weight_version":' '"active_weight_version":' '"repeat":3' \
+             '"timings_s":{' '"publish":' '"import":' '"verify":' '"install":' '"ack":' \
+             '"release":' '"total":' '"baseline":{' '"name":"memcpy"' '"ratio_to_baseline":' \
+             '"env":{' '"host":' '"cores":' '"transport_notes":'; do
+  case "$last" in *"$field"*) ;; *) fail "missing $field" ;; esac
+done
+# The consumer must end on the last version published.
+wv=$(sed -E 's/.*"weight_version":([0-9]+).*/\1/' <<<"$last")
+av=$(sed -E 's/.*"active_weight_version":([0-9]+).*/\1/' <<<"$last")
+[ "$wv" = "$av" ] || fail "active_weight_version $av != weight_version $wv"
+if ls /dev/shm 2>/dev/null | grep -q '^wsync-'; then
+  # Only segments of live processes may remain (another test may be running in parallel).
+  for s in $(ls /dev/shm | grep '^wsync-'); do
+    pid=$(cut -d- -f2 <<<"$s")
+    [ -d "/proc/$pid" ] || fail "orphaned segment /dev/shm/$s"
+  done
+fi
+echo "bench_smoke($mode): pass"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Fails listing every file clang-format would change.
+set -uo pipefail
+clang_format="$1"
+files=$(git ls-files '*.cpp' '*.hpp' 2>/dev/null || find . -path ./build -prune -o \( -name '*.cpp' -o -name '*.hpp' \) -print)
+bad=0
+for f in $files; do
+  if ! "$clang_format" --dry-run -Werror "$f" >/dev/null 2>&1; then
+    echo "needs clang-format: $f"
+    bad=1
+  fi
+done
+exit $bad
