@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -30,6 +31,22 @@ using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
 constexpr std::int32_t consumer_rank = 0;
+
+// Set by SIGINT/SIGTERM: the run stops between updates and still cleans up (consumer released,
+// slots unlinked), instead of leaving segments for the next publisher's sweep.
+volatile sig_atomic_t interrupted = 0;
+extern "C" void on_interrupt(int) {
+  interrupted = 1;
+}
+
+void install_interrupt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocked poll returns EINTR and sees the flag
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 constexpr auto reply_timeout = std::chrono::seconds(120);
 
 double now_s() {
@@ -110,7 +127,7 @@ bool read_all(int fd, void* data, std::size_t n, clock_type::time_point deadline
     if (left.count() <= 0) return false;
     pollfd pfd{fd, POLLIN, 0};
     int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EINTR && !interrupted) continue;
     if (r <= 0) return false;
     ssize_t got = ::read(fd, p, n);
     if (got < 0 && errno == EINTR) continue;
@@ -256,6 +273,8 @@ int bench_run(const bench_options& opt, std::ostream& out) {
     return finish("fail", "unknown mode \"" + opt.mode + "\" (known: local, shared-memory)");
   }
 
+  install_interrupt_handlers();
+
   // Layout: a named model, a synthetic size, or the smoke default.
   model_layout layout;
   if (!opt.layout.empty()) {
@@ -302,6 +321,8 @@ int bench_run(const bench_options& opt, std::ostream& out) {
     child = ::fork();
     if (child < 0) return finish("fail", std::string("fork: ") + std::strerror(errno));
     if (child == 0) {
+      // A terminal's Ctrl-C reaches the whole group: the parent stops the consumer itself.
+      ::signal(SIGINT, SIG_IGN);
       ::close(fds[0]);
       consumer_process(fds[1], opt.verify);
     }
@@ -366,6 +387,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   // One update end to end; `timed` updates are recorded after the warm-up ones (one per slot,
   // so every slot and every consumer mapping is faulted in before timing starts).
   auto one_update = [&](std::uint64_t version, bool timed) -> bool {
+    if (interrupted) return rr.error = "interrupted", false;
     double t0 = now_s();
     auto m = publisher->publish(tensors, version, {consumer_rank}, {{"bench", "true"}});
     double t1 = now_s();
