@@ -50,7 +50,8 @@ std::string errno_text(int err) {
   return std::string(std::strerror(err));
 }
 
-// Start time of a process in clock ticks since boot; 0 when the process does not exist.
+// Start time of a process in clock ticks since boot; 0 when the process does not exist or has
+// already exited (a zombie).
 std::uint64_t process_start_time(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -60,6 +61,7 @@ std::uint64_t process_start_time(int pid) {
   std::string field;
   // After "pid (comm) " the state is field 3; starttime is field 22.
   for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    if (i == 3 && (field == "Z" || field == "X")) return 0;  // exited, not yet reaped: dead
     if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
   }
   return 0;
