@@ -22,6 +22,24 @@ bool printable_id(std::string_view s) {
   });
 }
 
+// JSON carries text: a name that is not UTF-8 (or holds control characters) cannot round-trip.
+bool valid_text(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    std::size_t len = c < 0x80         ? 1
+                      : (c >> 5) == 6  ? 2
+                      : (c >> 4) == 14 ? 3
+                      : (c >> 3) == 30 ? 4
+                                       : 0;
+    if (len == 0 || i + len > s.size() || (len == 1 && c < 0x20)) return false;
+    for (std::size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 bool valid_device(std::string_view d) {
   if (d == "cpu") return true;
   if (d.substr(0, 5) != "cuda:" || d.size() == 5 || d.size() > 9) return false;
@@ -114,6 +132,9 @@ result<void> manifest_validate(const weight_update_manifest& m,
   }
   for (const auto& [key, value] : m.metadata) {
     if (key.empty()) return c.fail("metadata", "empty key");
+    if (!valid_text(key) || !valid_text(value)) {
+      return c.fail("metadata", "key or value is not UTF-8 text without control characters");
+    }
   }
 
   // Segments: sizes add up to total_bytes without overflow and within limits.
@@ -146,6 +167,9 @@ result<void> manifest_validate(const weight_update_manifest& m,
     if (t.name.size() > limits.max_name_bytes) {
       return c.fail(tensor_field(i, "name"),
                     "longer than " + std::to_string(limits.max_name_bytes) + " bytes");
+    }
+    if (!valid_text(t.name)) {
+      return c.fail(tensor_field(i, "name"), "not UTF-8 text without control characters");
     }
     if (!names.insert(t.name).second) {
       return c.fail(tensor_field(i, "name"), "duplicate name \"" + t.name + "\"");
