@@ -1,0 +1,145 @@
+#pragma once
+// The coordinator's bookkeeping as a pure state machine: membership, the per-model version
+// registry, update assembly from publisher shards, per-rank states with timestamps, commit,
+// deadlines, failures, catch-up and release. No I/O and no CAF: the coordinator actor feeds it
+// messages and the current time, and carries out the effects it returns. Deterministic, so it is
+// tested message by message without sleeps.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "wsync/manifest/manifest.hpp"
+#include "wsync/manifest/result.hpp"
+
+namespace wsync {
+
+using coord_clock = std::chrono::steady_clock;
+
+enum class rank_role { publisher, consumer };
+std::string_view rank_role_name(rank_role r);
+
+/// What a rank tells the coordinator when it joins.
+struct rank_info {
+  std::int32_t rank = 0;
+  rank_role role = rank_role::consumer;
+  std::string node;
+  std::string model_id;
+  std::vector<std::string> transports;
+  std::string address;  ///< data-plane address, opaque here
+};
+
+/// A consumer rank's progress on one update (DESIGN §1.7).
+enum class rank_state { pending, importing, acknowledged, rejected, failed, released };
+std::string_view rank_state_name(rank_state s);
+
+struct rank_progress {
+  rank_state state = rank_state::pending;
+  bool acknowledged = false;  ///< stays true after release
+  std::string reason;         ///< for rejected / failed
+  std::string received_from;  ///< the hop the bytes came from, e.g. "publisher:0"
+  std::map<rank_state, coord_clock::time_point> at;
+};
+
+enum class update_phase { assembling, distributing, committed, aborted };
+std::string_view update_phase_name(update_phase p);
+
+/// One model version: the shards that make it up and every consumer's answer.
+struct update_record {
+  std::string key;  ///< "<model_id>@<weight_version>"
+  std::string model_id;
+  std::uint64_t weight_version = 0;
+  std::set<std::int32_t> expected_publishers;
+  std::map<std::int32_t, weight_update_manifest> shards;  ///< by publisher rank
+  std::map<std::int32_t, rank_progress> consumers;
+  update_phase phase = update_phase::assembling;
+  std::string reason;  ///< why aborted
+  coord_clock::time_point created, deadline;
+  std::optional<coord_clock::time_point> finished;
+  bool publishers_released = false;
+};
+
+/// Effects the caller must carry out, in order.
+struct book_effect {
+  enum class kind {
+    distribute,        ///< send `manifests` to each rank in `ranks`
+    drop,              ///< tell `ranks` to drop what they imported of `key` (aborted)
+    outcome,           ///< tell the publishers of `key` the final table (committed / aborted)
+    release_publisher  ///< every consumer let go of `key`: publishers may reuse its memory
+  };
+  kind what;
+  std::string key;
+  std::vector<std::int32_t> ranks;
+  std::vector<weight_update_manifest> manifests;
+};
+
+struct book_config {
+  std::chrono::milliseconds update_deadline{30000};  ///< publish of the first shard to commit
+  std::size_t history_per_model = 16;                ///< finished updates kept for status
+};
+
+class coordinator_book {
+ public:
+  explicit coordinator_book(book_config config = {}) : config_(config) {}
+
+  /// A rank joins (or re-joins after a crash). A consumer gets the latest committed version of
+  /// its model (catch-up) as a distribute effect.
+  result<std::vector<book_effect>> join(const rank_info& info, coord_clock::time_point now);
+
+  /// A rank went away (down message, node lost, heartbeat timeout). A consumer is failed for
+  /// every update in flight; a publisher's in-flight updates are aborted.
+  std::vector<book_effect> leave(std::int32_t rank, rank_role role, const std::string& reason,
+                                 coord_clock::time_point now);
+
+  /// A publisher rank's shard. The version must be above every version known for the model
+  /// (or equal to the one being assembled); shards must not share tensor names. When every
+  /// expected publisher has sent its shard, the update is distributed to the live consumers.
+  result<std::vector<book_effect>> publish(const weight_update_manifest& shard,
+                                           coord_clock::time_point now);
+
+  /// Consumer reports. Each names the update key and the rank; out-of-order reports are refused.
+  result<std::vector<book_effect>> importing(const std::string& key, std::int32_t rank,
+                                             std::string received_from,
+                                             coord_clock::time_point now);
+  result<std::vector<book_effect>> acknowledged(const std::string& key, std::int32_t rank,
+                                                coord_clock::time_point now);
+  result<std::vector<book_effect>> rejected(const std::string& key, std::int32_t rank,
+                                            std::string reason, coord_clock::time_point now);
+  result<std::vector<book_effect>> released(const std::string& key, std::int32_t rank,
+                                            coord_clock::time_point now);
+
+  /// Fails what missed its deadline: unanswered consumers become failed, unfinished assembly
+  /// is aborted. Call periodically.
+  std::vector<book_effect> expire(coord_clock::time_point now);
+
+  const update_record* find(const std::string& key) const;
+  /// Newest committed version of a model, if any.
+  const update_record* latest_committed(const std::string& model_id) const;
+  /// Updates of a model, oldest first.
+  std::vector<const update_record*> updates(const std::string& model_id) const;
+  const std::map<std::int32_t, rank_info>& consumers() const { return consumers_; }
+  const std::map<std::int32_t, rank_info>& publishers() const { return publishers_; }
+
+ private:
+  using effects = std::vector<book_effect>;
+  result<rank_progress*> consumer_entry(const std::string& key, std::int32_t rank);
+  void set_state(rank_progress& p, rank_state s, coord_clock::time_point now);
+  void distribute(update_record& u, coord_clock::time_point now, effects& out);
+  void check_finished(update_record& u, coord_clock::time_point now, effects& out);
+  void abort(update_record& u, const std::string& reason, coord_clock::time_point now,
+             effects& out);
+  void check_released(update_record& u, effects& out);
+  void collect_garbage(const std::string& model_id);
+  update_record* latest_committed_mutable(const std::string& model_id);
+
+  book_config config_;
+  std::map<std::int32_t, rank_info> consumers_, publishers_;  ///< live ranks
+  std::map<std::string, update_record> updates_;              ///< by key
+  std::map<std::string, std::uint64_t> highest_version_;      ///< per model, ever seen
+};
+
+}  // namespace wsync

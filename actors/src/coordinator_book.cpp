@@ -1,0 +1,418 @@
+#include "wsync/actors/coordinator_book.hpp"
+
+#include <algorithm>
+
+namespace wsync {
+namespace {
+
+std::string make_key(const std::string& model_id, std::uint64_t version) {
+  return model_id + "@" + std::to_string(version);
+}
+
+std::string context(const std::string& key, std::int32_t rank) {
+  return "update=" + key + " rank=" + std::to_string(rank);
+}
+
+bool in_flight(const update_record& u) {
+  return u.phase == update_phase::assembling || u.phase == update_phase::distributing;
+}
+
+bool answered(rank_state s) {
+  return s == rank_state::acknowledged || s == rank_state::rejected || s == rank_state::failed ||
+         s == rank_state::released;
+}
+
+std::vector<std::int32_t> publisher_ranks(const update_record& u) {
+  return {u.expected_publishers.begin(), u.expected_publishers.end()};
+}
+
+}  // namespace
+
+std::string_view rank_role_name(rank_role r) {
+  return r == rank_role::publisher ? "publisher" : "consumer";
+}
+
+std::string_view rank_state_name(rank_state s) {
+  switch (s) {
+    case rank_state::pending:
+      return "pending";
+    case rank_state::importing:
+      return "importing";
+    case rank_state::acknowledged:
+      return "acknowledged";
+    case rank_state::rejected:
+      return "rejected";
+    case rank_state::failed:
+      return "failed";
+    case rank_state::released:
+      return "released";
+  }
+  return "invalid";
+}
+
+std::string_view update_phase_name(update_phase p) {
+  switch (p) {
+    case update_phase::assembling:
+      return "assembling";
+    case update_phase::distributing:
+      return "distributing";
+    case update_phase::committed:
+      return "committed";
+    case update_phase::aborted:
+      return "aborted";
+  }
+  return "invalid";
+}
+
+void coordinator_book::set_state(rank_progress& p, rank_state s, coord_clock::time_point now) {
+  p.state = s;
+  p.at[s] = now;
+  if (s == rank_state::acknowledged) p.acknowledged = true;
+}
+
+result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
+                                                        coord_clock::time_point now) {
+  if (info.model_id.empty()) {
+    return make_error(errc::invalid_argument,
+                      "join refused: model_id: empty (rank=" + std::to_string(info.rank) + ")");
+  }
+  if (info.rank < 0) {
+    return make_error(errc::invalid_argument,
+                      "join refused: rank: negative (" + std::to_string(info.rank) + ")");
+  }
+  effects out;
+  auto& table = info.role == rank_role::publisher ? publishers_ : consumers_;
+  // A re-join replaces the old registration: the rank restarted and holds nothing of ours.
+  if (table.count(info.rank)) out = leave(info.rank, info.role, "rank re-registered", now);
+  table[info.rank] = info;
+  if (info.role == rank_role::consumer) {
+    // Catch-up: the newest committed version, as a fresh entry in that update's table.
+    if (auto* latest = latest_committed_mutable(info.model_id)) {
+      auto& p = latest->consumers[info.rank];
+      p = rank_progress{};
+      set_state(p, rank_state::pending, now);
+      latest->publishers_released = false;
+      std::vector<weight_update_manifest> shards;
+      for (const auto& [r, m] : latest->shards) shards.push_back(m);
+      out.push_back({book_effect::kind::distribute, latest->key, {info.rank}, std::move(shards)});
+    }
+  }
+  return out;
+}
+
+std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role role,
+                                                 const std::string& reason,
+                                                 coord_clock::time_point now) {
+  effects out;
+  auto& table = role == rank_role::publisher ? publishers_ : consumers_;
+  table.erase(rank);
+  for (auto& [key, u] : updates_) {
+    if (role == rank_role::publisher) {
+      if (in_flight(u) && u.expected_publishers.count(rank)) {
+        abort(u, "publisher rank " + std::to_string(rank) + " went away: " + reason, now, out);
+      }
+      continue;
+    }
+    auto it = u.consumers.find(rank);
+    if (it == u.consumers.end()) continue;
+    auto& p = it->second;
+    if (!answered(p.state)) {
+      p.reason = reason;
+      set_state(p, rank_state::failed, now);
+    } else if (p.state == rank_state::acknowledged || p.state == rank_state::rejected) {
+      set_state(p, rank_state::released, now);  // a rank that is gone holds nothing
+    }
+    check_finished(u, now, out);
+    check_released(u, out);
+  }
+  return out;
+}
+
+result<std::vector<book_effect>> coordinator_book::publish(const weight_update_manifest& shard,
+                                                           coord_clock::time_point now) {
+  const std::int32_t rank = shard.source_rank;
+  const auto key = make_key(shard.model_id, shard.weight_version);
+  auto refuse = [&](errc code, const std::string& why) {
+    return make_error(code, why + " (" + update_context(shard) + " " + context(key, rank) + ")");
+  };
+  auto pub = publishers_.find(rank);
+  if (pub == publishers_.end()) {
+    return refuse(errc::invalid_argument,
+                  "publish refused: source_rank is not a registered publisher");
+  }
+  if (pub->second.model_id != shard.model_id) {
+    return refuse(errc::invalid_argument,
+                  "publish refused: model_id differs from the rank's "
+                  "registration \"" +
+                      pub->second.model_id + "\"");
+  }
+  auto existing = updates_.find(key);
+  if (existing == updates_.end()) {
+    auto hv = highest_version_.find(shard.model_id);
+    if (hv != highest_version_.end() && shard.weight_version <= hv->second) {
+      return refuse(errc::version_not_monotonic,
+                    "weight_version must increase monotonically: weight_version " +
+                        std::to_string(shard.weight_version) + " is not above " +
+                        std::to_string(hv->second) + " for model_id=" + shard.model_id);
+    }
+    update_record u;
+    u.key = key;
+    u.model_id = shard.model_id;
+    u.weight_version = shard.weight_version;
+    for (const auto& [r, info] : publishers_) {
+      if (info.model_id == shard.model_id) u.expected_publishers.insert(r);
+    }
+    u.created = now;
+    u.deadline = now + config_.update_deadline;
+    existing = updates_.emplace(key, std::move(u)).first;
+    highest_version_[shard.model_id] = shard.weight_version;
+  }
+  auto& u = existing->second;
+  if (u.phase != update_phase::assembling) {
+    return refuse(errc::version_not_monotonic,
+                  "weight_version must increase monotonically: weight_version " +
+                      std::to_string(shard.weight_version) + " is already " +
+                      std::string(update_phase_name(u.phase)));
+  }
+  if (!u.expected_publishers.count(rank)) {
+    return refuse(errc::invalid_argument,
+                  "publish refused: source_rank joined after this version started assembling");
+  }
+  if (u.shards.count(rank)) {
+    return refuse(errc::illegal_transition,
+                  "publish refused: source_rank already published "
+                  "its shard of this version");
+  }
+  for (const auto& [r, other] : u.shards) {
+    for (const auto& t : shard.tensors) {
+      auto clash = std::find_if(other.tensors.begin(), other.tensors.end(),
+                                [&](const tensor_descriptor& o) { return o.name == t.name; });
+      if (clash != other.tensors.end()) {
+        return refuse(errc::invalid_manifest, "invalid manifest: tensors: \"" + t.name +
+                                                  "\" is also in the shard of publisher rank " +
+                                                  std::to_string(r));
+      }
+    }
+  }
+  u.shards[rank] = shard;
+  effects out;
+  if (u.shards.size() == u.expected_publishers.size()) distribute(u, now, out);
+  return out;
+}
+
+void coordinator_book::distribute(update_record& u, coord_clock::time_point now, effects& out) {
+  u.phase = update_phase::distributing;
+  std::vector<std::int32_t> ranks;
+  for (const auto& [r, info] : consumers_) {
+    if (info.model_id != u.model_id) continue;
+    set_state(u.consumers[r], rank_state::pending, now);
+    ranks.push_back(r);
+  }
+  std::vector<weight_update_manifest> shards;
+  for (const auto& [r, m] : u.shards) shards.push_back(m);
+  if (!ranks.empty()) {
+    out.push_back({book_effect::kind::distribute, u.key, ranks, std::move(shards)});
+  }
+  check_finished(u, now, out);  // no consumer at all: nothing to wait for
+}
+
+void coordinator_book::check_finished(update_record& u, coord_clock::time_point now, effects& out) {
+  if (u.phase != update_phase::distributing) return;
+  bool any_ack = false;
+  for (const auto& [r, p] : u.consumers) {
+    if (!answered(p.state)) return;
+    any_ack = any_ack || p.acknowledged;
+  }
+  // Committed: every consumer answered and someone serves it; rejected and failed ranks are
+  // listed in the table, not waited on. Nobody acknowledged: the version never went live.
+  if (any_ack || u.consumers.empty()) {
+    u.phase = update_phase::committed;
+  } else {
+    u.phase = update_phase::aborted;
+    u.reason = "no consumer acknowledged";
+  }
+  u.finished = now;
+  out.push_back({book_effect::kind::outcome, u.key, publisher_ranks(u), {}});
+  check_released(u, out);
+  collect_garbage(u.model_id);
+}
+
+void coordinator_book::abort(update_record& u, const std::string& reason,
+                             coord_clock::time_point now, effects& out) {
+  u.phase = update_phase::aborted;
+  u.reason = reason;
+  u.finished = now;
+  std::vector<std::int32_t> holders;
+  for (auto& [r, p] : u.consumers) {
+    if (!answered(p.state) || p.state == rank_state::acknowledged ||
+        p.state == rank_state::rejected) {
+      holders.push_back(r);
+    }
+    if (!answered(p.state)) {
+      p.reason = reason;
+      set_state(p, rank_state::failed, now);
+    }
+  }
+  if (!holders.empty()) out.push_back({book_effect::kind::drop, u.key, holders, {}});
+  out.push_back({book_effect::kind::outcome, u.key, publisher_ranks(u), {}});
+}
+
+void coordinator_book::check_released(update_record& u, effects& out) {
+  if (u.publishers_released || in_flight(u)) return;
+  for (const auto& [r, p] : u.consumers) {
+    if (p.state != rank_state::released && p.state != rank_state::failed) return;
+  }
+  u.publishers_released = true;
+  out.push_back({book_effect::kind::release_publisher, u.key, publisher_ranks(u), {}});
+}
+
+result<rank_progress*> coordinator_book::consumer_entry(const std::string& key, std::int32_t rank) {
+  auto it = updates_.find(key);
+  if (it == updates_.end()) {
+    return make_error(errc::unknown_update, "unknown update_id: " + context(key, rank));
+  }
+  auto c = it->second.consumers.find(rank);
+  if (c == it->second.consumers.end()) {
+    return make_error(errc::invalid_argument,
+                      "rank is not a consumer of this update (" + context(key, rank) + ")");
+  }
+  return &c->second;
+}
+
+result<std::vector<book_effect>> coordinator_book::importing(const std::string& key,
+                                                             std::int32_t rank,
+                                                             std::string received_from,
+                                                             coord_clock::time_point now) {
+  auto p = consumer_entry(key, rank);
+  if (!p) return p.error();
+  if ((*p)->state != rank_state::pending) {
+    return make_error(errc::illegal_transition, "cannot import update in state " +
+                                                    std::string(rank_state_name((*p)->state)) +
+                                                    " (" + context(key, rank) + ")");
+  }
+  (*p)->received_from = std::move(received_from);
+  set_state(**p, rank_state::importing, now);
+  return effects{};
+}
+
+result<std::vector<book_effect>> coordinator_book::acknowledged(const std::string& key,
+                                                                std::int32_t rank,
+                                                                coord_clock::time_point now) {
+  auto p = consumer_entry(key, rank);
+  if (!p) return p.error();
+  if ((*p)->state != rank_state::pending && (*p)->state != rank_state::importing) {
+    return make_error(errc::illegal_transition, "cannot acknowledge update in state " +
+                                                    std::string(rank_state_name((*p)->state)) +
+                                                    " (" + context(key, rank) + ")");
+  }
+  set_state(**p, rank_state::acknowledged, now);
+  effects out;
+  check_finished(updates_.at(key), now, out);
+  return out;
+}
+
+result<std::vector<book_effect>> coordinator_book::rejected(const std::string& key,
+                                                            std::int32_t rank, std::string reason,
+                                                            coord_clock::time_point now) {
+  auto p = consumer_entry(key, rank);
+  if (!p) return p.error();
+  if ((*p)->state != rank_state::pending && (*p)->state != rank_state::importing) {
+    return make_error(errc::illegal_transition, "cannot reject update in state " +
+                                                    std::string(rank_state_name((*p)->state)) +
+                                                    " (" + context(key, rank) + ")");
+  }
+  (*p)->reason = std::move(reason);
+  set_state(**p, rank_state::rejected, now);
+  effects out;
+  check_finished(updates_.at(key), now, out);
+  return out;
+}
+
+result<std::vector<book_effect>> coordinator_book::released(const std::string& key,
+                                                            std::int32_t rank,
+                                                            coord_clock::time_point now) {
+  auto p = consumer_entry(key, rank);
+  if (!p) return p.error();
+  if ((*p)->state == rank_state::released || (*p)->state == rank_state::failed) {
+    return make_error(errc::illegal_transition, "cannot release update in state " +
+                                                    std::string(rank_state_name((*p)->state)) +
+                                                    " (" + context(key, rank) + ")");
+  }
+  // Releasing before answering is a consumer that dropped the update (e.g. it was aborted).
+  if (!answered((*p)->state)) (*p)->reason = "released without an answer";
+  set_state(**p, rank_state::released, now);
+  effects out;
+  auto& u = updates_.at(key);
+  check_finished(u, now, out);
+  check_released(u, out);
+  return out;
+}
+
+std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
+  effects out;
+  for (auto& [key, u] : updates_) {
+    if (!in_flight(u) || now < u.deadline) continue;
+    if (u.phase == update_phase::assembling) {
+      std::string missing;
+      for (auto r : u.expected_publishers) {
+        if (!u.shards.count(r)) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+      }
+      abort(u, "deadline passed before publisher ranks " + missing + " published", now, out);
+      continue;
+    }
+    for (auto& [r, p] : u.consumers) {
+      if (answered(p.state)) continue;
+      p.reason = "no answer before the update deadline";
+      set_state(p, rank_state::failed, now);
+    }
+    check_finished(u, now, out);
+  }
+  return out;
+}
+
+void coordinator_book::collect_garbage(const std::string& model_id) {
+  // Keep the newest finished updates; never drop one a consumer still holds or that is the
+  // latest committed (catch-up source).
+  auto list = updates(model_id);
+  const auto* latest = latest_committed(model_id);
+  std::size_t finished = 0;
+  for (const auto* u : list) finished += !in_flight(*u);
+  for (const auto* u : list) {
+    if (finished <= config_.history_per_model) break;
+    if (in_flight(*u) || u == latest || !u->publishers_released) continue;
+    updates_.erase(u->key);
+    --finished;
+  }
+}
+
+const update_record* coordinator_book::find(const std::string& key) const {
+  auto it = updates_.find(key);
+  return it == updates_.end() ? nullptr : &it->second;
+}
+
+const update_record* coordinator_book::latest_committed(const std::string& model_id) const {
+  return const_cast<coordinator_book*>(this)->latest_committed_mutable(model_id);
+}
+
+update_record* coordinator_book::latest_committed_mutable(const std::string& model_id) {
+  update_record* best = nullptr;
+  for (auto& [key, u] : updates_) {
+    if (u.model_id == model_id && u.phase == update_phase::committed &&
+        (!best || u.weight_version > best->weight_version)) {
+      best = &u;
+    }
+  }
+  return best;
+}
+
+std::vector<const update_record*> coordinator_book::updates(const std::string& model_id) const {
+  std::vector<const update_record*> out;
+  for (const auto& [key, u] : updates_) {
+    if (u.model_id == model_id) out.push_back(&u);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto* a, const auto* b) { return a->weight_version < b->weight_version; });
+  return out;
+}
+
+}  // namespace wsync

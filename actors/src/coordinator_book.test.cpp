@@ -1,0 +1,236 @@
+#include "wsync/actors/coordinator_book.hpp"
+
+#include <gtest/gtest.h>
+
+namespace wsync {
+namespace {
+
+using namespace std::chrono_literals;
+using kind = book_effect::kind;
+
+// A cluster of 2 publisher ranks (0, 1) and 4 consumer ranks (10..13) on one model; time is
+// a value the test advances, never the wall clock.
+class book_test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int r : {0, 1}) ASSERT_TRUE(book_.join(info(r, rank_role::publisher), now_));
+    for (int r : {10, 11, 12, 13}) ASSERT_TRUE(book_.join(info(r, rank_role::consumer), now_));
+  }
+
+  static rank_info info(int rank, rank_role role, std::string model = "m") {
+    return {rank, role, "n" + std::to_string(rank % 2), std::move(model), {"shared-memory"}, ""};
+  }
+
+  static weight_update_manifest shard(int rank, std::uint64_t version, std::string tensor = "") {
+    weight_update_manifest m;
+    m.update_id = "u-" + std::to_string(rank) + "-" + std::to_string(version);
+    m.model_id = "m";
+    m.weight_version = version;
+    m.source_rank = rank;
+    m.tensors.push_back({});
+    m.tensors.back().name = tensor.empty() ? "t" + std::to_string(rank) : tensor;
+    return m;
+  }
+
+  // Publishes both shards of `version` and returns the effects of the completing one.
+  std::vector<book_effect> publish_both(std::uint64_t version) {
+    auto first = book_.publish(shard(0, version), now_);
+    EXPECT_TRUE(first);
+    EXPECT_TRUE(first->empty());  // one shard of two: nothing to distribute yet
+    auto second = book_.publish(shard(1, version), now_);
+    EXPECT_TRUE(second) << second.error().message;
+    return *second;
+  }
+
+  void ack_all(const std::string& key, std::vector<int> ranks = {10, 11, 12, 13}) {
+    for (int r : ranks) {
+      ASSERT_TRUE(book_.importing(key, r, "publisher:0", now_));
+      ASSERT_TRUE(book_.acknowledged(key, r, now_));
+    }
+  }
+
+  coord_clock::time_point now_{};
+  coordinator_book book_{book_config{10s, 4}};
+};
+
+TEST_F(book_test, an_update_assembles_distributes_commits_and_releases) {
+  auto fx = publish_both(1);
+  ASSERT_EQ(fx.size(), 1u);
+  EXPECT_EQ(fx[0].what, kind::distribute);
+  EXPECT_EQ(fx[0].key, "m@1");
+  EXPECT_EQ(fx[0].ranks, (std::vector<std::int32_t>{10, 11, 12, 13}));
+  EXPECT_EQ(fx[0].manifests.size(), 2u);  // both shards travel together
+  for (int r : {10, 11, 12}) {
+    ASSERT_TRUE(book_.importing("m@1", r, "publisher:0", now_));
+    auto a = book_.acknowledged("m@1", r, now_);
+    ASSERT_TRUE(a);
+    EXPECT_TRUE(a->empty());
+  }
+  now_ += 5ms;
+  auto last = book_.acknowledged("m@1", 13, now_);
+  ASSERT_TRUE(last);
+  ASSERT_EQ(last->size(), 1u);
+  EXPECT_EQ((*last)[0].what, kind::outcome);
+  EXPECT_EQ((*last)[0].ranks, (std::vector<std::int32_t>{0, 1}));
+  const auto* u = book_.find("m@1");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->phase, update_phase::committed);
+  EXPECT_EQ(u->consumers.at(10).received_from, "publisher:0");
+  EXPECT_EQ(u->consumers.at(13).at.at(rank_state::acknowledged), now_);
+  for (int r : {10, 11, 12}) {
+    auto rel = book_.released("m@1", r, now_);
+    ASSERT_TRUE(rel);
+    EXPECT_TRUE(rel->empty());
+  }
+  auto rel = book_.released("m@1", 13, now_);
+  ASSERT_TRUE(rel);
+  ASSERT_EQ(rel->size(), 1u);
+  EXPECT_EQ((*rel)[0].what, kind::release_publisher);
+  EXPECT_TRUE(book_.find("m@1")->consumers.at(13).acknowledged);  // kept after release
+}
+
+TEST_F(book_test, versions_are_monotonic_cluster_wide) {
+  publish_both(5);
+  auto older = book_.publish(shard(0, 4), now_);
+  ASSERT_FALSE(older);
+  EXPECT_EQ(older.error().code, errc::version_not_monotonic);
+  EXPECT_EQ(older.error().message.rfind("weight_version must increase monotonically", 0), 0u);
+  EXPECT_NE(older.error().message.find("rank=0"), std::string::npos);
+  auto same = book_.publish(shard(0, 5), now_);  // already distributing
+  EXPECT_FALSE(same);
+  EXPECT_TRUE(book_.publish(shard(0, 6), now_));
+}
+
+TEST_F(book_test, shards_must_not_share_tensors_or_repeat) {
+  ASSERT_TRUE(book_.publish(shard(0, 1, "x"), now_));
+  auto clash = book_.publish(shard(1, 1, "x"), now_);
+  ASSERT_FALSE(clash);
+  EXPECT_EQ(clash.error().code, errc::invalid_manifest);
+  EXPECT_NE(clash.error().message.find("\"x\""), std::string::npos);
+  EXPECT_FALSE(book_.publish(shard(0, 1, "y"), now_));  // rank 0 already published
+  weight_update_manifest stranger = shard(7, 1);
+  EXPECT_FALSE(book_.publish(stranger, now_));  // not a registered publisher
+}
+
+TEST_F(book_test, a_dead_consumer_fails_and_the_others_still_commit) {
+  publish_both(1);
+  ack_all("m@1", {10, 11, 12});
+  auto fx = book_.leave(13, rank_role::consumer, "down: remote_link_unreachable", now_);
+  ASSERT_FALSE(fx.empty());
+  EXPECT_EQ(fx[0].what, kind::outcome);
+  const auto* u = book_.find("m@1");
+  EXPECT_EQ(u->phase, update_phase::committed);
+  EXPECT_EQ(u->consumers.at(13).state, rank_state::failed);
+  EXPECT_NE(u->consumers.at(13).reason.find("remote_link_unreachable"), std::string::npos);
+  EXPECT_EQ(book_.consumers().count(13), 0u);
+}
+
+TEST_F(book_test, a_dead_publisher_aborts_its_update_and_consumers_drop_it) {
+  publish_both(1);
+  ASSERT_TRUE(book_.importing("m@1", 10, "publisher:0", now_));
+  ASSERT_TRUE(book_.acknowledged("m@1", 11, now_));
+  auto fx = book_.leave(1, rank_role::publisher, "killed", now_);
+  ASSERT_EQ(fx.size(), 2u);
+  EXPECT_EQ(fx[0].what, kind::drop);
+  EXPECT_EQ(fx[0].ranks, (std::vector<std::int32_t>{10, 11, 12, 13}));
+  EXPECT_EQ(fx[1].what, kind::outcome);
+  const auto* u = book_.find("m@1");
+  EXPECT_EQ(u->phase, update_phase::aborted);
+  EXPECT_NE(u->reason.find("publisher rank 1"), std::string::npos);
+  EXPECT_EQ(u->consumers.at(10).state, rank_state::failed);
+  EXPECT_EQ(book_.latest_committed("m"), nullptr);  // nothing went live
+}
+
+TEST_F(book_test, deadlines_fail_silent_consumers_and_unfinished_assembly) {
+  publish_both(1);
+  ack_all("m@1", {10, 11});
+  now_ += 9s;
+  EXPECT_TRUE(book_.expire(now_).empty());
+  now_ += 2s;
+  auto fx = book_.expire(now_);
+  ASSERT_FALSE(fx.empty());
+  const auto* u = book_.find("m@1");
+  EXPECT_EQ(u->phase, update_phase::committed);
+  EXPECT_EQ(u->consumers.at(12).state, rank_state::failed);
+  EXPECT_NE(u->consumers.at(12).reason.find("deadline"), std::string::npos);
+
+  ASSERT_TRUE(book_.publish(shard(0, 2), now_));  // rank 1 never publishes
+  now_ += 11s;
+  fx = book_.expire(now_);
+  ASSERT_FALSE(fx.empty());
+  EXPECT_EQ(book_.find("m@2")->phase, update_phase::aborted);
+  EXPECT_NE(book_.find("m@2")->reason.find("publisher ranks 1"), std::string::npos);
+}
+
+TEST_F(book_test, a_late_or_restarted_consumer_catches_up_on_the_latest_committed_version) {
+  publish_both(1);
+  ack_all("m@1");
+  publish_both(2);
+  ack_all("m@2");
+  auto fx = book_.join(info(14, rank_role::consumer), now_);
+  ASSERT_TRUE(fx);
+  ASSERT_EQ(fx->size(), 1u);
+  EXPECT_EQ((*fx)[0].what, kind::distribute);
+  EXPECT_EQ((*fx)[0].key, "m@2");
+  EXPECT_EQ((*fx)[0].ranks, std::vector<std::int32_t>{14});
+  EXPECT_EQ(book_.find("m@2")->consumers.at(14).state, rank_state::pending);
+  ASSERT_TRUE(book_.acknowledged("m@2", 14, now_));
+  // A consumer that re-registers after a crash: its old holds are released, then catch-up.
+  auto again = book_.join(info(10, rank_role::consumer), now_);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(book_.find("m@1")->consumers.at(10).state, rank_state::released);
+  ASSERT_FALSE(again->empty());
+  EXPECT_EQ(again->back().what, kind::distribute);
+  EXPECT_EQ(again->back().ranks, std::vector<std::int32_t>{10});
+}
+
+TEST_F(book_test, out_of_order_reports_are_refused) {
+  auto unknown = book_.acknowledged("m@9", 10, now_);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code, errc::unknown_update);
+  publish_both(1);
+  ASSERT_TRUE(book_.acknowledged("m@1", 10, now_));
+  EXPECT_FALSE(book_.acknowledged("m@1", 10, now_));
+  EXPECT_FALSE(book_.importing("m@1", 10, "", now_));
+  EXPECT_FALSE(book_.rejected("m@1", 10, "late", now_));
+  EXPECT_FALSE(book_.acknowledged("m@1", 99, now_));  // not a consumer of it
+  ASSERT_TRUE(book_.released("m@1", 10, now_));
+  EXPECT_FALSE(book_.released("m@1", 10, now_));
+}
+
+TEST_F(book_test, an_update_nobody_acknowledged_is_aborted) {
+  publish_both(1);
+  for (int r : {10, 11, 12, 13})
+    ASSERT_TRUE(book_.rejected("m@1", r, "tensor checksum mismatch", now_));
+  const auto* u = book_.find("m@1");
+  EXPECT_EQ(u->phase, update_phase::aborted);
+  EXPECT_EQ(u->consumers.at(12).reason, "tensor checksum mismatch");
+}
+
+TEST_F(book_test, history_is_bounded_but_keeps_the_catch_up_source) {
+  for (std::uint64_t v = 1; v <= 10; ++v) {
+    publish_both(v);
+    ack_all("m@" + std::to_string(v));
+    if (v < 10) {
+      for (int r : {10, 11, 12, 13}) ASSERT_TRUE(book_.released("m@" + std::to_string(v), r, now_));
+    }
+  }
+  auto list = book_.updates("m");
+  EXPECT_LE(list.size(), 5u);
+  ASSERT_NE(book_.latest_committed("m"), nullptr);
+  EXPECT_EQ(book_.latest_committed("m")->weight_version, 10u);
+}
+
+TEST_F(book_test, other_models_are_independent) {
+  ASSERT_TRUE(book_.join(info(20, rank_role::publisher, "other"), now_));
+  weight_update_manifest m = shard(20, 1);
+  m.model_id = "other";
+  auto fx = book_.publish(m, now_);
+  ASSERT_TRUE(fx);
+  // "other" has a publisher but no consumers: it commits at once with an empty table.
+  EXPECT_EQ(book_.find("other@1")->phase, update_phase::committed);
+  EXPECT_TRUE(book_.publish(shard(0, 1), now_));  // version 1 of "m" is still free
+}
+
+}  // namespace
+}  // namespace wsync
