@@ -172,19 +172,15 @@ class consumer_side {
             {"update_id", r.id},
             {"acknowledged", r.acknowledged},
             {"reason", r.failure ? r.failure->message : ""},
-            {"released", r.released ? json(*r.released) : json(nullptr)},
+            {"released", r.released},
             {"released_self", r.released_self},
             {"active_weight_version", runtime_.active_version()},
             {"ack_sent_s", ack_sent},
             {"timings", timings}};
   }
 
-  // Releases what the active weights still hold; returns its id.
-  std::optional<update_id> shutdown() {
-    auto held = executor_.active_update();
-    executor_.release_active();
-    return held;
-  }
+  // Releases what the active weights still hold; returns the ids.
+  std::vector<update_id> shutdown() { return executor_.release_active(); }
 
  private:
   weight_consumer consumer_;
@@ -214,8 +210,7 @@ class consumer_side {
         }
         if (!send_message(fd, side.handle(*m, decode_s))) break;
       } else if ((*msg)["type"] == "stop") {
-        auto held = side.shutdown();
-        send_message(fd, {{"type", "released"}, {"update_id", held ? json(*held) : json(nullptr)}});
+        send_message(fd, {{"type", "released"}, {"update_ids", side.shutdown()}});
         break;
       }
     }
@@ -414,9 +409,8 @@ int bench_run(const bench_options& opt, std::ostream& out) {
     }
     double ack_pub = now_s() - a0;
     double r0 = now_s();
-    if (report["released"].is_string()) {
-      if (auto ok = publisher->on_released(report["released"].get<std::string>(), consumer_rank);
-          !ok) {
+    for (const auto& id : report["released"]) {
+      if (auto ok = publisher->on_released(id.get<std::string>(), consumer_rank); !ok) {
         return rr.error = ok.error().message, false;
       }
     }
@@ -457,14 +451,14 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   for (unsigned i = 0; ok && i < repeat; ++i) ok = one_update(++version, true);
 
   // Shutdown: the consumer releases what it still holds, then every segment must be gone.
-  std::optional<std::string> last_held;
+  std::vector<std::string> last_held;
   if (local) {
     last_held = local->shutdown();
     local.reset();
   } else {
     send_message(fds[0], {{"type", "stop"}});
-    if (auto r = receive_message(fds[0]); r && (*r)["update_id"].is_string()) {
-      last_held = (*r)["update_id"].get<std::string>();
+    if (auto r = receive_message(fds[0]); r && (*r)["update_ids"].is_array()) {
+      last_held = (*r)["update_ids"].get<std::vector<std::string>>();
     }
     ::close(fds[0]);
     int wstatus = 0;
@@ -473,7 +467,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
       ok = false, rr.error = "consumer process exited abnormally";
     }
   }
-  if (last_held) (void)publisher->on_released(*last_held, consumer_rank);
+  for (const auto& id : last_held) (void)publisher->on_released(id, consumer_rank);
   if (ok && !publisher->held_updates().empty()) {
     ok = false, rr.error = "publisher still holds memory after every consumer released";
   }

@@ -54,7 +54,7 @@ int main() {
     }
     // The consumer's answers travel back: ack, and the release of the update it replaced.
     (void)publisher.on_acknowledged(report.id, 0);
-    if (report.released) (void)publisher.on_released(*report.released, 0);
+    for (const auto& id : report.released) (void)publisher.on_released(id, 0);
 
     float first = runtime.generate([](const wsync::runtime_weights& w) {
       return *reinterpret_cast<const float*>(w.tensors[0].data);
@@ -63,8 +63,6 @@ int main() {
                 static_cast<unsigned long long>(runtime.active_version()), first);
   }
   // Shutdown: the consumer gives back the update its active weights still point into.
-  auto active = executor.active_update();
-  executor.release_active();
-  if (active) (void)publisher.on_released(*active, 0);
+  for (const auto& id : executor.release_active()) (void)publisher.on_released(id, 0);
   return publisher.held_updates().empty() ? 0 : 1;
 }

@@ -13,22 +13,26 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 }  // namespace
 
-result<void> reference_runtime::stage(const imported_update& update) {
+result<void> reference_runtime::stage(std::span<const imported_update* const> shards) {
   std::lock_guard lock(stage_mutex_);
-  const auto& m = update.manifest;
+  if (shards.empty()) return make_error(errc::install_failed, "install failed: no shards");
+  std::vector<tensor_view> views;  // every tensor of the update, shard after shard
+  for (const auto* shard : shards)
+    views.insert(views.end(), shard->tensors.begin(), shard->tensors.end());
+  const auto& m = shards.front()->manifest;
   auto context = update_context(m);
   // The model's architecture is fixed by the first install; later updates must match it, as a
   // real engine's parameters would.
   const auto& current = active_->weights.tensors;
   if (!current.empty()) {
-    if (current.size() != update.tensors.size()) {
+    if (current.size() != views.size()) {
       return make_error(errc::install_failed,
-                        "install failed: tensors: update has " +
-                            std::to_string(update.tensors.size()) + " tensors, the model has " +
-                            std::to_string(current.size()) + " (" + context + ")");
+                        "install failed: tensors: update has " + std::to_string(views.size()) +
+                            " tensors, the model has " + std::to_string(current.size()) + " (" +
+                            context + ")");
     }
     for (std::size_t i = 0; i < current.size(); ++i) {
-      const auto& d = *update.tensors[i].descriptor;
+      const auto& d = *views[i].descriptor;
       if (d.name != current[i].name || d.shape != current[i].shape || d.dtype != current[i].dtype) {
         return make_error(errc::install_failed,
                           "install failed: tensors[" + std::to_string(i) + "] \"" + d.name + "\" " +
@@ -42,10 +46,10 @@ result<void> reference_runtime::stage(const imported_update& update) {
   auto set = spare_ ? std::move(spare_) : std::make_unique<buffer_set>();
   set->weights.weight_version = m.weight_version;
   set->weights.id = m.update_id;
-  set->weights.tensors.resize(update.tensors.size());
-  if (mode_ == install_mode::copy) set->storage.resize(update.tensors.size());
-  for (std::size_t i = 0; i < update.tensors.size(); ++i) {
-    const auto& view = update.tensors[i];
+  set->weights.tensors.resize(views.size());
+  if (mode_ == install_mode::copy) set->storage.resize(views.size());
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& view = views[i];
     auto& t = set->weights.tensors[i];
     t.name = view.descriptor->name;
     t.dtype = view.descriptor->dtype;

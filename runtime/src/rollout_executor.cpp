@@ -1,6 +1,8 @@
 #include "wsync/runtime/rollout_executor.hpp"
 
 #include <chrono>
+#include <set>
+#include <utility>
 
 #include "wsync/manifest/log.hpp"
 
@@ -26,41 +28,93 @@ rollout_executor::~rollout_executor() {
   release_active();
 }
 
-rollout_report rollout_executor::update_weights(const weight_update_manifest& manifest) {
+namespace {
+
+// Shards of one update: same model and version, distinct publisher ranks and update ids, no
+// tensor in two shards.
+result<void> shards_check(std::span<const weight_update_manifest> shards, std::int32_t rank) {
+  if (shards.empty()) {
+    return make_error(errc::invalid_argument,
+                      "invalid update: no shards (rank=" + std::to_string(rank) + ")");
+  }
+  const auto& first = shards.front();
+  std::set<std::string_view> names;
+  std::set<std::int32_t> sources;
+  std::set<std::string_view> ids;
+  for (const auto& m : shards) {
+    auto where = " (" + update_context(m.update_id, rank) + ")";
+    if (m.model_id != first.model_id || m.weight_version != first.weight_version) {
+      return make_error(errc::invalid_manifest,
+                        "invalid manifest: weight_version: shards of one update must share "
+                        "model_id and weight_version (" +
+                            first.model_id + "@" + std::to_string(first.weight_version) + " vs " +
+                            m.model_id + "@" + std::to_string(m.weight_version) + ")" + where);
+    }
+    if (!sources.insert(m.source_rank).second || !ids.insert(m.update_id).second) {
+      return make_error(errc::invalid_manifest,
+                        "invalid manifest: source_rank: two shards from source_rank " +
+                            std::to_string(m.source_rank) + where);
+    }
+    for (const auto& t : m.tensors) {
+      if (!names.insert(t.name).second) {
+        return make_error(errc::invalid_manifest, "invalid manifest: tensors: \"" + t.name +
+                                                      "\" appears in two shards" + where);
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+rollout_report rollout_executor::update_weights(std::span<const weight_update_manifest> shards) {
   std::lock_guard lock(mutex_);
   rollout_report report;
-  report.id = manifest.update_id;
-  report.weight_version = manifest.weight_version;
+  for (const auto& m : shards) report.shard_ids.push_back(m.update_id);
+  if (!shards.empty()) {
+    report.id = shards.front().update_id;
+    report.weight_version = shards.front().weight_version;
+  }
   auto start = clock_type::now();
   auto t = start;
+  std::vector<update_id> imported_ids;
 
-  // Any failure: reject with the reason, give the new update back, keep the previous version.
-  auto fail = [&](wsync::error err, bool imported) {
+  // Any failure: reject with the reason, give the new shards back, keep the previous version.
+  auto fail = [&](wsync::error err) {
     log_warn("rejecting update: " + err.message);
-    if (imported) {
-      (void)consumer_.reject(report.id, err.message);
-      (void)consumer_.release(report.id);
-      report.released_self = true;
+    for (const auto& id : imported_ids) {
+      (void)consumer_.reject(id, err.message);
+      (void)consumer_.release(id);
     }
+    report.released_self = !imported_ids.empty();
     report.failure = std::move(err);
     report.timings.total = std::chrono::duration<double>(clock_type::now() - start).count();
     return report;
   };
 
-  auto imported = consumer_.import_update(manifest);
+  if (auto ok = shards_check(shards, consumer_.rank()); !ok) return fail(ok.error());
+  std::vector<const imported_update*> parts;
+  for (const auto& m : shards) {
+    auto imported = consumer_.import_update(m);
+    if (!imported) return fail(imported.error());
+    imported_ids.push_back(m.update_id);
+    parts.push_back(*imported);
+  }
   report.timings.import = seconds_since(t);
-  if (!imported) return fail(imported.error(), false);
 
   if (config_.verify) {
-    auto verified = consumer_.verify(report.id);
+    for (const auto& id : imported_ids) {
+      if (auto verified = consumer_.verify(id); !verified) return fail(verified.error());
+    }
     report.timings.verify = seconds_since(t);
-    if (!verified) return fail(verified.error(), true);
   }
 
-  if (auto staged = adapter_.stage(**imported); !staged) return fail(staged.error(), true);
-  if (auto installed = consumer_.mark_installed(report.id); !installed) {
-    adapter_.discard(report.id);
-    return fail(installed.error(), true);
+  if (auto staged = adapter_.stage(parts); !staged) return fail(staged.error());
+  for (const auto& id : imported_ids) {
+    if (auto installed = consumer_.mark_installed(id); !installed) {
+      adapter_.discard(report.id);
+      return fail(installed.error());
+    }
   }
   {
     std::unique_lock exclusive(gate_);
@@ -68,28 +122,30 @@ rollout_report rollout_executor::update_weights(const weight_update_manifest& ma
   }
   report.timings.install = seconds_since(t);
 
-  if (auto acked = consumer_.acknowledge(report.id); !acked) {
-    // Only a concurrent caller touching this update can cause this; readers already see it.
-    log_error("acknowledge after install failed: " + acked.error().message);
-  } else {
-    report.acknowledged = true;
+  report.acknowledged = true;
+  for (const auto& id : imported_ids) {
+    if (auto acked = consumer_.acknowledge(id); !acked) {
+      // Only a concurrent caller touching this update can cause this; readers already see it.
+      log_error("acknowledge after install failed: " + acked.error().message);
+      report.acknowledged = false;
+    }
   }
   report.timings.ack = seconds_since(t);
 
-  active_version_ = manifest.weight_version;
+  active_version_ = report.weight_version;
   active_id_ = report.id;
-  // The previous import is no longer read by anyone: the gate was held exclusively above.
-  if (held_) {
-    if (auto released = consumer_.release(*held_); !released) {
+  // The previous imports are no longer read by anyone: the gate was held exclusively above.
+  for (const auto& id : held_) {
+    if (auto released = consumer_.release(id); !released) {
       log_error("release of the previous update failed: " + released.error().message);
     }
-    report.released = held_;
-    held_.reset();
   }
+  report.released = std::move(held_);
+  held_.clear();
   if (adapter_.references_import()) {
-    held_ = report.id;
+    held_ = imported_ids;
   } else {
-    (void)consumer_.release(report.id);
+    for (const auto& id : imported_ids) (void)consumer_.release(id);
     report.released_self = true;
   }
   report.timings.release = seconds_since(t);
@@ -107,12 +163,10 @@ std::optional<update_id> rollout_executor::active_update() const {
   return active_id_;
 }
 
-void rollout_executor::release_active() {
+std::vector<update_id> rollout_executor::release_active() {
   std::lock_guard lock(mutex_);
-  if (held_) {
-    (void)consumer_.release(*held_);
-    held_.reset();
-  }
+  for (const auto& id : held_) (void)consumer_.release(id);
+  return std::exchange(held_, {});
 }
 
 }  // namespace wsync

@@ -41,9 +41,9 @@ class corrupting_transport final : public consumer_transport {
 class flaky_adapter final : public install_adapter {
  public:
   explicit flaky_adapter(reference_runtime& rt) : rt_(rt) {}
-  result<void> stage(const imported_update& u) override {
+  result<void> stage(std::span<const imported_update* const> shards) override {
     if (fail_) return make_error(errc::install_failed, "install failed: injected");
-    return rt_.stage(u);
+    return rt_.stage(shards);
   }
   void activate(const update_id& id) noexcept override { rt_.activate(id); }
   void discard(const update_id& id) noexcept override { rt_.discard(id); }
@@ -86,11 +86,9 @@ class executor_test : public ::testing::Test {
     } else {
       EXPECT_TRUE(publisher_->on_rejected(r.id, 0, r.failure->message));
     }
-    if (r.released) {
-      EXPECT_TRUE(publisher_->on_released(*r.released, 0));
-    }
+    for (const auto& id : r.released) EXPECT_TRUE(publisher_->on_released(id, 0));
     if (r.released_self) {
-      EXPECT_TRUE(publisher_->on_released(r.id, 0));
+      for (const auto& id : r.shard_ids) EXPECT_TRUE(publisher_->on_released(id, 0));
     }
   }
 
@@ -126,14 +124,13 @@ TEST_F(executor_test, installs_acknowledges_and_releases_the_previous_update) {
   auto m2 = publish(2);
   auto r2 = ex.update_weights(m2);
   ASSERT_TRUE(r2.acknowledged);
-  ASSERT_TRUE(r2.released);
-  EXPECT_EQ(*r2.released, m1.update_id);
+  EXPECT_EQ(r2.released, std::vector<update_id>{m1.update_id});
   report(r2);
   EXPECT_EQ(*consumer.state(m1.update_id), update_state::released);
   EXPECT_EQ(rt.active_version(), 2u);
   EXPECT_EQ(torn(rt), 0u);
   EXPECT_EQ(publisher_->held_updates(), std::vector<update_id>{m2.update_id});
-  ex.release_active();
+  EXPECT_EQ(ex.release_active(), std::vector<update_id>{m2.update_id});
   EXPECT_TRUE(publisher_->on_released(m2.update_id, 0));
   EXPECT_TRUE(publisher_->held_updates().empty());
 }
@@ -151,7 +148,7 @@ TEST_F(executor_test, failed_install_keeps_the_previous_version) {
   ASSERT_TRUE(r2.failure);
   EXPECT_EQ(r2.failure->code, errc::install_failed);
   EXPECT_TRUE(r2.released_self);
-  EXPECT_FALSE(r2.released);  // the previous update is still held for the readers
+  EXPECT_TRUE(r2.released.empty());  // the previous update is still held for the readers
   report(r2);
   EXPECT_EQ(*consumer.state(m2.update_id), update_state::released);
   EXPECT_EQ(ex.active_weight_version(), 1u);
@@ -240,6 +237,104 @@ TEST_F(executor_test, copy_mode_releases_the_import_at_once) {
   report(r);
   EXPECT_TRUE(publisher_->held_updates().empty());
   EXPECT_EQ(torn(rt), 0u);  // the runtime's own copy stays readable
+}
+
+// Two trainer ranks each publish half of the model; the consumer installs both halves as one
+// version, or neither.
+class sharded_test : public executor_test {
+ protected:
+  void SetUp() override {
+    executor_test::SetUp();
+    auto p = transport_->make_publisher();
+    ASSERT_TRUE(p);
+    publisher_config cfg;
+    cfg.model_id = "m";
+    cfg.source_rank = 1;
+    second_ = std::make_unique<weight_publisher>(std::move(*p), "local-clone", cfg);
+  }
+
+  std::vector<weight_update_manifest> publish_shards(std::uint64_t version) {
+    const auto& all = tensors_.fill(version);
+    std::vector<tensor_source> low(all.begin(), all.begin() + 2), high(all.begin() + 2, all.end());
+    auto a = publisher_->publish(low, version, {0});
+    auto b = second_->publish(high, version, {0});
+    EXPECT_TRUE(a && b);
+    return {*a, *b};
+  }
+
+  std::unique_ptr<weight_publisher> second_;
+};
+
+TEST_F(sharded_test, shards_of_one_version_switch_together) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto v1 = publish_shards(1);
+  auto r1 = ex.update_weights(v1);
+  ASSERT_TRUE(r1.acknowledged) << r1.failure->message;
+  EXPECT_EQ(r1.shard_ids.size(), 2u);
+  EXPECT_EQ(rt.generate([](const runtime_weights& w) { return w.tensors.size(); }), 4u);
+  EXPECT_EQ(torn(rt), 0u);
+  auto v2 = publish_shards(2);
+  auto r2 = ex.update_weights(v2);
+  ASSERT_TRUE(r2.acknowledged);
+  EXPECT_EQ(r2.released, (std::vector<update_id>{v1[0].update_id, v1[1].update_id}));
+  EXPECT_EQ(torn(rt), 0u);
+  EXPECT_EQ(rt.active_version(), 2u);
+}
+
+TEST_F(sharded_test, one_bad_shard_rejects_the_whole_update) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  ASSERT_TRUE(ex.update_weights(publish_shards(1)).acknowledged);
+  auto v2 = publish_shards(2);
+  v2[1].tensors[0].checksum ^= 1;
+  auto r = ex.update_weights(v2);
+  EXPECT_FALSE(r.acknowledged);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->code, errc::checksum_mismatch);
+  EXPECT_TRUE(r.released_self);
+  EXPECT_EQ(*consumer.state(v2[0].update_id), update_state::released);
+  EXPECT_EQ(*consumer.state(v2[1].update_id), update_state::released);
+  EXPECT_EQ(rt.active_version(), 1u);
+  EXPECT_EQ(torn(rt), 0u);
+}
+
+TEST_F(sharded_test, inconsistent_shards_are_refused_before_import) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto v1 = publish_shards(1);
+  auto mixed = v1;
+  mixed[1].weight_version = 7;
+  auto r = ex.update_weights(mixed);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("invalid manifest: weight_version:", 0), 0u);
+  auto twice = std::vector<weight_update_manifest>{v1[0], v1[0]};
+  r = ex.update_weights(twice);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("invalid manifest: source_rank:", 0), 0u);
+  auto overlap = v1;
+  overlap[1].tensors[0].name = overlap[0].tensors[0].name;
+  r = ex.update_weights(overlap);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("invalid manifest: tensors:", 0), 0u);
+  EXPECT_TRUE(ex.update_weights(v1).acknowledged);  // nothing was imported by the refusals
+}
+
+TEST_F(sharded_test, consumer_accepts_sibling_shards_but_not_a_repeat) {
+  auto consumer = make_consumer();
+  auto v1 = publish_shards(1);
+  ASSERT_TRUE(consumer.import_update(v1[0]));
+  ASSERT_TRUE(consumer.import_update(v1[1]));  // same version, another source rank
+  auto again = v1[0];
+  again.update_id = update_id_generate();
+  auto r = consumer.import_update(again);  // same version, same source rank
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::version_not_monotonic);
+  ASSERT_TRUE(consumer.release(v1[0].update_id));
+  ASSERT_TRUE(consumer.release(v1[1].update_id));
 }
 
 }  // namespace

@@ -121,7 +121,7 @@ TEST_P(torn_read, readers_never_see_a_mixed_model) {
   EXPECT_EQ(torn.load(), 0u) << "torn words over " << reads.load() << " generations";
   EXPECT_GT(versions_seen.load(), 0u);
   EXPECT_EQ(rt.active_version(), updates);
-  ex.release_active();
+  (void)ex.release_active();
   EXPECT_TRUE(publisher.held_updates().empty());
 }
 

@@ -55,11 +55,15 @@ result<const imported_update*> weight_consumer::import_update(
                         "cannot import update: update_id already imported (" + context(id) + ")");
     }
     auto hv = highest_version_.find(manifest.model_id);
-    if (hv != highest_version_.end() && manifest.weight_version <= hv->second) {
+    // Shards of one version come from different publisher ranks; anything else must grow.
+    if (hv != highest_version_.end() && (manifest.weight_version < hv->second.version ||
+                                         (manifest.weight_version == hv->second.version &&
+                                          hv->second.source_ranks.count(manifest.source_rank)))) {
       return make_error(errc::version_not_monotonic,
                         "weight_version must increase monotonically: weight_version " +
-                            std::to_string(manifest.weight_version) + " is not above " +
-                            std::to_string(hv->second) + " already seen for model_id=" +
+                            std::to_string(manifest.weight_version) + " from source_rank " +
+                            std::to_string(manifest.source_rank) + " is not above " +
+                            std::to_string(hv->second.version) + " already seen for model_id=" +
                             manifest.model_id + " (" + context(id) + ")");
     }
   }
@@ -78,7 +82,11 @@ result<const imported_update*> weight_consumer::import_update(
   e.state = update_state::imported;
   e.update = std::move(update);
   auto& hv = highest_version_[manifest.model_id];
-  hv = std::max(hv, manifest.weight_version);
+  if (manifest.weight_version > hv.version || hv.source_ranks.empty()) {
+    hv.version = manifest.weight_version;
+    hv.source_ranks.clear();
+  }
+  hv.source_ranks.insert(manifest.source_rank);
   return e.update.get();
 }
 

@@ -3,6 +3,8 @@
 // leave readers on a half-installed model: stage (may fail, changes nothing readers see), then
 // activate (under the exclusive side of the generation gate, cannot fail).
 
+#include <span>
+
 #include "wsync/manifest/result.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 
@@ -12,13 +14,15 @@ class install_adapter {
  public:
   virtual ~install_adapter() = default;
 
-  /// Prepares `update` for activation: checks it fits the model and copies or indexes its
-  /// tensors. On failure nothing readers see has changed and the adapter holds nothing of it.
-  /// The update's views stay valid at least until activate() or discard() returns, and longer
-  /// when references_import() is true (then until the next activation replaces it).
-  virtual result<void> stage(const imported_update& update) = 0;
+  /// Prepares one update — all its shards, one per publisher rank, together holding every
+  /// tensor of the model at one version — for activation: checks it fits the model and copies
+  /// or indexes its tensors. On failure nothing readers see has changed and the adapter holds
+  /// nothing of it. The shards' views stay valid at least until activate() or discard()
+  /// returns, and longer when references_import() is true (then until the next activation).
+  /// The update is named by its first shard's update_id.
+  virtual result<void> stage(std::span<const imported_update* const> shards) = 0;
 
-  /// Switches readers to the staged update. Runs under the exclusive side of the gate.
+  /// Switches readers to the staged update `id`. Runs under the exclusive side of the gate.
   virtual void activate(const update_id& id) noexcept = 0;
 
   /// Forgets a staged update that will not be activated.

@@ -39,7 +39,7 @@ class reference_runtime final : public install_adapter {
 
   explicit reference_runtime(install_mode mode = install_mode::view) : mode_(mode) {}
 
-  result<void> stage(const imported_update& update) override;
+  result<void> stage(std::span<const imported_update* const> shards) override;
   void activate(const update_id& id) noexcept override;
   void discard(const update_id& id) noexcept override;
   bool references_import() const override { return mode_ == install_mode::view; }

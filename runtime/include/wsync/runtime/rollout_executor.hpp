@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "wsync/runtime/generation_gate.hpp"
 #include "wsync/runtime/install_adapter.hpp"
@@ -21,12 +23,13 @@ struct stage_timings {
 
 /// What update_weights() did, for the caller to report to the publisher / coordinator.
 struct rollout_report {
-  update_id id;
+  update_id id;                      ///< the update's name: its first shard's update_id
+  std::vector<update_id> shard_ids;  ///< every shard, in the order given
   std::uint64_t weight_version = 0;
   bool acknowledged = false;
   std::optional<wsync::error> failure;  ///< set when rejected
-  std::optional<update_id> released;    ///< previous update released by this call, if any
-  bool released_self = false;           ///< the new update itself was released (rejected or copied)
+  std::vector<update_id> released;      ///< shards of the previous update released by this call
+  bool released_self = false;           ///< the new shards were released too (rejected, or copied)
   stage_timings timings;
 };
 
@@ -40,15 +43,20 @@ class rollout_executor {
                    executor_config config = {});
   ~rollout_executor();
 
-  /// Installs one update, or rejects it and keeps the previous version. Never throws.
-  rollout_report update_weights(const weight_update_manifest& manifest);
+  /// Installs one update — the shards of every publisher rank at one version, switched to
+  /// together — or rejects it and keeps the previous version. Never throws.
+  rollout_report update_weights(std::span<const weight_update_manifest> shards);
+  rollout_report update_weights(const weight_update_manifest& manifest) {
+    return update_weights(std::span<const weight_update_manifest>(&manifest, 1));
+  }
 
   /// Version readers see; nullopt before the first successful update.
   std::optional<std::uint64_t> active_weight_version() const;
   std::optional<update_id> active_update() const;
 
-  /// Releases the import still held for the active weights (at shutdown, after readers stop).
-  void release_active();
+  /// Releases the imports still held for the active weights (at shutdown, after readers stop)
+  /// and returns their ids, for the caller to report.
+  std::vector<update_id> release_active();
 
  private:
   weight_consumer& consumer_;
@@ -58,7 +66,7 @@ class rollout_executor {
   mutable std::mutex mutex_;  ///< one update at a time
   std::optional<std::uint64_t> active_version_;
   std::optional<update_id> active_id_;
-  std::optional<update_id> held_;  ///< import kept alive for the active weights
+  std::vector<update_id> held_;  ///< imports kept alive for the active weights
 };
 
 }  // namespace wsync

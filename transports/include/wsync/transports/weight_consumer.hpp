@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,8 +45,9 @@ class weight_consumer {
   weight_consumer(const weight_consumer&) = delete;
   weight_consumer& operator=(const weight_consumer&) = delete;
 
-  /// Validates the manifest, refuses a version not above every version seen for the model, and
-  /// imports the bytes. The returned pointer stays valid until release(update_id).
+  /// Validates the manifest, refuses a version below the highest seen for the model (or equal to
+  /// it from a source rank whose shard of that version was already imported), and imports the
+  /// bytes. The returned pointer stays valid until release(update_id).
   result<const imported_update*> import_update(const weight_update_manifest& manifest);
   /// Recomputes every tensor checksum; a difference is "tensor checksum mismatch" naming the
   /// tensor.
@@ -74,7 +76,11 @@ class weight_consumer {
   consumer_config config_;
   mutable std::mutex mutex_;
   std::map<update_id, entry> updates_;
-  std::map<std::string, std::uint64_t> highest_version_;     ///< per model_id
+  struct version_seen {
+    std::uint64_t version = 0;
+    std::set<std::int32_t> source_ranks;  ///< shards of that version already imported
+  };
+  std::map<std::string, version_seen> highest_version_;      ///< per model_id
   std::deque<std::pair<update_id, update_state>> finished_;  ///< recent terminal states
 };
 
