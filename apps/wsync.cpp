@@ -4,8 +4,12 @@
 
 #include <iostream>
 
+#include <cstdlib>
+
+#include "wsync/actors/node.hpp"
 #include "wsync/bench/bench.hpp"
 #include "wsync/bench/layouts.hpp"
+#include "wsync/cluster/demo.hpp"
 #include "wsync/transports/registry.hpp"
 
 namespace {
@@ -60,6 +64,26 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify) {
       ->capture_default_str();
 }
 
+// "host:port" -> endpoint; the token comes from --token or WSYNC_TOKEN.
+bool parse_endpoint(const std::string& text, wsync::endpoint& ep) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos) return false;
+  ep.host = text.substr(0, colon);
+  try {
+    auto port = std::stoul(text.substr(colon + 1));
+    if (port == 0 || port > 65535) return false;
+    ep.port = static_cast<std::uint16_t>(port);
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+std::string token_from_env() {
+  const char* t = std::getenv("WSYNC_TOKEN");
+  return t ? t : "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,7 +96,145 @@ int main(int argc, char** argv) {
   wsync::bench_options bench_opt;
   std::string verify = "on";
   add_bench(app, bench_opt, verify);
+
+  const std::string token_help =
+      "cluster token (default: $WSYNC_TOKEN); ranks without it are refused";
+  wsync::coordinator_options coord_opt;
+  coord_opt.listen.token = token_from_env();
+  std::int64_t deadline_ms = 30000;
+  auto* coord = app.add_subcommand(
+      "coordinator", "Run the coordinator: rank registry, versions, per-rank ack tracking.");
+  coord->add_option("--host", coord_opt.listen.host, "address to listen on")->capture_default_str();
+  coord->add_option("--port", coord_opt.listen.port, "port to listen on (0: pick a free one)")
+      ->capture_default_str();
+  coord->add_option("--port-file", coord_opt.port_file, "write the port here once listening");
+  coord->add_option("--token", coord_opt.listen.token, token_help);
+  coord
+      ->add_option("--update-deadline-ms", deadline_ms,
+                   "an update not committed this long after its first shard fails its "
+                   "unanswered ranks")
+      ->check(CLI::Range(100, 3600000))
+      ->capture_default_str();
+
+  wsync::consumer_options cons_opt;
+  cons_opt.coordinator.token = token_from_env();
+  std::string cons_coord;
+  auto* cons = app.add_subcommand(
+      "consumer",
+      "Run a consumer (rollout) rank with the reference runtime: imports, verifies, "
+      "installs and acknowledges every update the coordinator sends.");
+  cons->add_option("--coordinator", cons_coord, "coordinator host:port")->required();
+  cons->add_option("--rank", cons_opt.rank, "consumer rank")->required();
+  cons->add_option("--node", cons_opt.node, "node name shown in status")->capture_default_str();
+  cons->add_option("--model", cons_opt.model_id, "model id to follow")->required();
+  cons->add_option("--token", cons_opt.coordinator.token, token_help);
+
+  wsync::publisher_options pub_opt;
+  pub_opt.coordinator.token = token_from_env();
+  std::string pub_coord;
+  std::int64_t interval_ms = 0;
+  auto* pub = app.add_subcommand(
+      "publisher",
+      "Run a publisher (trainer) rank: publish its shard of N versions of a model "
+      "layout over shared memory and wait for each outcome.");
+  pub->add_option("--coordinator", pub_coord, "coordinator host:port")->required();
+  pub->add_option("--rank", pub_opt.rank, "publisher rank (0..ranks-1)")->required();
+  pub->add_option("--ranks", pub_opt.ranks, "publisher ranks sharing the model")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  pub->add_option("--node", pub_opt.node, "node name shown in status")->capture_default_str();
+  pub->add_option(
+         "--layout", pub_opt.layout,
+         "model layout (" + join(wsync::layout_names()) + ") or synthetic:<bytes>:<tensors>")
+      ->capture_default_str();
+  pub->add_option("--model", pub_opt.model_id, "model id (default: the layout name)");
+  pub->add_option("--versions", pub_opt.versions, "versions to publish")->capture_default_str();
+  pub->add_option("--interval-ms", interval_ms, "pause between versions")->capture_default_str();
+  pub->add_flag("--json", pub_opt.json, "print each outcome as one JSON line");
+  pub->add_option("--token", pub_opt.coordinator.token, token_help);
+
+  std::string status_coord;
+  std::string status_token = token_from_env();
+  bool status_json = false;
+  auto* status = app.add_subcommand("status", "Print the coordinator's per-rank table.");
+  status->add_option("--coordinator", status_coord, "coordinator host:port")->required();
+  status->add_option("--token", status_token, token_help);
+  status->add_flag("--json", status_json, "print the DESIGN §11 status object");
+
+  wsync::demo_options demo_opt;
+  auto* demo = app.add_subcommand(
+      "demo",
+      "Local cluster demo: a coordinator, publisher ranks and consumer ranks as "
+      "separate processes on loopback, versions over shared memory, then the per-rank "
+      "table.");
+  demo->add_option("--publishers", demo_opt.publishers, "publisher ranks")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  demo->add_option("--consumers", demo_opt.consumers, "consumer ranks")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  demo->add_option("--versions", demo_opt.versions, "versions to publish")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  demo->add_option("--layout", demo_opt.layout, "model layout or synthetic:<bytes>:<tensors>")
+      ->capture_default_str();
+  demo->add_flag("--json", demo_opt.json, "end with the DESIGN §11 status object");
+
   CLI11_PARSE(app, argc, argv);
+
+  auto need_token = [](const std::string& token) {
+    if (!token.empty()) return true;
+    std::cerr << "wsync: no cluster token: pass --token or set WSYNC_TOKEN\n";
+    return false;
+  };
+  if (app.got_subcommand("coordinator")) {
+    if (!need_token(coord_opt.listen.token)) return 2;
+    coord_opt.update_deadline = std::chrono::milliseconds(deadline_ms);
+    return wsync::coordinator_run(coord_opt);
+  }
+  if (app.got_subcommand("consumer")) {
+    if (!need_token(cons_opt.coordinator.token)) return 2;
+    auto token = cons_opt.coordinator.token;
+    if (!parse_endpoint(cons_coord, cons_opt.coordinator)) {
+      std::cerr << "wsync: --coordinator: expected host:port, got " << cons_coord << "\n";
+      return 2;
+    }
+    cons_opt.coordinator.token = token;
+    return wsync::consumer_run(cons_opt);
+  }
+  if (app.got_subcommand("publisher")) {
+    if (!need_token(pub_opt.coordinator.token)) return 2;
+    auto token = pub_opt.coordinator.token;
+    if (!parse_endpoint(pub_coord, pub_opt.coordinator)) {
+      std::cerr << "wsync: --coordinator: expected host:port, got " << pub_coord << "\n";
+      return 2;
+    }
+    pub_opt.coordinator.token = token;
+    if (pub_opt.rank < 0 || pub_opt.rank >= pub_opt.ranks) {
+      std::cerr << "wsync: --rank: must be in [0, --ranks)\n";
+      return 2;
+    }
+    pub_opt.interval = std::chrono::milliseconds(interval_ms);
+    return wsync::publisher_run(pub_opt);
+  }
+  if (app.got_subcommand("status")) {
+    if (!need_token(status_token)) return 2;
+    wsync::endpoint ep;
+    if (!parse_endpoint(status_coord, ep)) {
+      std::cerr << "wsync: --coordinator: expected host:port, got " << status_coord << "\n";
+      return 2;
+    }
+    ep.token = status_token;
+    std::string err;
+    auto text = wsync::coordinator_status(ep, err);
+    if (text.empty()) {
+      std::cerr << "wsync status: " << err << "\n";
+      return 1;
+    }
+    std::cout << text << std::endl;
+    return 0;
+  }
+  if (app.got_subcommand("demo")) return wsync::demo_run(demo_opt, std::cout);
 
   if (app.got_subcommand("bench")) {
     bench_opt.verify = verify == "on";

@@ -85,6 +85,9 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
   // A re-join replaces the old registration: the rank restarted and holds nothing of ours.
   if (table.count(info.rank)) out = leave(info.rank, info.role, "rank re-registered", now);
   table[info.rank] = info;
+  if (info.role == rank_role::publisher && info.publisher_ranks > 0) {
+    publisher_ranks_[info.model_id] = info.publisher_ranks;
+  }
   if (info.role == rank_role::consumer) {
     // Catch-up: the newest committed version, as a fresh entry in that update's table.
     if (auto* latest = latest_committed_mutable(info.model_id)) {
@@ -159,8 +162,12 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
     u.key = key;
     u.model_id = shard.model_id;
     u.weight_version = shard.weight_version;
-    for (const auto& [r, info] : publishers_) {
-      if (info.model_id == shard.model_id) u.expected_publishers.insert(r);
+    if (auto n = publisher_ranks_.find(shard.model_id); n != publisher_ranks_.end()) {
+      for (std::int32_t r = 0; r < n->second; ++r) u.expected_publishers.insert(r);
+    } else {
+      for (const auto& [r, info] : publishers_) {
+        if (info.model_id == shard.model_id) u.expected_publishers.insert(r);
+      }
     }
     u.created = now;
     u.deadline = now + config_.update_deadline;
@@ -176,7 +183,7 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
   }
   if (!u.expected_publishers.count(rank)) {
     return refuse(errc::invalid_argument,
-                  "publish refused: source_rank joined after this version started assembling");
+                  "publish refused: source_rank is not among this version's publisher ranks");
   }
   if (u.shards.count(rank)) {
     return refuse(errc::illegal_transition,

@@ -211,7 +211,7 @@ result<weight_update_manifest> weight_publisher::publish(
 }
 
 void weight_publisher::maybe_release_locked(publication& p) {
-  if (p.memory_released) return;
+  if (p.memory_released || !config_.release_when_answered) return;
   for (const auto& [rank, r] : p.consumers) {
     if (r.outcome != consumer_outcome::released && r.outcome != consumer_outcome::failed) return;
   }

@@ -31,6 +31,10 @@ struct rank_info {
   std::string model_id;
   std::vector<std::string> transports;
   std::string address;  ///< data-plane address, opaque here
+  /// Publishers: how many ranks publish shards of this model (ranks 0..n-1). A version is
+  /// complete when all n shards arrived, even from ranks that join late. 0: the publishers
+  /// joined when the version's first shard arrives.
+  std::int32_t publisher_ranks = 0;
 };
 
 /// A consumer rank's progress on one update (DESIGN §1.7).
@@ -140,6 +144,7 @@ class coordinator_book {
   std::map<std::int32_t, rank_info> consumers_, publishers_;  ///< live ranks
   std::map<std::string, update_record> updates_;              ///< by key
   std::map<std::string, std::uint64_t> highest_version_;      ///< per model, ever seen
+  std::map<std::string, std::int32_t> publisher_ranks_;       ///< per model, when declared
 };
 
 }  // namespace wsync

@@ -1,0 +1,55 @@
+#pragma once
+// Entry points of the cluster processes, free of CAF headers so apps/ stays light. Each runs
+// until its work is done or SIGINT/SIGTERM arrives, and returns a process exit code.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace wsync {
+
+struct endpoint {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;
+  std::string token;
+};
+
+struct coordinator_options {
+  endpoint listen;                                   ///< port 0: pick one
+  std::string port_file;                             ///< written once listening (for launchers)
+  std::chrono::milliseconds update_deadline{30000};  ///< first shard to commit
+  std::chrono::milliseconds heartbeat{200};          ///< CAF heartbeat; peers time out at 5x
+};
+int coordinator_run(const coordinator_options& options);
+
+struct consumer_options {
+  endpoint coordinator;
+  std::int32_t rank = 0;
+  std::string node = "n0";
+  std::string model_id;
+  bool verify = true;
+  std::chrono::milliseconds heartbeat{200};
+};
+int consumer_run(const consumer_options& options);
+
+struct publisher_options {
+  endpoint coordinator;
+  std::int32_t rank = 0;
+  std::int32_t ranks = 1;  ///< publisher ranks sharing the model: this one takes tensor i when
+                           ///< i % ranks == rank
+  std::string node = "n0";
+  std::string layout = "qwen2.5-0.5b";  ///< model layout, or "synthetic:<bytes>:<tensors>"
+  std::string model_id;                 ///< empty: the layout name
+  std::uint64_t versions = 5;
+  std::chrono::milliseconds interval{0};
+  std::chrono::milliseconds outcome_timeout{60000};
+  std::chrono::milliseconds heartbeat{200};
+  bool json = false;  ///< print each outcome as one JSON line
+};
+int publisher_run(const publisher_options& options);
+
+/// Asks a coordinator for its status table (DESIGN §11 JSON). Empty string on failure, with the
+/// reason in `error`.
+std::string coordinator_status(const endpoint& coordinator, std::string& error);
+
+}  // namespace wsync

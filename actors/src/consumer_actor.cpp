@@ -1,0 +1,127 @@
+// A consumer rank: joins the coordinator, runs the rollout executor on every update it is
+// sent, and reports importing / acknowledged / rejected / released.
+
+#include <map>
+
+#include "protocol.hpp"
+#include "runtime_support.hpp"
+#include "wsync/actors/node.hpp"
+#include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/log.hpp"
+#include "wsync/runtime/reference_runtime.hpp"
+#include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync {
+namespace {
+
+using namespace proto;
+
+// The rollout side of one rank; touched only by its (detached) actor's thread.
+struct rollout_side {
+  weight_consumer consumer;
+  reference_runtime runtime;
+  rollout_executor executor;
+  std::map<update_id, std::string> key_of;  ///< shard id -> update key, for release reports
+  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify)
+      : consumer(std::move(t), consumer_config{rank, 2}),
+        executor(consumer, runtime, runtime.gate(), executor_config{verify}) {}
+};
+
+consumer_actor::behavior_type consumer_impl(consumer_actor::pointer self,
+                                            coordinator_actor coordinator,
+                                            std::shared_ptr<rollout_side> side, rank_hello hello) {
+  const std::int32_t rank = hello.rank;
+  // The join comes from this actor: the coordinator sends updates to whoever joined.
+  self->request(coordinator, std::chrono::seconds(10), join_atom::value, hello)
+      .then(
+          [=](const std::string& refusal) {
+            if (refusal.empty()) return;
+            log_error("consumer rank " + std::to_string(rank) + ": " + refusal);
+            self->quit(caf::exit_reason::user_shutdown);
+          },
+          [=](caf::error& err) {
+            log_error("consumer rank " + std::to_string(rank) +
+                      ": join failed: " + self->system().render(err));
+            self->quit(err);
+          });
+  self->monitor(coordinator);
+  self->set_down_handler([=](caf::down_msg&) {
+    // Keep serving the active version; a restarted coordinator is not rejoined yet.
+    log_warn("consumer rank " + std::to_string(rank) +
+             ": coordinator went away; serving active version " +
+             std::to_string(side->runtime.active_version()));
+  });
+  auto report = [=](const std::string& key, const std::string& state, std::string reason) {
+    self->send(coordinator, report_atom::value,
+               rank_report{key, rank, state, std::move(reason), side->runtime.active_version()});
+  };
+  return {
+      [=](update_atom, const update_available& msg) {
+        std::vector<weight_update_manifest> shards;
+        for (const auto& text : msg.manifests) {
+          auto m = manifest_from_json(text);
+          if (!m) {
+            report(msg.key, "rejected", m.error().message);
+            return;
+          }
+          shards.push_back(std::move(*m));
+        }
+        report(msg.key, "importing", msg.received_from);
+        auto r = side->executor.update_weights(shards);
+        // The update this one replaced is let go before the answer, so the publisher can reuse
+        // its memory by the time it hears the outcome.
+        std::set<std::string> released_keys;
+        for (const auto& id : r.released) {
+          auto it = side->key_of.find(id);
+          if (it == side->key_of.end()) continue;
+          released_keys.insert(it->second);
+          side->key_of.erase(it);
+        }
+        for (const auto& key : released_keys) report(key, "released", "");
+        if (r.acknowledged) {
+          for (const auto& id : r.shard_ids) side->key_of[id] = msg.key;
+          report(msg.key, "acknowledged", "");
+          if (r.released_self) report(msg.key, "released", "");
+        } else {
+          report(msg.key, "rejected", r.failure ? r.failure->message : "unknown failure");
+          if (r.released_self) report(msg.key, "released", "");
+        }
+      },
+      [=](drop_atom, const std::string& key) {
+        // Updates run to completion inside update_atom, so an aborted one is either already
+        // rejected and released, or active — and the active version is kept.
+        log_info("consumer rank " + std::to_string(rank) + ": update " + key +
+                 " was aborted; keeping active version " +
+                 std::to_string(side->runtime.active_version()));
+      },
+  };
+}
+
+}  // namespace
+
+int consumer_run(const consumer_options& options) {
+  cluster_system sys(options.heartbeat);
+  auto t = make_transport("shared-memory");
+  if (!t) return log_error(t.error().message), 1;
+  auto c = (*t)->make_consumer();
+  if (!c) return log_error(c.error().message), 1;
+  auto side = std::make_shared<rollout_side>(std::move(*c), options.rank, options.verify);
+
+  auto coordinator = sys.get().middleman().remote_actor<coordinator_actor>(
+      options.coordinator.host, options.coordinator.port);
+  if (!coordinator) {
+    log_error("consumer rank " + std::to_string(options.rank) +
+              ": cannot reach the coordinator at " + options.coordinator.host + ":" +
+              std::to_string(options.coordinator.port) + ": " +
+              sys.get().render(coordinator.error()));
+    return 1;
+  }
+  // Installing is blocking CPU work: the endpoint gets a thread of its own.
+  rank_hello hello{options.coordinator.token, options.rank,     "consumer", options.node,
+                   options.model_id,          {"shared-memory"}};
+  auto endpoint = sys.get().spawn<caf::detached>(consumer_impl, *coordinator, side, hello);
+  return run_until_stopped(sys.get(), caf::actor_cast<caf::actor>(endpoint));
+}
+
+}  // namespace wsync

@@ -1,0 +1,304 @@
+// The coordinator actor: authenticates ranks, feeds their messages to the coordinator_book and
+// carries out the effects the book returns. All decisions live in the book.
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "protocol.hpp"
+#include "runtime_support.hpp"
+#include "wsync/actors/coordinator_book.hpp"
+#include "wsync/actors/node.hpp"
+#include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/log.hpp"
+
+namespace wsync {
+namespace {
+
+using json = nlohmann::json;
+using namespace proto;
+
+constexpr auto tick_interval = std::chrono::milliseconds(200);
+
+struct member {
+  std::int32_t rank;
+  rank_role role;
+};
+
+struct coordinator_state {
+  coordinator_book book;
+  std::string token;
+  std::map<caf::actor_addr, member> members;
+  std::map<std::int32_t, consumer_actor> consumers;
+  std::map<std::int32_t, publisher_actor> publishers;
+  std::map<std::string, std::vector<caf::typed_response_promise<std::string>>> waiting;
+  std::map<std::int32_t, std::uint64_t> active_version;  ///< per consumer rank
+  std::uint64_t committed = 0;                           ///< updates committed since start
+  static inline const char* name = "wsync.coordinator";
+};
+
+using coordinator_pointer = coordinator_actor::stateful_pointer<coordinator_state>;
+
+json outcome_json(const update_record& u) {
+  json ranks = json::array();
+  for (const auto& [rank, p] : u.consumers) {
+    ranks.push_back({{"rank", rank},
+                     {"state", rank_state_name(p.state)},
+                     {"acknowledged", p.acknowledged},
+                     {"reason", p.reason},
+                     {"received_from", p.received_from}});
+  }
+  double commit_s =
+      u.finished ? std::chrono::duration<double>(*u.finished - u.created).count() : 0.0;
+  return {{"key", u.key},         {"weight_version", u.weight_version},
+          {"commit_s", commit_s}, {"phase", update_phase_name(u.phase)},
+          {"reason", u.reason},   {"ranks", std::move(ranks)}};
+}
+
+void run_effects(coordinator_pointer self, const std::vector<book_effect>& effects) {
+  auto& st = self->state;
+  for (const auto& e : effects) {
+    switch (e.what) {
+      case book_effect::kind::distribute: {
+        update_available msg{e.key, {}, ""};
+        std::string from;
+        for (const auto& m : e.manifests) {
+          msg.manifests.push_back(manifest_to_json(m));
+          from += (from.empty() ? "publisher:" : ",") + std::to_string(m.source_rank);
+        }
+        msg.received_from = from;
+        for (auto rank : e.ranks) {
+          if (auto it = st.consumers.find(rank); it != st.consumers.end()) {
+            self->send(it->second, update_atom::value, msg);
+          }
+        }
+        break;
+      }
+      case book_effect::kind::drop:
+        for (auto rank : e.ranks) {
+          if (auto it = st.consumers.find(rank); it != st.consumers.end()) {
+            self->send(it->second, drop_atom::value, e.key);
+          }
+        }
+        break;
+      case book_effect::kind::outcome: {
+        const auto* u = st.book.find(e.key);
+        if (!u) break;
+        if (u->phase == update_phase::committed) ++st.committed;
+        log_info("update " + e.key + " " + std::string(update_phase_name(u->phase)) +
+                 (u->reason.empty() ? "" : ": " + u->reason));
+        auto text = outcome_json(*u).dump();
+        for (auto& rp : st.waiting[e.key]) rp.deliver(text);
+        st.waiting.erase(e.key);
+        break;
+      }
+      case book_effect::kind::release_publisher:
+        for (auto rank : e.ranks) {
+          if (auto it = st.publishers.find(rank); it != st.publishers.end()) {
+            self->send(it->second, release_atom::value, e.key);
+          }
+        }
+        break;
+    }
+  }
+}
+
+std::string status_json(coordinator_state& st) {
+  json ranks = json::array();
+  std::uint64_t committed_version = 0;
+  bool all_ok = true;
+  for (const auto& [rank, info] : st.book.publishers()) {
+    ranks.push_back({{"rank", rank},
+                     {"node", info.node},
+                     {"role", "publisher"},
+                     {"state", "joined"},
+                     {"active_weight_version", nullptr},
+                     {"received_from", nullptr}});
+  }
+  json updates = json::array();
+  std::set<std::string> models;
+  for (const auto& [rank, info] : st.book.consumers()) models.insert(info.model_id);
+  for (const auto& [rank, info] : st.book.publishers()) models.insert(info.model_id);
+  std::map<std::int32_t, const rank_progress*> latest;  // consumer -> newest entry
+  for (const auto& model : models) {
+    if (const auto* c = st.book.latest_committed(model)) {
+      committed_version = std::max(committed_version, c->weight_version);
+    }
+    for (const auto* u : st.book.updates(model)) {
+      updates.push_back(outcome_json(*u));
+      for (const auto& [rank, p] : u->consumers) latest[rank] = &p;
+    }
+  }
+  for (const auto& [rank, info] : st.book.consumers()) {
+    const auto* p = latest.count(rank) ? latest[rank] : nullptr;
+    std::string state = p ? std::string(rank_state_name(p->state)) : "joined";
+    if (p && p->state != rank_state::acknowledged && p->state != rank_state::released) {
+      all_ok = false;
+    }
+    ranks.push_back({{"rank", rank},
+                     {"node", info.node},
+                     {"role", "consumer"},
+                     {"state", state},
+                     {"active_weight_version", st.active_version[rank]},
+                     {"received_from", p ? json(p->received_from) : json(nullptr)}});
+  }
+  for (const auto& [rank, v] : st.active_version) all_ok = all_ok && v == committed_version;
+  return json{{"status", all_ok && st.committed > 0 ? "pass" : "fail"},
+              {"versions", st.committed},
+              {"committed_version", committed_version},
+              {"ranks", std::move(ranks)},
+              {"updates", std::move(updates)}}
+      .dump();
+}
+
+const member* sender_member(coordinator_pointer self) {
+  auto it = self->state.members.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+  return it == self->state.members.end() ? nullptr : &it->second;
+}
+
+coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std::string token,
+                                                  book_config config) {
+  self->state.token = std::move(token);
+  self->state.book = coordinator_book(config);
+  // Exit messages from peers are ignored: an unauthenticated peer must not stop us.
+  self->set_exit_handler([=](caf::exit_msg& msg) {
+    log_warn("coordinator: ignored an exit message: " + self->system().render(msg.reason));
+  });
+  self->set_down_handler([=](caf::down_msg& msg) {
+    auto it = self->state.members.find(msg.source);
+    if (it == self->state.members.end()) return;
+    auto m = it->second;
+    self->state.members.erase(it);
+    if (m.role == rank_role::consumer) self->state.consumers.erase(m.rank);
+    if (m.role == rank_role::publisher) self->state.publishers.erase(m.rank);
+    auto reason = "down: " + self->system().render(msg.reason);
+    log_warn("coordinator: " + std::string(rank_role_name(m.role)) + " rank " +
+             std::to_string(m.rank) + " " + reason);
+    run_effects(self, self->state.book.leave(m.rank, m.role, reason, coord_clock::now()));
+  });
+  self->delayed_send(self, tick_interval, tick_atom::value);
+  return {
+      [=](join_atom, const rank_hello& hello) -> std::string {
+        auto& st = self->state;
+        if (hello.token != st.token) {
+          log_warn("coordinator: refused rank " + std::to_string(hello.rank) +
+                   ": wrong cluster token");
+          return "join refused: token: wrong cluster token";
+        }
+        if (hello.role != "publisher" && hello.role != "consumer") {
+          return "join refused: role: \"" + hello.role + "\" is neither publisher nor consumer";
+        }
+        auto role = hello.role == "publisher" ? rank_role::publisher : rank_role::consumer;
+        rank_info info{hello.rank,       role, hello.node,           hello.model_id,
+                       hello.transports, "",   hello.publisher_ranks};
+        auto sender = self->current_sender();
+        // A rank joining again replaces its old endpoint (it restarted).
+        for (auto it = st.members.begin(); it != st.members.end();) {
+          if (it->second.rank == hello.rank && it->second.role == role) {
+            it = st.members.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        if (role == rank_role::consumer) {
+          st.consumers[hello.rank] = caf::actor_cast<consumer_actor>(sender);
+          st.active_version[hello.rank] = 0;
+        } else {
+          st.publishers[hello.rank] = caf::actor_cast<publisher_actor>(sender);
+        }
+        auto effects = st.book.join(info, coord_clock::now());
+        if (!effects) return effects.error().message;
+        st.members[caf::actor_cast<caf::actor_addr>(sender)] = {hello.rank, role};
+        self->monitor(caf::actor_cast<caf::actor>(sender));
+        log_info("coordinator: " + hello.role + " rank " + std::to_string(hello.rank) +
+                 " joined from node " + hello.node);
+        run_effects(self, *effects);
+        return "";
+      },
+      [=](publish_atom, const std::string& manifest_json) -> caf::result<std::string> {
+        const auto* m = sender_member(self);
+        if (!m || m->role != rank_role::publisher) {
+          log_warn("coordinator: publish from a peer that did not join as a publisher");
+          return json{{"error", "publish refused: not a joined publisher"}}.dump();
+        }
+        auto manifest = manifest_from_json(manifest_json);
+        if (!manifest) return json{{"error", manifest.error().message}}.dump();
+        if (manifest->source_rank != m->rank) {
+          return json{{"error", "publish refused: source_rank " +
+                                    std::to_string(manifest->source_rank) +
+                                    " differs from the joined rank " + std::to_string(m->rank)}}
+              .dump();
+        }
+        auto effects = self->state.book.publish(*manifest, coord_clock::now());
+        if (!effects) return json{{"error", effects.error().message}}.dump();
+        auto key = manifest->model_id + "@" + std::to_string(manifest->weight_version);
+        auto rp = self->make_response_promise<std::string>();
+        self->state.waiting[key].push_back(rp);
+        run_effects(self, *effects);
+        return rp;
+      },
+      [=](report_atom, const rank_report& r) {
+        const auto* m = sender_member(self);
+        if (!m || m->role != rank_role::consumer || m->rank != r.rank) {
+          log_warn("coordinator: report for rank " + std::to_string(r.rank) +
+                   " from a peer that did not join as that consumer");
+          return;
+        }
+        auto& book = self->state.book;
+        auto now = coord_clock::now();
+        result<std::vector<book_effect>> effects = std::vector<book_effect>{};
+        if (r.state == "importing") {
+          effects = book.importing(r.key, r.rank, r.reason, now);
+        } else if (r.state == "acknowledged") {
+          self->state.active_version[r.rank] = r.active_weight_version;
+          effects = book.acknowledged(r.key, r.rank, now);
+        } else if (r.state == "rejected") {
+          effects = book.rejected(r.key, r.rank, r.reason, now);
+        } else if (r.state == "released") {
+          effects = book.released(r.key, r.rank, now);
+        }
+        if (!effects) {
+          log_warn("coordinator: " + effects.error().message);
+          return;
+        }
+        run_effects(self, *effects);
+      },
+      [=](status_atom, const std::string& given) -> std::string {
+        if (given != self->state.token) return json{{"error", "status refused: token"}}.dump();
+        return status_json(self->state);
+      },
+      [=](tick_atom) {
+        run_effects(self, self->state.book.expire(coord_clock::now()));
+        self->delayed_send(self, tick_interval, tick_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+int coordinator_run(const coordinator_options& options) {
+  cluster_system sys(options.heartbeat);
+  book_config config;
+  config.update_deadline = options.update_deadline;
+  auto coordinator = sys.get().spawn(coordinator_impl, options.listen.token, config);
+  auto port = sys.get().middleman().publish(coordinator, options.listen.port,
+                                            options.listen.host.c_str(), true);
+  if (!port) {
+    log_error("coordinator: cannot listen on " + options.listen.host + ":" +
+              std::to_string(options.listen.port) + ": " + sys.get().render(port.error()));
+    caf::anon_send_exit(coordinator, caf::exit_reason::kill);
+    return 1;
+  }
+  log_info("coordinator: listening on " + options.listen.host + ":" + std::to_string(*port));
+  if (!options.port_file.empty()) {
+    // Written to a temporary name and renamed, so a launcher never reads half a number.
+    std::string tmp = options.port_file + ".tmp";
+    std::ofstream(tmp) << *port << "\n";
+    std::rename(tmp.c_str(), options.port_file.c_str());
+  }
+  wait_for_signal();
+  caf::anon_send_exit(coordinator, caf::exit_reason::kill);
+  return 0;
+}
+
+}  // namespace wsync

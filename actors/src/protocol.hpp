@@ -1,0 +1,100 @@
+#pragma once
+// The control-plane protocol in one place: message structs, atoms, the CAF type-ID block and
+// the typed interfaces of the coordinator and of the two rank endpoints. Manifests travel as
+// their JSON form (manifest_to_json); tensor bytes never travel through CAF. Heavy (CAF): include
+// only from actor code.
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace wsync::proto {
+
+/// First message of every rank: who it is, and the cluster token.
+struct rank_hello {
+  std::string token;
+  std::int32_t rank = 0;
+  std::string role;  ///< "publisher" | "consumer"
+  std::string node;
+  std::string model_id;
+  std::vector<std::string> transports;
+  std::int32_t publisher_ranks = 0;  ///< publishers: how many ranks publish shards of the model
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_hello& x) {
+  return f(caf::meta::type_name("rank_hello"), x.token, x.rank, x.role, x.node, x.model_id,
+           x.transports, x.publisher_ranks);
+}
+
+/// Coordinator -> consumer: install this update (every shard) or drop it.
+struct update_available {
+  std::string key;                     ///< "<model_id>@<weight_version>"
+  std::vector<std::string> manifests;  ///< JSON, one per publisher shard
+  std::string received_from;           ///< the hop the bytes come from
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, update_available& x) {
+  return f(caf::meta::type_name("update_available"), x.key, x.manifests, x.received_from);
+}
+
+/// Consumer -> coordinator: progress on one update.
+struct rank_report {
+  std::string key;
+  std::int32_t rank = 0;
+  std::string state;  ///< "importing" | "acknowledged" | "rejected" | "released"
+  std::string reason;
+  std::uint64_t active_weight_version = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
+  return f(caf::meta::type_name("rank_report"), x.key, x.rank, x.state, x.reason,
+           x.active_weight_version);
+}
+
+}  // namespace wsync::proto
+
+CAF_BEGIN_TYPE_ID_BLOCK(wsync, caf::first_custom_type_id)
+CAF_ADD_TYPE_ID(wsync, (wsync::proto::rank_hello))
+CAF_ADD_TYPE_ID(wsync, (wsync::proto::update_available))
+CAF_ADD_TYPE_ID(wsync, (wsync::proto::rank_report))
+CAF_END_TYPE_ID_BLOCK(wsync)
+
+namespace wsync::proto {
+
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using publish_atom = caf::atom_constant<caf::atom("publish")>;
+using report_atom = caf::atom_constant<caf::atom("report")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using update_atom = caf::atom_constant<caf::atom("update")>;
+using drop_atom = caf::atom_constant<caf::atom("drop")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+/// The coordinator, published on the cluster port. Every request but status must come from a
+/// rank that joined with the token; everything else is refused and logged.
+using coordinator_actor = caf::typed_actor<
+    // A rank joins; the reply is "" or the refusal. The sender becomes that rank's endpoint.
+    caf::replies_to<join_atom, rank_hello>::with<std::string>,
+    // A publisher rank's shard (manifest JSON); the reply, once the update is committed or
+    // aborted, is the outcome as JSON (or {"error": ...}).
+    caf::replies_to<publish_atom, std::string>::with<std::string>,
+    // A consumer rank's progress.
+    caf::reacts_to<report_atom, rank_report>,
+    // The per-rank status table as JSON (DESIGN §11); needs the token.
+    caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>>;
+
+/// A consumer rank's endpoint.
+using consumer_actor = caf::typed_actor<caf::reacts_to<update_atom, update_available>,
+                                        caf::reacts_to<drop_atom, std::string>>;
+
+/// A publisher rank's endpoint: the trainer thread asks it to publish; the coordinator tells it
+/// when an update's memory may be reused.
+using publisher_actor = caf::typed_actor<
+    // (update key, update_id, manifest JSON) -> outcome JSON
+    caf::replies_to<publish_atom, std::string, std::string, std::string>::with<std::string>,
+    caf::reacts_to<release_atom, std::string>>;
+
+}  // namespace wsync::proto

@@ -1,0 +1,202 @@
+// A publisher (trainer) rank: publishes its shard of each version through the data plane,
+// hands the manifest to the coordinator, waits for the outcome, and gives slots back when the
+// coordinator says every consumer released them.
+
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "protocol.hpp"
+#include "runtime_support.hpp"
+#include "wsync/actors/node.hpp"
+#include "wsync/bench/layouts.hpp"
+#include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/log.hpp"
+#include "wsync/transports/registry.hpp"
+#include "wsync/transports/weight_publisher.hpp"
+
+namespace wsync {
+namespace {
+
+using namespace proto;
+using json = nlohmann::json;
+
+struct publisher_side {
+  std::unique_ptr<weight_publisher> publisher;
+  std::mutex mutex;
+  std::map<std::string, update_id> id_of;  ///< update key -> this rank's shard
+};
+
+publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
+                                              coordinator_actor coordinator,
+                                              std::shared_ptr<publisher_side> side,
+                                              rank_hello hello, std::chrono::milliseconds timeout) {
+  const std::int32_t rank = hello.rank;
+  self->request(coordinator, std::chrono::seconds(10), join_atom::value, hello)
+      .then(
+          [=](const std::string& refusal) {
+            if (refusal.empty()) return;
+            log_error("publisher rank " + std::to_string(rank) + ": " + refusal);
+            self->quit(caf::exit_reason::user_shutdown);
+          },
+          [=](caf::error& err) {
+            log_error("publisher rank " + std::to_string(rank) +
+                      ": join failed: " + self->system().render(err));
+            self->quit(err);
+          });
+  return {
+      [=](publish_atom, const std::string& key, const std::string& id,
+          const std::string& manifest) -> caf::result<std::string> {
+        {
+          std::lock_guard lock(side->mutex);
+          side->id_of[key] = id;
+        }
+        auto rp = self->make_response_promise<std::string>();
+        self->request(coordinator, timeout, publish_atom::value, manifest)
+            .then([=](const std::string& outcome) mutable { rp.deliver(outcome); },
+                  [=](caf::error& err) mutable {
+                    rp.deliver(json{
+                        {"error", "no outcome from the coordinator: " + self->system().render(err)}}
+                                   .dump());
+                  });
+        return rp;
+      },
+      [=](release_atom, const std::string& key) {
+        update_id id;
+        {
+          std::lock_guard lock(side->mutex);
+          auto it = side->id_of.find(key);
+          if (it == side->id_of.end()) return;
+          id = it->second;
+          side->id_of.erase(it);
+        }
+        (void)side->publisher->release(id);
+      },
+  };
+}
+
+// This rank's tensors (every `ranks`-th of the layout), with generated contents.
+struct shard_tensors {
+  std::vector<std::vector<std::byte>> storage;
+  std::vector<tensor_source> sources;
+};
+
+result<shard_tensors> make_shard(const publisher_options& o) {
+  std::optional<model_layout> layout;
+  if (o.layout.rfind("synthetic:", 0) == 0) {
+    unsigned long long bytes = 0, count = 0;
+    if (std::sscanf(o.layout.c_str(), "synthetic:%llu:%llu", &bytes, &count) != 2) {
+      return make_error(errc::invalid_argument,
+                        "layout: expected synthetic:<bytes>:<tensors>, got " + o.layout);
+    }
+    layout = layout_synthetic(bytes, count);
+  } else {
+    layout = layout_find(o.layout);
+  }
+  if (!layout) return make_error(errc::invalid_argument, "layout: unknown \"" + o.layout + "\"");
+  shard_tensors s;
+  std::uint64_t x = 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(o.rank);
+  for (std::size_t i = 0; i < layout->tensors.size(); ++i) {
+    if (static_cast<std::int32_t>(i % static_cast<std::size_t>(o.ranks)) != o.rank) continue;
+    const auto& t = layout->tensors[i];
+    auto& b = s.storage.emplace_back(t.nbytes());
+    for (std::size_t k = 0; k + 8 <= b.size(); k += 8) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::memcpy(b.data() + k, &x, 8);
+    }
+    s.sources.push_back({t.name, t.dtype, t.shape, {}, b.data(), b.size()});
+  }
+  if (s.sources.empty()) {
+    return make_error(errc::invalid_argument, "layout: no tensor falls to rank " +
+                                                  std::to_string(o.rank) + " of " +
+                                                  std::to_string(o.ranks));
+  }
+  return s;
+}
+
+}  // namespace
+
+int publisher_run(const publisher_options& o) {
+  cluster_system sys(o.heartbeat);
+  auto shard = make_shard(o);
+  if (!shard) return log_error(shard.error().message), 1;
+  auto t = make_transport("shared-memory");
+  if (!t) return log_error(t.error().message), 1;
+  auto pt = (*t)->make_publisher();
+  if (!pt) return log_error(pt.error().message), 1;
+  publisher_config cfg;
+  cfg.model_id = o.model_id.empty() ? o.layout : o.model_id;
+  cfg.source_rank = o.rank;
+  cfg.release_when_answered = false;  // the coordinator says when
+  cfg.slot_wait = o.outcome_timeout;
+  auto side = std::make_shared<publisher_side>();
+  side->publisher = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
+
+  auto coordinator =
+      sys.get().middleman().remote_actor<coordinator_actor>(o.coordinator.host, o.coordinator.port);
+  if (!coordinator) {
+    log_error("publisher rank " + std::to_string(o.rank) + ": cannot reach the coordinator at " +
+              o.coordinator.host + ":" + std::to_string(o.coordinator.port) + ": " +
+              sys.get().render(coordinator.error()));
+    return 1;
+  }
+  rank_hello hello{o.coordinator.token, o.rank, "publisher", o.node, cfg.model_id,
+                   {"shared-memory"},   o.ranks};
+  auto endpoint = sys.get().spawn(publisher_impl, *coordinator, side, hello, o.outcome_timeout);
+  caf::scoped_actor self{sys.get()};
+  int code = 0;
+  for (std::uint64_t v = 1; v <= o.versions && code == 0; ++v) {
+    if (stop_requested()) break;
+    auto m = side->publisher->publish(shard->sources, v, {}, {{"rank", std::to_string(o.rank)}});
+    if (!m) {
+      log_error(m.error().message);
+      code = 1;
+      break;
+    }
+    auto key = m->model_id + "@" + std::to_string(v);
+    self->request(endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value, key,
+                  m->update_id, manifest_to_json(*m))
+        .receive(
+            [&](const std::string& outcome) {
+              auto j = json::parse(outcome, nullptr, false);
+              if (j.is_discarded() || j.contains("error")) {
+                log_error("publisher rank " + std::to_string(o.rank) + " version " +
+                          std::to_string(v) + ": " + outcome);
+                code = 1;
+              } else if (o.json) {
+                std::cout << outcome << std::endl;
+              } else {
+                log_info("publisher rank " + std::to_string(o.rank) + ": " + key + " " +
+                         j.value("phase", std::string("?")));
+              }
+              if (j.is_object() && j.value("phase", std::string()) == "aborted") code = 1;
+            },
+            [&](caf::error& err) {
+              log_error("publisher rank " + std::to_string(o.rank) + ": " + sys.get().render(err));
+              code = 1;
+            });
+    if (o.interval.count() > 0) std::this_thread::sleep_for(o.interval);
+  }
+  caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+  return code;
+}
+
+std::string coordinator_status(const endpoint& coordinator, std::string& error) {
+  cluster_system sys(std::chrono::milliseconds(200));
+  auto c =
+      sys.get().middleman().remote_actor<coordinator_actor>(coordinator.host, coordinator.port);
+  if (!c) {
+    error = "cannot reach the coordinator at " + coordinator.host + ":" +
+            std::to_string(coordinator.port) + ": " + sys.get().render(c.error());
+    return {};
+  }
+  caf::scoped_actor self{sys.get()};
+  std::string out;
+  self->request(*c, std::chrono::seconds(5), status_atom::value, coordinator.token)
+      .receive([&](const std::string& s) { out = s; },
+               [&](caf::error& err) { error = sys.get().render(err); });
+  return out;
+}
+
+}  // namespace wsync

@@ -1,0 +1,78 @@
+#pragma once
+// What every cluster process needs around CAF: one actor system configured the same way
+// (message types, networking, heartbeats on at both ends), and signal handling.
+
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+
+#include "protocol.hpp"
+
+namespace wsync {
+
+/// Blocks SIGINT and SIGTERM in this thread (and every thread started after), so that
+/// wait_for_signal() / stop_requested() see them instead of the default action.
+inline void block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+/// Waits until SIGINT or SIGTERM arrives.
+inline void wait_for_signal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+
+/// True once SIGINT or SIGTERM is pending (consumed).
+inline bool stop_requested() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  timespec zero{0, 0};
+  return sigtimedwait(&set, nullptr, &zero) > 0;
+}
+
+/// Runs until SIGINT/SIGTERM (returns 0) or until `endpoint` terminates on its own (returns 1:
+/// it logged why), then stops the endpoint.
+inline int run_until_stopped(caf::actor_system& sys, const caf::actor& endpoint) {
+  caf::scoped_actor self{sys};
+  self->monitor(endpoint);
+  bool ended = false;
+  while (!ended && !stop_requested()) {
+    self->receive([&](caf::down_msg&) { ended = true; },
+                  caf::after(std::chrono::milliseconds(100)) >> [] {});
+  }
+  if (!ended) caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+  return ended ? 1 : 0;
+}
+
+/// The actor system of a cluster process. CAF 0.17 detects a frozen peer only with heartbeats
+/// on at both ends, so every process turns them on (notes/caf-0.17.md).
+class cluster_system {
+ public:
+  explicit cluster_system(std::chrono::milliseconds heartbeat) {
+    block_stop_signals();
+    cfg_.add_message_types<caf::id_block::wsync>();
+    cfg_.load<caf::io::middleman>();
+    cfg_.set("middleman.heartbeat-interval", caf::timespan{heartbeat});
+    cfg_.set("middleman.connection-timeout", caf::timespan{heartbeat * 5});
+    cfg_.set("logger.console", caf::atom("none"));
+    sys_ = std::make_unique<caf::actor_system>(cfg_);
+  }
+  caf::actor_system& get() { return *sys_; }
+
+ private:
+  caf::actor_system_config cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,32 @@
+# Debian's libcaf-dev (0.17) ships no CMake package and no pkg-config file: find the headers and
+# the core and io libraries, check the version, and define CAF::core and CAF::io.
+find_path(CAF_INCLUDE_DIR caf/all.hpp)
+find_library(CAF_CORE_LIBRARY caf_core)
+find_library(CAF_IO_LIBRARY caf_io)
+if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
+  file(STRINGS "${CAF_INCLUDE_DIR}/caf/config.hpp" caf_version_line
+       REGEX "^#define CAF_VERSION [0-9]+")
+  string(REGEX REPLACE ".*CAF_VERSION ([0-9]+).*" "\\1" caf_version_number "${caf_version_line}")
+  math(EXPR caf_major "${caf_version_number} / 10000")
+  math(EXPR caf_minor "(${caf_version_number} / 100) % 100")
+  math(EXPR caf_patch "${caf_version_number} % 100")
+  set(CAF_VERSION "${caf_major}.${caf_minor}.${caf_patch}")
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(CAF REQUIRED_VARS CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY
+                                  VERSION_VAR CAF_VERSION)
+if(CAF_FOUND)
+  if(NOT caf_major EQUAL 0 OR NOT caf_minor EQUAL 17)
+    message(FATAL_ERROR "wsync needs CAF 0.17 (Debian 12's libcaf-dev), found ${CAF_VERSION}")
+  endif()
+endif()
+if(CAF_FOUND AND NOT TARGET CAF::core)
+  find_package(Threads REQUIRED)
+  add_library(CAF::core UNKNOWN IMPORTED)
+  set_target_properties(CAF::core PROPERTIES IMPORTED_LOCATION "${CAF_CORE_LIBRARY}"
+                        INTERFACE_INCLUDE_DIRECTORIES "${CAF_INCLUDE_DIR}"
+                        INTERFACE_LINK_LIBRARIES Threads::Threads)
+  add_library(CAF::io UNKNOWN IMPORTED)
+  set_target_properties(CAF::io PROPERTIES IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
+                        INTERFACE_LINK_LIBRARIES CAF::core)
+endif()
