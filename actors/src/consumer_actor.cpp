@@ -117,10 +117,13 @@ int consumer_run(const consumer_options& options) {
               sys.get().render(coordinator.error()));
     return 1;
   }
-  // Installing is blocking CPU work: the endpoint gets a thread of its own.
+  // Installing is blocking CPU work, but this process runs nothing else on the scheduler, and
+  // networking (heartbeats included) has the middleman's own thread. A detached actor here
+  // made ~actor_system wait forever when the coordinator died first (CAF 0.17 keeps a
+  // reference to an actor whose handle went to a dead node).
   rank_hello hello{options.coordinator.token, options.rank,     "consumer", options.node,
                    options.model_id,          {"shared-memory"}};
-  auto endpoint = sys.get().spawn<caf::detached>(consumer_impl, *coordinator, side, hello);
+  auto endpoint = sys.get().spawn(consumer_impl, *coordinator, side, hello);
   return run_until_stopped(sys.get(), caf::actor_cast<caf::actor>(endpoint));
 }
 

@@ -51,7 +51,14 @@ inline int run_until_stopped(caf::actor_system& sys, const caf::actor& endpoint)
     self->receive([&](caf::down_msg&) { ended = true; },
                   caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
-  if (!ended) caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+  if (!ended) {
+    caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+    self->receive([&](caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
+  }
+  // An actor whose handle went to a remote node stays in the registry until that node says it
+  // dropped it; a peer that died first never does, and ~actor_system would wait for the
+  // endpoint's thread forever.
+  sys.registry().erase(endpoint.id());
   return ended ? 1 : 0;
 }
 

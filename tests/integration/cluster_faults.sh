@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Fault tests on a loopback cluster of real processes: a peer with a wrong token, a consumer
+# killed with SIGKILL, a publisher killed with SIGKILL, a frozen (SIGSTOP) consumer. Each asserts
+# the outcome the design promises and that no process or /dev/shm segment is left behind.
+set -uo pipefail
+wsync="$1"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "cluster_faults: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+export WSYNC_TOKEN=right-token
+layout=synthetic:4194304:8
+
+start_coordinator() {
+  rm -f "$work/port"
+  "$wsync" coordinator --port 0 --port-file "$work/port" --update-deadline-ms "${1:-20000}" \
+    >"$work/coordinator.log" 2>&1 &
+  coord=$!
+  pids+=("$coord")
+  for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
+  [ -s "$work/port" ] || fail "coordinator did not start"
+  addr="127.0.0.1:$(cat "$work/port")"
+}
+start_consumer() {  # rank
+  "$wsync" consumer --coordinator "$addr" --rank "$1" --model "$layout" \
+    >"$work/consumer$1.log" 2>&1 &
+  pids+=("$!")
+  eval "consumer$1=$!"
+}
+status() { "$wsync" status --coordinator "$addr"; }
+wait_consumers() {  # count
+  for _ in $(seq 200); do
+    [ "$(status | grep -o '"role":"consumer"' | wc -l)" -ge "$1" ] && return 0
+    sleep 0.05
+  done
+  fail "fewer than $1 consumers joined"
+}
+stop_all() {
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+    if kill -0 "$p" 2>/dev/null; then gdb -p "$p" -batch -ex "thread apply all bt" >"$work/stuck.bt" 2>&1; cp "$work/stuck.bt" /tmp/stuck.bt; fail "pid $p did not stop on SIGTERM"; fi
+  done
+  wait 2>/dev/null
+  for p in "${pids[@]}"; do
+    ls /dev/shm | grep -q "^wsync-$p-" && fail "segment of pid $p left in /dev/shm"
+  done
+  pids=()
+}
+
+# 1. A peer with a wrong token is refused and changes nothing.
+start_coordinator
+WSYNC_TOKEN=wrong "$wsync" consumer --coordinator "$addr" --rank 9 --model "$layout" \
+  >"$work/intruder.log" 2>&1 &
+intruder=$!
+pids+=("$intruder")
+for _ in $(seq 200); do kill -0 "$intruder" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$intruder" 2>/dev/null && fail "a consumer with a wrong token kept running"
+grep -q "token" "$work/intruder.log" || fail "the refused consumer does not say why"
+grep -q "refused rank 9: wrong cluster token" "$work/coordinator.log" || fail "refusal not logged"
+status | grep -q '"rank":9' && fail "the intruder shows up in status"
+WSYNC_TOKEN=wrong "$wsync" status --coordinator "$addr" | grep -q error || fail "status without token"
+stop_all
+echo "cluster_faults: wrong token refused"
+
+# 2. A consumer killed with SIGKILL mid-update: failed for its in-flight update, the others
+#    commit. Freezing it first makes "mid-update" deterministic: the update reaches it, then it dies.
+start_coordinator
+for r in 0 1 2; do start_consumer $r; done
+wait_consumers 3
+kill -STOP "$consumer1"
+"$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 3 --json \
+  >"$work/publisher.log" 2>&1 &
+publisher=$!
+pids+=("$publisher")
+sleep 0.3
+kill -KILL "$consumer1"
+wait "$publisher" || fail "publisher failed after a consumer died"
+head -n 1 "$work/publisher.log" | grep -q '"rank":1,"reason":"down[^"]*","received_from":"[^"]*","state":"failed"' ||
+  fail "version 1 does not list the dead consumer as failed"
+tail -n 1 "$work/publisher.log" | grep -q '"phase":"committed"' || fail "last version not committed"
+s=$(status)
+for r in 0 2; do
+  grep -q "\"active_weight_version\":3,\"node\":\"n0\",\"rank\":$r" <<<"$s" ||
+    fail "consumer $r is not on version 3: $s"
+done
+stop_all
+echo "cluster_faults: killed consumer failed, others committed"
+
+# 3. A publisher killed with SIGKILL mid-update: the update aborts, consumers keep their version.
+start_coordinator
+for r in 0 1; do start_consumer $r; done
+wait_consumers 2
+"$wsync" publisher --coordinator "$addr" --rank 0 --ranks 2 --layout "$layout" --versions 3 \
+  --json >"$work/p0.log" 2>&1 &
+p0=$!
+"$wsync" publisher --coordinator "$addr" --rank 1 --ranks 2 --layout "$layout" --versions 1 \
+  --json >"$work/p1.log" 2>&1 &
+p1=$!
+pids+=("$p0" "$p1")
+wait "$p1" || fail "publisher 1 failed on version 1"
+# Publisher 1 is gone after version 1; kill -9 is what a crash looks like to the others.
+for _ in $(seq 200); do grep -q '"weight_version":1' "$work/p0.log" && break; sleep 0.05; done
+wait "$p0" && fail "publisher 0 reported success for a version whose other shard never came"
+grep -q '"phase":"aborted"' "$work/p0.log" || fail "version 2 was not aborted: $(cat "$work/p0.log")"
+s=$(status)
+[ "$(grep -o '"active_weight_version":1,' <<<"$s" | wc -l)" -eq 2 ] ||
+  fail "consumers did not keep version 1: $s"
+stop_all
+echo "cluster_faults: dead publisher aborted its update, consumers kept their version"
+
+# 4. A frozen consumer (SIGSTOP) is detected by heartbeats and failed; the others commit.
+start_coordinator 20000
+for r in 0 1; do start_consumer $r; done
+wait_consumers 2
+kill -STOP "$consumer1"
+start=$(date +%s%N)
+"$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 1 --json \
+  >"$work/publisher.log" 2>&1 || fail "publisher failed with a frozen consumer"
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+grep -q '"state":"failed"' "$work/publisher.log" || fail "frozen consumer not failed"
+[ "$elapsed_ms" -lt 15000 ] || fail "frozen consumer took ${elapsed_ms} ms to detect"
+stop_all
+echo "cluster_faults: frozen consumer failed after ${elapsed_ms} ms"
+echo "cluster_faults: pass"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# `wsync demo --json`: every consumer acknowledges every version; the last line is the DESIGN §11
+# object with status pass; no process and no /dev/shm segment is left behind.
+set -uo pipefail
+wsync="$1"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+fail() { echo "demo: $*"; tail -n 30 "$out"; exit 1; }
+"$wsync" demo --json --layout synthetic:16777216:24 --versions 5 >"$out" 2>&1 || fail "exit $?"
+last=$(tail -n 1 "$out")
+for field in '"status":"pass"' '"versions":5' '"committed_version":5' '"ranks":['; do
+  case "$last" in *"$field"*) ;; *) fail "missing $field" ;; esac
+done
+acked=$(grep -o '"active_weight_version":5,[^}]*"role":"consumer","state":"acknowledged"' <<<"$last" | wc -l)
+[ "$acked" -eq 4 ] || fail "expected 4 consumers acknowledged at version 5, got $acked"
+if pgrep -f "wsync (coordinator|consumer|publisher)" >/dev/null; then
+  sleep 1
+  pgrep -af "wsync (coordinator|consumer|publisher)" && fail "processes left behind"
+fi
+echo "demo: pass"
