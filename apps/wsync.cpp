@@ -149,6 +149,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pub->add_option("--model", pub_opt.model_id, "model id (default: the layout name)");
   pub->add_option("--versions", pub_opt.versions, "versions to publish")->capture_default_str();
+  pub->add_option("--first-version", pub_opt.first_version, "weight_version of the first one")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 62))
+      ->capture_default_str();
   pub->add_option("--interval-ms", interval_ms, "pause between versions")->capture_default_str();
   pub->add_flag("--json", pub_opt.json, "print each outcome as one JSON line");
   pub->add_option("--token", pub_opt.coordinator.token, token_help);

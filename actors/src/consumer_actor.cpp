@@ -28,32 +28,53 @@ struct rollout_side {
         executor(consumer, runtime, runtime.gate(), executor_config{verify}) {}
 };
 
-consumer_actor::behavior_type consumer_impl(consumer_actor::pointer self,
-                                            coordinator_actor coordinator,
-                                            std::shared_ptr<rollout_side> side, rank_hello hello) {
+struct consumer_state {
+  coordinator_actor coordinator;
+  std::chrono::milliseconds backoff{200};
+};
+
+using consumer_pointer = consumer_actor::pointer;
+
+// Joins (or re-joins) the current coordinator, telling it the version this rank serves.
+void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello hello,
+          std::shared_ptr<rollout_side> side) {
   const std::int32_t rank = hello.rank;
-  // The join comes from this actor: the coordinator sends updates to whoever joined.
-  self->request(coordinator, std::chrono::seconds(10), join_atom::value, hello)
+  hello.active_weight_version = side->runtime.active_version();
+  self->monitor(st->coordinator);
+  self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(
           [=](const std::string& refusal) {
-            if (refusal.empty()) return;
+            if (refusal.empty()) {
+              st->backoff = std::chrono::milliseconds(200);
+              return;
+            }
             log_error("consumer rank " + std::to_string(rank) + ": " + refusal);
             self->quit(caf::exit_reason::user_shutdown);
           },
           [=](caf::error& err) {
-            log_error("consumer rank " + std::to_string(rank) +
-                      ": join failed: " + self->system().render(err));
-            self->quit(err);
+            log_warn("consumer rank " + std::to_string(rank) +
+                     ": join failed: " + self->system().render(err));
+            self->delayed_send(self, st->backoff, reconnect_atom::value);
           });
-  self->monitor(coordinator);
-  self->set_down_handler([=](caf::down_msg&) {
-    // Keep serving the active version; a restarted coordinator is not rejoined yet.
+}
+
+consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_actor coordinator,
+                                            std::shared_ptr<rollout_side> side, rank_hello hello,
+                                            endpoint where) {
+  const std::int32_t rank = hello.rank;
+  auto st = std::make_shared<consumer_state>();
+  st->coordinator = coordinator;
+  join(self, st, hello, side);
+  self->set_down_handler([=](caf::down_msg& msg) {
+    if (msg.source != st->coordinator.address()) return;
+    // Keep serving the active version and look for a restarted coordinator, with backoff.
     log_warn("consumer rank " + std::to_string(rank) +
              ": coordinator went away; serving active version " +
-             std::to_string(side->runtime.active_version()));
+             std::to_string(side->runtime.active_version()) + ", reconnecting");
+    self->delayed_send(self, st->backoff, reconnect_atom::value);
   });
   auto report = [=](const std::string& key, const std::string& state, std::string reason) {
-    self->send(coordinator, report_atom::value,
+    self->send(st->coordinator, report_atom::value,
                rank_report{key, rank, state, std::move(reason), side->runtime.active_version()});
   };
   return {
@@ -87,6 +108,23 @@ consumer_actor::behavior_type consumer_impl(consumer_actor::pointer self,
           report(msg.key, "rejected", r.failure ? r.failure->message : "unknown failure");
           if (r.released_self) report(msg.key, "released", "");
         }
+      },
+      [=](reconnect_atom) {
+        st->backoff = std::min(st->backoff * 2, std::chrono::milliseconds(5000));
+        auto mm = self->system().middleman().actor_handle();
+        self->request(mm, std::chrono::seconds(5), caf::connect_atom::value, where.host, where.port)
+            .then(
+                [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+                  if (!ptr) {
+                    self->delayed_send(self, st->backoff, reconnect_atom::value);
+                    return;
+                  }
+                  st->coordinator = caf::actor_cast<coordinator_actor>(ptr);
+                  log_info("consumer rank " + std::to_string(rank) +
+                           ": reconnected to the coordinator");
+                  join(self, st, hello, side);
+                },
+                [=](caf::error&) { self->delayed_send(self, st->backoff, reconnect_atom::value); });
       },
       [=](drop_atom, const std::string& key) {
         // Updates run to completion inside update_atom, so an aborted one is either already
@@ -123,8 +161,8 @@ int consumer_run(const consumer_options& options) {
   // reference to an actor whose handle went to a dead node).
   rank_hello hello{options.coordinator.token, options.rank,     "consumer", options.node,
                    options.model_id,          {"shared-memory"}};
-  auto endpoint = sys.get().spawn(consumer_impl, *coordinator, side, hello);
-  return run_until_stopped(sys.get(), caf::actor_cast<caf::actor>(endpoint));
+  auto actor = sys.get().spawn(consumer_impl, *coordinator, side, hello, options.coordinator);
+  return run_until_stopped(sys.get(), caf::actor_cast<caf::actor>(actor));
 }
 
 }  // namespace wsync

@@ -202,7 +202,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
         if (role == rank_role::consumer) {
           st.consumers[hello.rank] = caf::actor_cast<consumer_actor>(sender);
-          st.active_version[hello.rank] = 0;
+          st.active_version[hello.rank] = hello.active_weight_version;
         } else {
           st.publishers[hello.rank] = caf::actor_cast<publisher_actor>(sender);
         }

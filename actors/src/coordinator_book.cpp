@@ -88,6 +88,10 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
   if (info.role == rank_role::publisher && info.publisher_ranks > 0) {
     publisher_ranks_[info.model_id] = info.publisher_ranks;
   }
+  if (info.role == rank_role::consumer && info.active_weight_version > 0) {
+    auto& hv = highest_version_[info.model_id];
+    hv = std::max(hv, info.active_weight_version);
+  }
   if (info.role == rank_role::consumer) {
     // Catch-up: the newest committed version, as a fresh entry in that update's table.
     if (auto* latest = latest_committed_mutable(info.model_id)) {

@@ -22,11 +22,13 @@ struct rank_hello {
   std::string model_id;
   std::vector<std::string> transports;
   std::int32_t publisher_ranks = 0;  ///< publishers: how many ranks publish shards of the model
+  /// consumers: the version it serves (a restarted coordinator learns versions from this)
+  std::uint64_t active_weight_version = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_hello& x) {
   return f(caf::meta::type_name("rank_hello"), x.token, x.rank, x.role, x.node, x.model_id,
-           x.transports, x.publisher_ranks);
+           x.transports, x.publisher_ranks, x.active_weight_version);
 }
 
 /// Coordinator -> consumer: install this update (every shard) or drop it.
@@ -72,6 +74,7 @@ using update_atom = caf::atom_constant<caf::atom("update")>;
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
 
 /// The coordinator, published on the cluster port. Every request but status must come from a
 /// rank that joined with the token; everything else is refused and logged.
@@ -87,8 +90,9 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>>;
 
 /// A consumer rank's endpoint.
-using consumer_actor = caf::typed_actor<caf::reacts_to<update_atom, update_available>,
-                                        caf::reacts_to<drop_atom, std::string>>;
+using consumer_actor =
+    caf::typed_actor<caf::reacts_to<update_atom, update_available>,
+                     caf::reacts_to<drop_atom, std::string>, caf::reacts_to<reconnect_atom>>;
 
 /// A publisher rank's endpoint: the trainer thread asks it to publish; the coordinator tells it
 /// when an update's memory may be reused.

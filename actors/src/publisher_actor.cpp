@@ -45,6 +45,14 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
                       ": join failed: " + self->system().render(err));
             self->quit(err);
           });
+  // CAF 0.17 does not fail a request when its peer dies: fail pending publishes ourselves.
+  auto pending = std::make_shared<std::vector<caf::typed_response_promise<std::string>>>();
+  self->monitor(coordinator);
+  self->set_down_handler([=](caf::down_msg& msg) {
+    auto why = json{{"error", "the coordinator went away: " + self->system().render(msg.reason)}};
+    for (auto& rp : *pending) rp.deliver(why.dump());
+    pending->clear();
+  });
   return {
       [=](publish_atom, const std::string& key, const std::string& id,
           const std::string& manifest) -> caf::result<std::string> {
@@ -53,6 +61,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
           side->id_of[key] = id;
         }
         auto rp = self->make_response_promise<std::string>();
+        pending->push_back(rp);
         self->request(coordinator, timeout, publish_atom::value, manifest)
             .then([=](const std::string& outcome) mutable { rp.deliver(outcome); },
                   [=](caf::error& err) mutable {
@@ -146,7 +155,7 @@ int publisher_run(const publisher_options& o) {
   auto endpoint = sys.get().spawn(publisher_impl, *coordinator, side, hello, o.outcome_timeout);
   caf::scoped_actor self{sys.get()};
   int code = 0;
-  for (std::uint64_t v = 1; v <= o.versions && code == 0; ++v) {
+  for (std::uint64_t v = o.first_version; v < o.first_version + o.versions && code == 0; ++v) {
     if (stop_requested()) break;
     auto m = side->publisher->publish(shard->sources, v, {}, {{"rank", std::to_string(o.rank)}});
     if (!m) {

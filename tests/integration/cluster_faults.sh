@@ -127,4 +127,29 @@ grep -q '"state":"failed"' "$work/publisher.log" || fail "frozen consumer not fa
 [ "$elapsed_ms" -lt 15000 ] || fail "frozen consumer took ${elapsed_ms} ms to detect"
 stop_all
 echo "cluster_faults: frozen consumer failed after ${elapsed_ms} ms"
+# 5. The coordinator dies and restarts on the same port: consumers keep serving, reconnect with
+#    backoff and re-register; versions stay monotonic because they report what they serve.
+start_coordinator
+port=$(cat "$work/port")
+for r in 0 1; do start_consumer $r; done
+wait_consumers 2
+"$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 2 >"$work/publisher.log" 2>&1 ||
+  fail "publisher failed before the restart"
+kill -KILL "$coord"
+"$wsync" coordinator --port "$port" --port-file "$work/port2" >"$work/coordinator2.log" 2>&1 &
+pids+=("$!")
+wait_consumers 2
+s=$(status)
+[ "$(grep -o '"active_weight_version":2,' <<<"$s" | wc -l)" -eq 2 ] ||
+  fail "consumers did not keep serving version 2 across the restart: $s"
+"$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 1 --json \
+  >"$work/stale.log" 2>&1 && fail "version 1 accepted after the restart"
+grep -q "weight_version must increase monotonically" "$work/stale.log" ||
+  fail "stale version not refused as non-monotonic: $(cat "$work/stale.log")"
+"$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --first-version 3 \
+  --versions 1 >"$work/publisher.log" 2>&1 || fail "version 3 failed after the restart"
+s=$(status)
+[ "$(grep -o '"active_weight_version":3,' <<<"$s" | wc -l)" -eq 2 ] || fail "not on version 3: $s"
+stop_all
+echo "cluster_faults: coordinator restart: consumers rejoined, versions stayed monotonic"
 echo "cluster_faults: pass"

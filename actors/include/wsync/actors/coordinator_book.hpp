@@ -35,6 +35,9 @@ struct rank_info {
   /// complete when all n shards arrived, even from ranks that join late. 0: the publishers
   /// joined when the version's first shard arrives.
   std::int32_t publisher_ranks = 0;
+  /// Consumers: the version the rank serves. A coordinator that restarted learns from it that
+  /// versions up to this one were already used, so versions stay monotonic across restarts.
+  std::uint64_t active_weight_version = 0;
 };
 
 /// A consumer rank's progress on one update (DESIGN §1.7).

@@ -40,7 +40,8 @@ struct publisher_options {
   std::string node = "n0";
   std::string layout = "qwen2.5-0.5b";  ///< model layout, or "synthetic:<bytes>:<tensors>"
   std::string model_id;                 ///< empty: the layout name
-  std::uint64_t versions = 5;
+  std::uint64_t first_version = 1;
+  std::uint64_t versions = 5;  ///< publishes first_version .. first_version + versions - 1
   std::chrono::milliseconds interval{0};
   std::chrono::milliseconds outcome_timeout{60000};
   std::chrono::milliseconds heartbeat{200};
