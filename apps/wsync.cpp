@@ -9,6 +9,7 @@
 #include "wsync/actors/node.hpp"
 #include "wsync/bench/bench.hpp"
 #include "wsync/bench/layouts.hpp"
+#include "wsync/cluster/cluster_bench.hpp"
 #include "wsync/cluster/demo.hpp"
 #include "wsync/transports/registry.hpp"
 
@@ -20,7 +21,8 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
-void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify) {
+void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
+               std::vector<int>& consumers) {
   auto* bench = app.add_subcommand(
       "bench",
       "Time one weight update end to end (publish, import, verify, install, ack, release) and "
@@ -29,8 +31,9 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify) {
   bench
       ->add_option("--mode", opt.mode,
                    "local: publisher and consumer in one process over local-clone; "
-                   "shared-memory: the consumer is a separate process importing zero-copy")
-      ->check(CLI::IsMember({"local", "shared-memory"}))
+                   "shared-memory: the consumer is a separate process importing zero-copy; "
+                   "cluster: control-plane overhead per update for each --consumers count")
+      ->check(CLI::IsMember({"local", "shared-memory", "cluster"}))
       ->capture_default_str();
   bench->add_flag("--smoke", opt.smoke,
                   "quick run for tests: 8 MiB in 16 tensors (unless --layout/--bytes), at most "
@@ -57,6 +60,12 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify) {
                    "threads that copy and checksum tensors into the segments")
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
+  bench
+      ->add_option("--consumers", consumers,
+                   "cluster mode: consumer rank counts to measure, e.g. 1,8,64 (the 1-rank "
+                   "baseline is always measured)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
   bench
       ->add_option("--slots", opt.slots,
                    "shared-memory ring size (at least 2: the active version and the incoming one)")
@@ -95,7 +104,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   wsync::bench_options bench_opt;
   std::string verify = "on";
-  add_bench(app, bench_opt, verify);
+  std::vector<int> bench_consumers = {1, 8, 64};
+  add_bench(app, bench_opt, verify, bench_consumers);
 
   const std::string token_help =
       "cluster token (default: $WSYNC_TOKEN); ranks without it are refused";
@@ -124,7 +134,10 @@ int main(int argc, char** argv) {
       "Run a consumer (rollout) rank with the reference runtime: imports, verifies, "
       "installs and acknowledges every update the coordinator sends.");
   cons->add_option("--coordinator", cons_coord, "coordinator host:port")->required();
-  cons->add_option("--rank", cons_opt.rank, "consumer rank")->required();
+  cons->add_option("--rank", cons_opt.rank, "consumer rank (the first, with --count)")->required();
+  cons->add_option("--count", cons_opt.count, "consumer ranks to run in this process")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cons->add_option("--node", cons_opt.node, "node name shown in status")->capture_default_str();
   cons->add_option("--model", cons_opt.model_id, "model id to follow")->required();
   cons->add_option("--token", cons_opt.coordinator.token, token_help);
@@ -239,6 +252,13 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("demo")) return wsync::demo_run(demo_opt, std::cout);
 
+  if (app.got_subcommand("bench") && bench_opt.mode == "cluster") {
+    wsync::cluster_bench_options cb;
+    cb.consumers = bench_consumers;
+    cb.repeat = bench_opt.smoke ? 3 : bench_opt.repeat;
+    if (!bench_opt.layout.empty()) cb.layout = bench_opt.layout;
+    return wsync::cluster_bench_run(cb, std::cout);
+  }
   if (app.got_subcommand("bench")) {
     bench_opt.verify = verify == "on";
     return wsync::bench_run(bench_opt, std::cout);

@@ -73,9 +73,11 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
              std::to_string(side->runtime.active_version()) + ", reconnecting");
     self->delayed_send(self, st->backoff, reconnect_atom::value);
   });
-  auto report = [=](const std::string& key, const std::string& state, std::string reason) {
-    self->send(st->coordinator, report_atom::value,
-               rank_report{key, rank, state, std::move(reason), side->runtime.active_version()});
+  auto report = [=](const std::string& key, const std::string& state, std::string reason,
+                    double seconds = 0) {
+    self->send(
+        st->coordinator, report_atom::value,
+        rank_report{key, rank, state, std::move(reason), side->runtime.active_version(), seconds});
   };
   return {
       [=](update_atom, const update_available& msg) {
@@ -102,10 +104,11 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
         for (const auto& key : released_keys) report(key, "released", "");
         if (r.acknowledged) {
           for (const auto& id : r.shard_ids) side->key_of[id] = msg.key;
-          report(msg.key, "acknowledged", "");
+          report(msg.key, "acknowledged", "", r.timings.total);
           if (r.released_self) report(msg.key, "released", "");
         } else {
-          report(msg.key, "rejected", r.failure ? r.failure->message : "unknown failure");
+          report(msg.key, "rejected", r.failure ? r.failure->message : "unknown failure",
+                 r.timings.total);
           if (r.released_self) report(msg.key, "released", "");
         }
       },
@@ -140,12 +143,6 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
 
 int consumer_run(const consumer_options& options) {
   cluster_system sys(options.heartbeat);
-  auto t = make_transport("shared-memory");
-  if (!t) return log_error(t.error().message), 1;
-  auto c = (*t)->make_consumer();
-  if (!c) return log_error(c.error().message), 1;
-  auto side = std::make_shared<rollout_side>(std::move(*c), options.rank, options.verify);
-
   auto coordinator = sys.get().middleman().remote_actor<coordinator_actor>(
       options.coordinator.host, options.coordinator.port);
   if (!coordinator) {
@@ -159,10 +156,19 @@ int consumer_run(const consumer_options& options) {
   // networking (heartbeats included) has the middleman's own thread. A detached actor here
   // made ~actor_system wait forever when the coordinator died first (CAF 0.17 keeps a
   // reference to an actor whose handle went to a dead node).
-  rank_hello hello{options.coordinator.token, options.rank,     "consumer", options.node,
-                   options.model_id,          {"shared-memory"}};
-  auto actor = sys.get().spawn(consumer_impl, *coordinator, side, hello, options.coordinator);
-  return run_until_stopped(sys.get(), caf::actor_cast<caf::actor>(actor));
+  std::vector<caf::actor> endpoints;
+  for (std::int32_t k = 0; k < options.count; ++k) {
+    auto t = make_transport("shared-memory");
+    if (!t) return log_error(t.error().message), 1;
+    auto c = (*t)->make_consumer();
+    if (!c) return log_error(c.error().message), 1;
+    auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
+    rank_hello hello{options.coordinator.token, options.rank + k, "consumer", options.node,
+                     options.model_id,          {"shared-memory"}};
+    endpoints.push_back(caf::actor_cast<caf::actor>(
+        sys.get().spawn(consumer_impl, *coordinator, side, hello, options.coordinator)));
+  }
+  return run_until_stopped(sys.get(), endpoints);
 }
 
 }  // namespace wsync

@@ -46,7 +46,8 @@ json outcome_json(const update_record& u) {
                      {"state", rank_state_name(p.state)},
                      {"acknowledged", p.acknowledged},
                      {"reason", p.reason},
-                     {"received_from", p.received_from}});
+                     {"received_from", p.received_from},
+                     {"data_s", p.data_s}});
   }
   double commit_s =
       u.finished ? std::chrono::duration<double>(*u.finished - u.created).count() : 0.0;
@@ -251,7 +252,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           effects = book.importing(r.key, r.rank, r.reason, now);
         } else if (r.state == "acknowledged") {
           self->state.active_version[r.rank] = r.active_weight_version;
-          effects = book.acknowledged(r.key, r.rank, now);
+          effects = book.acknowledged(r.key, r.rank, now, r.seconds);
         } else if (r.state == "rejected") {
           effects = book.rejected(r.key, r.rank, r.reason, now);
         } else if (r.state == "released") {

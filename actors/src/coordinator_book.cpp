@@ -308,7 +308,8 @@ result<std::vector<book_effect>> coordinator_book::importing(const std::string& 
 
 result<std::vector<book_effect>> coordinator_book::acknowledged(const std::string& key,
                                                                 std::int32_t rank,
-                                                                coord_clock::time_point now) {
+                                                                coord_clock::time_point now,
+                                                                double data_s) {
   auto p = consumer_entry(key, rank);
   if (!p) return p.error();
   if ((*p)->state != rank_state::pending && (*p)->state != rank_state::importing) {
@@ -316,6 +317,7 @@ result<std::vector<book_effect>> coordinator_book::acknowledged(const std::strin
                                                     std::string(rank_state_name((*p)->state)) +
                                                     " (" + context(key, rank) + ")");
   }
+  (*p)->data_s = data_s;
   set_state(**p, rank_state::acknowledged, now);
   effects out;
   check_finished(updates_.at(key), now, out);

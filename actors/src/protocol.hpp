@@ -49,11 +49,12 @@ struct rank_report {
   std::string state;  ///< "importing" | "acknowledged" | "rejected" | "released"
   std::string reason;
   std::uint64_t active_weight_version = 0;
+  double seconds = 0;  ///< acknowledged / rejected: the rank's import-to-answer time
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
   return f(caf::meta::type_name("rank_report"), x.key, x.rank, x.state, x.reason,
-           x.active_weight_version);
+           x.active_weight_version, x.seconds);
 }
 
 }  // namespace wsync::proto

@@ -157,7 +157,9 @@ int publisher_run(const publisher_options& o) {
   int code = 0;
   for (std::uint64_t v = o.first_version; v < o.first_version + o.versions && code == 0; ++v) {
     if (stop_requested()) break;
+    auto t0 = std::chrono::steady_clock::now();
     auto m = side->publisher->publish(shard->sources, v, {}, {{"rank", std::to_string(o.rank)}});
+    double publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!m) {
       log_error(m.error().message);
       code = 1;
@@ -174,7 +176,8 @@ int publisher_run(const publisher_options& o) {
                           std::to_string(v) + ": " + outcome);
                 code = 1;
               } else if (o.json) {
-                std::cout << outcome << std::endl;
+                j["publish_s"] = publish_s;
+                std::cout << j.dump() << std::endl;
               } else {
                 log_info("publisher rank " + std::to_string(o.rank) + ": " + key + " " +
                          j.value("phase", std::string("?")));

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "protocol.hpp"
 
@@ -41,24 +42,20 @@ inline bool stop_requested() {
   return sigtimedwait(&set, nullptr, &zero) > 0;
 }
 
-/// Runs until SIGINT/SIGTERM (returns 0) or until `endpoint` terminates on its own (returns 1:
-/// it logged why), then stops the endpoint.
-inline int run_until_stopped(caf::actor_system& sys, const caf::actor& endpoint) {
+/// Runs until SIGINT/SIGTERM (returns 0) or until one of `endpoints` terminates on its own
+/// (returns 1: it logged why), then stops them all.
+inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::actor>& endpoints) {
   caf::scoped_actor self{sys};
-  self->monitor(endpoint);
+  for (const auto& e : endpoints) self->monitor(e);
   bool ended = false;
   while (!ended && !stop_requested()) {
     self->receive([&](caf::down_msg&) { ended = true; },
                   caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
-  if (!ended) {
-    caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
-    self->receive([&](caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
-  }
+  for (const auto& e : endpoints) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   // An actor whose handle went to a remote node stays in the registry until that node says it
-  // dropped it; a peer that died first never does, and ~actor_system would wait for the
-  // endpoint's thread forever.
-  sys.registry().erase(endpoint.id());
+  // dropped it; a peer that died first never does.
+  for (const auto& e : endpoints) sys.registry().erase(e.id());
   return ended ? 1 : 0;
 }
 

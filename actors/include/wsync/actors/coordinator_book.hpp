@@ -49,6 +49,7 @@ struct rank_progress {
   bool acknowledged = false;  ///< stays true after release
   std::string reason;         ///< for rejected / failed
   std::string received_from;  ///< the hop the bytes came from, e.g. "publisher:0"
+  double data_s = 0;          ///< the rank's own import-to-answer time, as it reported it
   std::map<rank_state, coord_clock::time_point> at;
 };
 
@@ -113,7 +114,7 @@ class coordinator_book {
                                              std::string received_from,
                                              coord_clock::time_point now);
   result<std::vector<book_effect>> acknowledged(const std::string& key, std::int32_t rank,
-                                                coord_clock::time_point now);
+                                                coord_clock::time_point now, double data_s = 0);
   result<std::vector<book_effect>> rejected(const std::string& key, std::int32_t rank,
                                             std::string reason, coord_clock::time_point now);
   result<std::vector<book_effect>> released(const std::string& key, std::int32_t rank,

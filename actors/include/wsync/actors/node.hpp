@@ -25,6 +25,7 @@ int coordinator_run(const coordinator_options& options);
 struct consumer_options {
   endpoint coordinator;
   std::int32_t rank = 0;
+  std::int32_t count = 1;  ///< consumer ranks in this process: rank .. rank + count - 1
   std::string node = "n0";
   std::string model_id;
   bool verify = true;

@@ -1,0 +1,23 @@
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace wsync {
+
+struct cluster_bench_options {
+  std::string self_exe = "/proc/self/exe";
+  std::vector<int> consumers = {1, 8, 64};  ///< consumer ranks per run (all in one process)
+  unsigned repeat = 9;
+  std::string layout = "synthetic:65536:4";  ///< small, so the data plane does not dominate
+};
+
+/// `wsync bench --mode cluster`: control-plane overhead per update — commit time at the
+/// publisher minus its publish time minus the slowest consumer's own import-to-answer time —
+/// for each consumer count, over real CAF networking on loopback. One JSON row per count; the
+/// baseline is the overhead with one consumer, measured in the same run.
+int cluster_bench_run(const cluster_bench_options& options, std::ostream& out);
+
+}  // namespace wsync

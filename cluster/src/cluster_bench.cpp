@@ -1,0 +1,128 @@
+#include "wsync/cluster/cluster_bench.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "local_cluster.hpp"
+
+namespace wsync {
+namespace {
+
+using json = nlohmann::json;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  auto n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+struct run_figures {
+  std::string error;
+  double publish = 0, commit = 0, data_max = 0, data_sum = 0, overhead = 0;
+  std::uint64_t last_version = 0;
+};
+
+run_figures run_one(const cluster_bench_options& o, int consumers) {
+  run_figures f;
+  local_cluster cluster(o.self_exe);
+  if (f.error = cluster.start_coordinator(std::chrono::seconds(60)); !f.error.empty()) return f;
+  const auto addr = cluster.coordinator_address();
+  cluster.start({"consumer", "--coordinator", addr, "--rank", "0", "--count",
+                 std::to_string(consumers), "--model", o.layout});
+  if (f.error = cluster.await_consumers(consumers, std::chrono::seconds(60)); !f.error.empty()) {
+    return f;
+  }
+  const auto outcomes = cluster.temp_path("outcomes.jsonl");
+  auto pid = cluster.start({"publisher", "--coordinator", addr, "--rank", "0", "--layout", o.layout,
+                            "--versions", std::to_string(o.repeat + 1), "--json"},
+                           outcomes);
+  int status = 0;
+  if (!cluster.await_exit(pid, std::chrono::minutes(5), status) || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    f.error = "the publisher failed or timed out";
+    return f;
+  }
+  std::vector<double> publish, commit, data_max, data_sum, overhead;
+  std::ifstream in(outcomes);
+  std::string line;
+  for (bool warm_up = true; std::getline(in, line); warm_up = false) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("phase", std::string()) != "committed") {
+      f.error = "an update did not commit: " + line;
+      return f;
+    }
+    f.last_version = j.value("weight_version", std::uint64_t{0});
+    int acked = 0;
+    double mx = 0, sum = 0;
+    for (const auto& r : j["ranks"]) {
+      acked += r.value("acknowledged", false);
+      mx = std::max(mx, r.value("data_s", 0.0));
+      sum += r.value("data_s", 0.0);
+    }
+    if (acked != consumers) {
+      f.error = std::to_string(acked) + " of " + std::to_string(consumers) + " acknowledged";
+      return f;
+    }
+    if (warm_up) continue;  // the first update maps every slot
+    double p = j.value("publish_s", 0.0), c = j.value("commit_s", 0.0);
+    publish.push_back(p);
+    commit.push_back(c + p);  // commit_s counts from the coordinator's receipt of the shard
+    data_max.push_back(mx);
+    data_sum.push_back(sum);
+    overhead.push_back(c - mx);
+  }
+  f.publish = median(publish);
+  f.commit = median(commit);
+  f.data_max = median(data_max);
+  f.data_sum = median(data_sum);
+  f.overhead = median(overhead);
+  cluster.stop_all();
+  if (auto left = cluster.leftovers(); !left.empty()) f.error = "left in /dev/shm: " + left.front();
+  return f;
+}
+
+}  // namespace
+
+int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
+  double baseline = -1;
+  int code = 0;
+  auto counts = o.consumers;
+  if (std::find(counts.begin(), counts.end(), 1) == counts.end()) counts.insert(counts.begin(), 1);
+  std::sort(counts.begin(), counts.end());
+  for (int c : counts) {
+    auto f = run_one(o, c);
+    json row = {{"mode", "cluster"},
+                {"status", f.error.empty() ? "pass" : "fail"},
+                {"blocker", nullptr},
+                {"layout", o.layout},
+                {"consumers", c},
+                {"repeat", o.repeat},
+                {"weight_version", f.last_version},
+                {"active_weight_version", f.last_version},
+                {"timings_s",
+                 {{"publish", f.publish},
+                  {"commit", f.commit},
+                  {"data_max", f.data_max},
+                  {"data_sum", f.data_sum},
+                  {"overhead", f.overhead}}},
+                {"env",
+                 {{"cores", std::thread::hardware_concurrency()},
+                  {"transport_notes",
+                   "coordinator, publisher and one process holding every consumer rank, CAF "
+                   "over loopback; shared-memory data plane"}}}};
+    if (!f.error.empty()) row["error"] = f.error, code = 1;
+    if (c == 1 && f.error.empty()) baseline = f.overhead;
+    row["baseline"] = {{"name", "single-consumer-overhead"}, {"seconds", baseline}};
+    row["ratio_to_baseline"] = baseline > 0 ? f.overhead / baseline : 0.0;
+    out << row.dump() << std::endl;
+  }
+  return code;
+}
+
+}  // namespace wsync

@@ -1,0 +1,141 @@
+#include "local_cluster.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace wsync {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::string random_token() {
+  unsigned char b[16] = {};
+  if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b)) return "wsync-local";
+  std::string s;
+  for (auto c : b) s += "0123456789abcdef"[c >> 4], s += "0123456789abcdef"[c & 15];
+  return s;
+}
+
+}  // namespace
+
+local_cluster::local_cluster(std::string self_exe) : exe_(std::move(self_exe)) {
+  coordinator_.token = random_token();
+  dir_ = std::filesystem::temp_directory_path() /
+         ("wsync-cluster-" + std::to_string(::getpid()) + "-" + coordinator_.token.substr(0, 8));
+  std::filesystem::create_directories(dir_);
+}
+
+local_cluster::~local_cluster() {
+  stop_all();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+pid_t local_cluster::start(const std::vector<std::string>& args, const std::string& stdout_path) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (!stdout_path.empty()) {
+      int fd = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0) ::_exit(126);
+    }
+    std::vector<char*> argv;
+    std::string argv0 = "wsync";
+    argv.push_back(argv0.data());
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    // The token goes through the environment, not the command line that `ps` shows.
+    ::setenv("WSYNC_TOKEN", coordinator_.token.c_str(), 1);
+    ::execv(exe_.c_str(), argv.data());
+    ::_exit(127);
+  }
+  if (pid > 0) running_.push_back(pid), started_.push_back(pid);
+  return pid;
+}
+
+std::string local_cluster::start_coordinator(std::chrono::milliseconds update_deadline) {
+  const auto port_file = (dir_ / "coordinator.port").string();
+  coordinator_pid_ = start({"coordinator", "--port", "0", "--port-file", port_file,
+                            "--update-deadline-ms", std::to_string(update_deadline.count())});
+  for (auto deadline = clock_type::now() + std::chrono::seconds(20);
+       clock_type::now() < deadline;) {
+    std::ifstream in(port_file);
+    unsigned port = 0;
+    if (in >> port) {
+      coordinator_.port = static_cast<std::uint16_t>(port);
+      return {};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return "the coordinator did not start listening within 20 s";
+}
+
+std::string local_cluster::coordinator_address() const {
+  return coordinator_.host + ":" + std::to_string(coordinator_.port);
+}
+
+std::string local_cluster::await_consumers(int count, std::chrono::seconds limit) {
+  int joined = 0;
+  for (auto deadline = clock_type::now() + limit; clock_type::now() < deadline;) {
+    std::string err;
+    auto s = nlohmann::json::parse(coordinator_status(coordinator_, err), nullptr, false);
+    joined = 0;
+    if (s.is_object()) {
+      for (const auto& r : s["ranks"]) joined += r["role"] == "consumer";
+    }
+    if (joined >= count) return {};
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "only " + std::to_string(joined) + " of " + std::to_string(count) +
+         " consumer ranks joined within " + std::to_string(limit.count()) + " s";
+}
+
+bool local_cluster::await_exit(pid_t pid, std::chrono::milliseconds limit, int& status) {
+  for (auto deadline = clock_type::now() + limit; clock_type::now() < deadline;) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
+  return false;
+}
+
+void local_cluster::stop_all() {
+  // Ranks first, so they leave while the coordinator still listens.
+  auto order = running_;
+  std::stable_partition(order.begin(), order.end(), [&](pid_t p) { return p != coordinator_pid_; });
+  for (auto pid : order) {
+    ::kill(pid, SIGTERM);
+    int status = 0;
+    await_exit(pid, std::chrono::seconds(10), status);
+  }
+}
+
+std::vector<std::string> local_cluster::leftovers() const {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      for (auto pid : started_) {
+        if (std::string(e->d_name).rfind("wsync-" + std::to_string(pid) + "-", 0) == 0) {
+          found.emplace_back(e->d_name);
+        }
+      }
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+}  // namespace wsync

@@ -1,0 +1,51 @@
+#pragma once
+// Launches cluster processes (the wsync binary itself) on loopback for the demo and the cluster
+// benchmark: a coordinator on a free port, then ranks; stops and reaps them all.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "wsync/actors/node.hpp"
+
+namespace wsync {
+
+class local_cluster {
+ public:
+  explicit local_cluster(std::string self_exe);
+  ~local_cluster();  ///< stops whatever still runs
+  local_cluster(const local_cluster&) = delete;
+  local_cluster& operator=(const local_cluster&) = delete;
+
+  /// Starts the coordinator and waits until it listens. Empty string, or what went wrong.
+  std::string start_coordinator(std::chrono::milliseconds update_deadline);
+  /// Starts `wsync <args...>` with the cluster token in its environment; its stdout goes to
+  /// `stdout_path` when given.
+  pid_t start(const std::vector<std::string>& args, const std::string& stdout_path = "");
+  /// A file name in the cluster's private temporary directory.
+  std::string temp_path(const std::string& name) const { return (dir_ / name).string(); }
+  /// Waits until `count` consumer ranks joined. Empty string, or what went wrong.
+  std::string await_consumers(int count, std::chrono::seconds limit);
+  /// Waits for `pid` to exit; false if it ran past `limit` (it is then killed).
+  bool await_exit(pid_t pid, std::chrono::milliseconds limit, int& status);
+  /// SIGTERM to every process still running (coordinator last), SIGKILL after 10 s.
+  void stop_all();
+  /// /dev/shm entries left by any process this cluster started.
+  std::vector<std::string> leftovers() const;
+
+  const endpoint& coordinator() const { return coordinator_; }
+  std::string coordinator_address() const;
+
+ private:
+  std::string exe_;
+  std::filesystem::path dir_;
+  endpoint coordinator_;
+  pid_t coordinator_pid_ = -1;
+  std::vector<pid_t> running_;
+  std::vector<pid_t> started_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# `wsync bench --mode cluster`: one JSON row per consumer count, every update committed by every
+# rank, the 1-consumer baseline measured in the same run.
+set -uo pipefail
+wsync="$1"
+out=$("$wsync" bench --mode cluster --consumers 1,4 --repeat 3 2>/dev/null) || { echo "$out"; exit 1; }
+[ "$(grep -c '"mode":"cluster"' <<<"$out")" -eq 2 ] || { echo "cluster_bench: want 2 rows: $out"; exit 1; }
+grep -q '"status":"fail"' <<<"$out" && { echo "cluster_bench: $out"; exit 1; }
+last=$(tail -n 1 <<<"$out")
+for field in '"consumers":4' '"overhead":' '"commit":' '"name":"single-consumer-overhead"' \
+             '"ratio_to_baseline":' '"weight_version":4'; do
+  case "$last" in *"$field"*) ;; *) echo "cluster_bench: missing $field in $last"; exit 1 ;; esac
+done
+echo "cluster_bench: pass"
