@@ -11,6 +11,7 @@
 #include "wsync/bench/layouts.hpp"
 #include "wsync/cluster/cluster_bench.hpp"
 #include "wsync/cluster/demo.hpp"
+#include "wsync/cluster/status.hpp"
 #include "wsync/transports/registry.hpp"
 
 namespace {
@@ -247,8 +248,11 @@ int main(int argc, char** argv) {
       std::cerr << "wsync status: " << err << "\n";
       return 1;
     }
-    std::cout << text << std::endl;
-    return 0;
+    if (status_json) {
+      std::cout << text << std::endl;
+      return 0;
+    }
+    return wsync::status_print(text, std::cout);
   }
   if (app.got_subcommand("demo")) return wsync::demo_run(demo_opt, std::cout);
 

@@ -103,6 +103,8 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
         }
         for (const auto& key : released_keys) report(key, "released", "");
         if (r.acknowledged) {
+          log_info("consumer rank " + std::to_string(rank) + ": active version " +
+                   std::to_string(r.weight_version) + " (" + msg.key + ")");
           for (const auto& id : r.shard_ids) side->key_of[id] = msg.key;
           report(msg.key, "acknowledged", "", r.timings.total);
           if (r.released_self) report(msg.key, "released", "");

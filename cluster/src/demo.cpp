@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "local_cluster.hpp"
+#include "wsync/cluster/status.hpp"
 
 namespace wsync {
 
@@ -51,7 +52,6 @@ int demo_run(const demo_options& o, std::ostream& out) {
         {"status", "fail"}, {"versions", 0}, {"committed_version", 0}, {"ranks", json::array()}};
     if (failure.empty()) failure = "no status from the coordinator: " + err;
   }
-  status.erase("updates");
   if (auto left = cluster.leftovers(); !left.empty()) failure = "left in /dev/shm: " + left.front();
   if (status.value("committed_version", 0u) != o.versions && failure.empty()) {
     failure = "committed version " + std::to_string(status.value("committed_version", 0u)) +
@@ -72,19 +72,10 @@ int demo_run(const demo_options& o, std::ostream& out) {
   status["layout"] = o.layout;
 
   if (o.json) {
+    status.erase("updates");  // the DESIGN §11 object: the per-rank table
     out << status.dump() << std::endl;
   } else {
-    out << "rank  node  role       state         active_version  received_from\n";
-    for (const auto& r : status["ranks"]) {
-      char line[256];
-      std::snprintf(
-          line, sizeof line, "%-5s %-5s %-10s %-13s %-15s %s\n", r["rank"].dump().c_str(),
-          r.value("node", std::string()).c_str(), r.value("role", std::string()).c_str(),
-          r.value("state", std::string()).c_str(),
-          r["active_weight_version"].is_null() ? "-" : r["active_weight_version"].dump().c_str(),
-          r["received_from"].is_null() ? "-" : r["received_from"].get<std::string>().c_str());
-      out << line;
-    }
+    status_print(status.dump(), out);
     out << "demo " << status["status"].get<std::string>() << ": " << status["versions"]
         << " versions committed, "
         << "committed_version " << status["committed_version"] << ", "

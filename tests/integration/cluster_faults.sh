@@ -32,7 +32,7 @@ start_consumer() {  # rank
   pids+=("$!")
   eval "consumer$1=$!"
 }
-status() { "$wsync" status --coordinator "$addr"; }
+status() { "$wsync" status --coordinator "$addr" --json; }
 wait_consumers() {  # count
   for _ in $(seq 200); do
     [ "$(status | grep -o '"role":"consumer"' | wc -l)" -ge "$1" ] && return 0
@@ -64,7 +64,7 @@ kill -0 "$intruder" 2>/dev/null && fail "a consumer with a wrong token kept runn
 grep -q "token" "$work/intruder.log" || fail "the refused consumer does not say why"
 grep -q "refused rank 9: wrong cluster token" "$work/coordinator.log" || fail "refusal not logged"
 status | grep -q '"rank":9' && fail "the intruder shows up in status"
-WSYNC_TOKEN=wrong "$wsync" status --coordinator "$addr" | grep -q error || fail "status without token"
+WSYNC_TOKEN=wrong "$wsync" status --coordinator "$addr" --json | grep -q error || fail "status without token"
 stop_all
 echo "cluster_faults: wrong token refused"
 
