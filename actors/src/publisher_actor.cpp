@@ -126,72 +126,110 @@ result<shard_tensors> make_shard(const publisher_options& o) {
 
 }  // namespace
 
-int publisher_run(const publisher_options& o) {
-  cluster_system sys(o.heartbeat);
-  auto shard = make_shard(o);
-  if (!shard) return log_error(shard.error().message), 1;
+struct trainer_rank::impl {
+  explicit impl(std::chrono::milliseconds heartbeat) : sys(heartbeat) {}
+  ~impl() {
+    if (endpoint) caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+  }
+  cluster_system sys;  // first: blocks the stop signals before any thread starts
+  std::shared_ptr<publisher_side> side = std::make_shared<publisher_side>();
+  publisher_actor endpoint;
+  trainer_options options;
+};
+
+trainer_rank::trainer_rank(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+trainer_rank::~trainer_rank() = default;
+
+result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_options& o) {
+  auto p = std::make_unique<impl>(o.heartbeat);
+  p->options = o;
   auto t = make_transport("shared-memory");
-  if (!t) return log_error(t.error().message), 1;
+  if (!t) return t.error();
   auto pt = (*t)->make_publisher();
-  if (!pt) return log_error(pt.error().message), 1;
+  if (!pt) return pt.error();
   publisher_config cfg;
-  cfg.model_id = o.model_id.empty() ? o.layout : o.model_id;
+  cfg.model_id = o.model_id;
   cfg.source_rank = o.rank;
   cfg.release_when_answered = false;  // the coordinator says when
   cfg.slot_wait = o.outcome_timeout;
-  auto side = std::make_shared<publisher_side>();
-  side->publisher = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
-
+  p->side->publisher = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
+  auto& sys = p->sys.get();
   auto coordinator =
-      sys.get().middleman().remote_actor<coordinator_actor>(o.coordinator.host, o.coordinator.port);
+      sys.middleman().remote_actor<coordinator_actor>(o.coordinator.host, o.coordinator.port);
   if (!coordinator) {
-    log_error("publisher rank " + std::to_string(o.rank) + ": cannot reach the coordinator at " +
-              o.coordinator.host + ":" + std::to_string(o.coordinator.port) + ": " +
-              sys.get().render(coordinator.error()));
-    return 1;
+    return make_error(errc::io_error, "publisher rank " + std::to_string(o.rank) +
+                                          ": cannot reach the coordinator at " +
+                                          o.coordinator.host + ":" +
+                                          std::to_string(o.coordinator.port) + ": " +
+                                          sys.render(coordinator.error()));
   }
-  rank_hello hello{o.coordinator.token, o.rank, "publisher", o.node, cfg.model_id,
+  rank_hello hello{o.coordinator.token, o.rank, "publisher", o.node, o.model_id,
                    {"shared-memory"},   o.ranks};
-  auto endpoint = sys.get().spawn(publisher_impl, *coordinator, side, hello, o.outcome_timeout);
-  caf::scoped_actor self{sys.get()};
-  int code = 0;
-  for (std::uint64_t v = o.first_version; v < o.first_version + o.versions && code == 0; ++v) {
-    if (stop_requested()) break;
-    auto t0 = std::chrono::steady_clock::now();
-    auto m = side->publisher->publish(shard->sources, v, {}, {{"rank", std::to_string(o.rank)}});
-    double publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!m) {
-      log_error(m.error().message);
-      code = 1;
-      break;
+  p->endpoint = sys.spawn(publisher_impl, *coordinator, p->side, hello, o.outcome_timeout);
+  return std::unique_ptr<trainer_rank>(new trainer_rank(std::move(p)));
+}
+
+publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
+                                      std::uint64_t weight_version,
+                                      std::map<std::string, std::string> metadata) {
+  publish_outcome out;
+  auto& o = impl_->options;
+  auto t0 = std::chrono::steady_clock::now();
+  auto m = impl_->side->publisher->publish(tensors, weight_version, {}, std::move(metadata));
+  out.publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!m) return out.error = m.error().message, out;
+  auto key = m->model_id + "@" + std::to_string(weight_version);
+  caf::scoped_actor self{impl_->sys.get()};
+  self->request(impl_->endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value,
+                key, m->update_id, manifest_to_json(*m))
+      .receive(
+          [&](const std::string& outcome) {
+            auto j = json::parse(outcome, nullptr, false);
+            if (j.is_discarded() || j.contains("error")) {
+              out.error = j.is_object() ? j.value("error", outcome) : outcome;
+              return;
+            }
+            j["publish_s"] = out.publish_s;
+            out.outcome_json = j.dump();
+            out.committed = j.value("phase", std::string()) == "committed";
+            if (!out.committed) out.error = "update " + key + " aborted: " + j.value("reason", "");
+          },
+          [&](caf::error& err) { out.error = impl_->sys.get().render(err); });
+  // A refused or failed version still holds its slot until the coordinator releases it; a
+  // refusal never reaches the coordinator's books, so give that memory back here.
+  if (!out.error.empty() && out.outcome_json.empty())
+    (void)impl_->side->publisher->release(m->update_id);
+  return out;
+}
+
+int publisher_run(const publisher_options& o) {
+  auto shard = make_shard(o);
+  if (!shard) return log_error(shard.error().message), 1;
+  trainer_options to;
+  to.coordinator = o.coordinator;
+  to.rank = o.rank;
+  to.ranks = o.ranks;
+  to.node = o.node;
+  to.model_id = o.model_id.empty() ? o.layout : o.model_id;
+  to.outcome_timeout = o.outcome_timeout;
+  to.heartbeat = o.heartbeat;
+  auto trainer = trainer_rank::connect(to);
+  if (!trainer) return log_error(trainer.error().message), 1;
+  for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
+    if (stop_requested()) return 1;
+    auto r = (*trainer)->publish(shard->sources, v, {{"rank", std::to_string(o.rank)}});
+    if (o.json && !r.outcome_json.empty()) std::cout << r.outcome_json << std::endl;
+    if (!r.error.empty()) {
+      log_error("publisher rank " + std::to_string(o.rank) + " version " + std::to_string(v) +
+                ": " + r.error);
+      return 1;
     }
-    auto key = m->model_id + "@" + std::to_string(v);
-    self->request(endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value, key,
-                  m->update_id, manifest_to_json(*m))
-        .receive(
-            [&](const std::string& outcome) {
-              auto j = json::parse(outcome, nullptr, false);
-              if (j.is_discarded() || j.contains("error")) {
-                log_error("publisher rank " + std::to_string(o.rank) + " version " +
-                          std::to_string(v) + ": " + outcome);
-                code = 1;
-              } else if (o.json) {
-                j["publish_s"] = publish_s;
-                std::cout << j.dump() << std::endl;
-              } else {
-                log_info("publisher rank " + std::to_string(o.rank) + ": " + key + " " +
-                         j.value("phase", std::string("?")));
-              }
-              if (j.is_object() && j.value("phase", std::string()) == "aborted") code = 1;
-            },
-            [&](caf::error& err) {
-              log_error("publisher rank " + std::to_string(o.rank) + ": " + sys.get().render(err));
-              code = 1;
-            });
+    if (!o.json)
+      log_info("publisher rank " + std::to_string(o.rank) + ": version " + std::to_string(v) +
+               " committed");
     if (o.interval.count() > 0) std::this_thread::sleep_for(o.interval);
   }
-  caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
-  return code;
+  return 0;
 }
 
 std::string coordinator_status(const endpoint& coordinator, std::string& error) {

@@ -4,7 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
 #include <string>
+
+#include "wsync/manifest/result.hpp"
+#include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync {
 
@@ -49,6 +55,44 @@ struct publisher_options {
   bool json = false;  ///< print each outcome as one JSON line
 };
 int publisher_run(const publisher_options& options);
+
+/// What a trainer rank needs to join a cluster.
+struct trainer_options {
+  endpoint coordinator;
+  std::int32_t rank = 0;
+  std::int32_t ranks = 1;  ///< trainer ranks that each publish a shard of every version
+  std::string node = "n0";
+  std::string model_id;
+  std::chrono::milliseconds outcome_timeout{60000};
+  std::chrono::milliseconds heartbeat{200};
+};
+
+/// How one version ended, as the coordinator saw it.
+struct publish_outcome {
+  bool committed = false;
+  std::string error;         ///< set when the publish failed before an outcome
+  std::string outcome_json;  ///< the coordinator's table: phase, reason, every rank's state
+  double publish_s = 0;      ///< this rank's copy + checksum + expose time
+};
+
+/// The library API of a trainer rank: join the cluster, then publish this rank's shard of each
+/// version and get the per-rank outcome. Publishes over shared memory; slots return to the ring
+/// when the coordinator says every consumer released them. Not thread-safe: one caller.
+class trainer_rank {
+ public:
+  static result<std::unique_ptr<trainer_rank>> connect(const trainer_options& options);
+  ~trainer_rank();
+
+  /// Publishes and waits for the version's outcome (committed, or aborted with the reason).
+  /// The tensors must stay valid until it returns.
+  publish_outcome publish(std::span<const tensor_source> tensors, std::uint64_t weight_version,
+                          std::map<std::string, std::string> metadata = {});
+
+ private:
+  struct impl;
+  explicit trainer_rank(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
 
 /// Asks a coordinator for its status table (DESIGN §11 JSON). Empty string on failure, with the
 /// reason in `error`.
