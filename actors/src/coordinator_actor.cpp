@@ -170,7 +170,10 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     if (it == self->state.members.end()) return;
     auto m = it->second;
     self->state.members.erase(it);
-    if (m.role == rank_role::consumer) self->state.consumers.erase(m.rank);
+    if (m.role == rank_role::consumer) {
+      self->state.consumers.erase(m.rank);
+      self->state.active_version.erase(m.rank);
+    }
     if (m.role == rank_role::publisher) self->state.publishers.erase(m.rank);
     auto reason = "down: " + self->system().render(msg.reason);
     log_warn("coordinator: " + std::string(rank_role_name(m.role)) + " rank " +
@@ -190,8 +193,14 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           return "join refused: role: \"" + hello.role + "\" is neither publisher nor consumer";
         }
         auto role = hello.role == "publisher" ? rank_role::publisher : rank_role::consumer;
-        rank_info info{hello.rank,       role, hello.node,           hello.model_id,
-                       hello.transports, "",   hello.publisher_ranks};
+        rank_info info{hello.rank,
+                       role,
+                       hello.node,
+                       hello.model_id,
+                       hello.transports,
+                       "",
+                       hello.publisher_ranks,
+                       hello.active_weight_version};
         auto sender = self->current_sender();
         // A rank joining again replaces its old endpoint (it restarted).
         for (auto it = st.members.begin(); it != st.members.end();) {
@@ -201,14 +210,14 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
             ++it;
           }
         }
+        auto effects = st.book.join(info, coord_clock::now());
+        if (!effects) return effects.error().message;
         if (role == rank_role::consumer) {
           st.consumers[hello.rank] = caf::actor_cast<consumer_actor>(sender);
           st.active_version[hello.rank] = hello.active_weight_version;
         } else {
           st.publishers[hello.rank] = caf::actor_cast<publisher_actor>(sender);
         }
-        auto effects = st.book.join(info, coord_clock::now());
-        if (!effects) return effects.error().message;
         st.members[caf::actor_cast<caf::actor_addr>(sender)] = {hello.rank, role};
         self->monitor(caf::actor_cast<caf::actor>(sender));
         log_info("coordinator: " + hello.role + " rank " + std::to_string(hello.rank) +

@@ -144,7 +144,8 @@ s=$(status)
   fail "consumers did not keep serving version 2 across the restart: $s"
 "$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 1 --json \
   >"$work/stale.log" 2>&1 && fail "version 1 accepted after the restart"
-grep -q "weight_version must increase monotonically" "$work/stale.log" ||
+# Refused by the coordinator itself (not merely rejected by every consumer).
+grep -q "version 1: weight_version must increase monotonically" "$work/stale.log" ||
   fail "stale version not refused as non-monotonic: $(cat "$work/stale.log")"
 "$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --first-version 3 \
   --versions 1 >"$work/publisher.log" 2>&1 || fail "version 3 failed after the restart"
