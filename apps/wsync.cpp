@@ -89,9 +89,17 @@ bool parse_endpoint(const std::string& text, wsync::endpoint& ep) {
   return true;
 }
 
-std::string token_from_env() {
-  const char* t = std::getenv("WSYNC_TOKEN");
-  return t ? t : "";
+// Slurm names ranks its own way; map it onto the variables the options read, unless a launcher
+// (torchrun, mpirun wrappers) already set them.
+void launcher_environment() {
+  auto copy = [](const char* from, const char* to) {
+    if (std::getenv(to) == nullptr && std::getenv(from) != nullptr) {
+      ::setenv(to, std::getenv(from), 0);
+    }
+  };
+  copy("SLURM_PROCID", "RANK");
+  copy("SLURM_NTASKS", "WORLD_SIZE");
+  copy("SLURM_LOCALID", "LOCAL_RANK");
 }
 
 }  // namespace
@@ -103,6 +111,20 @@ int main(int argc, char** argv) {
       join(wsync::builtin_transports().names())};
   app.set_version_flag("--version", "wsync 0.1.0");
   app.require_subcommand(1);
+  // Settings come from defaults < WSYNC_* / launcher environment variables < the --config TOML
+  // file < command-line flags (CLI11's order). The file is strict: a key no option knows is an
+  // error that names it, and every value goes through the same checks as its flag. Set before the
+  // subcommands are added: they inherit it.
+  app.set_config("--config", "",
+                 "TOML file of settings, one [section] per subcommand (see configs/); flags "
+                 "override it");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.fallthrough();
+  bool dump_config = false;
+  app.add_flag("--dump-config", dump_config,
+               "print the subcommand's effective configuration (file, environment and flags "
+               "merged) as TOML and exit")
+      ->configurable(false);
   wsync::bench_options bench_opt;
   std::string verify = "on";
   std::vector<int> bench_consumers = {1, 8, 64};
@@ -111,7 +133,6 @@ int main(int argc, char** argv) {
   const std::string token_help =
       "cluster token (default: $WSYNC_TOKEN); ranks without it are refused";
   wsync::coordinator_options coord_opt;
-  coord_opt.listen.token = token_from_env();
   std::int64_t deadline_ms = 30000;
   auto* coord = app.add_subcommand(
       "coordinator", "Run the coordinator: rank registry, versions, per-rank ack tracking.");
@@ -119,7 +140,9 @@ int main(int argc, char** argv) {
   coord->add_option("--port", coord_opt.listen.port, "port to listen on (0: pick a free one)")
       ->capture_default_str();
   coord->add_option("--port-file", coord_opt.port_file, "write the port here once listening");
-  coord->add_option("--token", coord_opt.listen.token, token_help);
+  coord->add_option("--token", coord_opt.listen.token, token_help)
+      ->envname("WSYNC_TOKEN")
+      ->configurable(false);
   coord
       ->add_option("--update-deadline-ms", deadline_ms,
                    "an update not committed this long after its first shard fails its "
@@ -128,32 +151,44 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   wsync::consumer_options cons_opt;
-  cons_opt.coordinator.token = token_from_env();
   std::string cons_coord;
   auto* cons = app.add_subcommand(
       "consumer",
       "Run a consumer (rollout) rank with the reference runtime: imports, verifies, "
       "installs and acknowledges every update the coordinator sends.");
-  cons->add_option("--coordinator", cons_coord, "coordinator host:port")->required();
-  cons->add_option("--rank", cons_opt.rank, "consumer rank (the first, with --count)")->required();
+  cons->add_option("--coordinator", cons_coord, "coordinator host:port")
+      ->envname("WSYNC_COORDINATOR")
+      ->required();
+  cons->add_option("--rank", cons_opt.rank,
+                   "consumer rank (the first, with --count); default $RANK or $SLURM_PROCID")
+      ->envname("RANK")
+      ->required();
   cons->add_option("--count", cons_opt.count, "consumer ranks to run in this process")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cons->add_option("--node", cons_opt.node, "node name shown in status")->capture_default_str();
   cons->add_option("--model", cons_opt.model_id, "model id to follow")->required();
-  cons->add_option("--token", cons_opt.coordinator.token, token_help);
+  cons->add_option("--token", cons_opt.coordinator.token, token_help)
+      ->envname("WSYNC_TOKEN")
+      ->configurable(false);
 
   wsync::publisher_options pub_opt;
-  pub_opt.coordinator.token = token_from_env();
   std::string pub_coord;
   std::int64_t interval_ms = 0;
   auto* pub = app.add_subcommand(
       "publisher",
       "Run a publisher (trainer) rank: publish its shard of N versions of a model "
       "layout over shared memory and wait for each outcome.");
-  pub->add_option("--coordinator", pub_coord, "coordinator host:port")->required();
-  pub->add_option("--rank", pub_opt.rank, "publisher rank (0..ranks-1)")->required();
-  pub->add_option("--ranks", pub_opt.ranks, "publisher ranks sharing the model")
+  pub->add_option("--coordinator", pub_coord, "coordinator host:port")
+      ->envname("WSYNC_COORDINATOR")
+      ->required();
+  pub->add_option("--rank", pub_opt.rank,
+                  "publisher rank (0..ranks-1); default $RANK or $SLURM_PROCID")
+      ->envname("RANK")
+      ->required();
+  pub->add_option("--ranks", pub_opt.ranks,
+                  "publisher ranks sharing the model; default $WORLD_SIZE or $SLURM_NTASKS")
+      ->envname("WORLD_SIZE")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   pub->add_option("--node", pub_opt.node, "node name shown in status")->capture_default_str();
@@ -168,14 +203,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pub->add_option("--interval-ms", interval_ms, "pause between versions")->capture_default_str();
   pub->add_flag("--json", pub_opt.json, "print each outcome as one JSON line");
-  pub->add_option("--token", pub_opt.coordinator.token, token_help);
+  pub->add_option("--token", pub_opt.coordinator.token, token_help)
+      ->envname("WSYNC_TOKEN")
+      ->configurable(false);
 
   std::string status_coord;
-  std::string status_token = token_from_env();
+  std::string status_token;
   bool status_json = false;
   auto* status = app.add_subcommand("status", "Print the coordinator's per-rank table.");
-  status->add_option("--coordinator", status_coord, "coordinator host:port")->required();
-  status->add_option("--token", status_token, token_help);
+  status->add_option("--coordinator", status_coord, "coordinator host:port")
+      ->envname("WSYNC_COORDINATOR")
+      ->required();
+  status->add_option("--token", status_token, token_help)
+      ->envname("WSYNC_TOKEN")
+      ->configurable(false);
   status->add_flag("--json", status_json, "print the DESIGN §11 status object");
 
   wsync::demo_options demo_opt;
@@ -197,7 +238,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   demo->add_flag("--json", demo_opt.json, "end with the DESIGN §11 status object");
 
+  launcher_environment();
   CLI11_PARSE(app, argc, argv);
+  if (dump_config) {
+    // Only the chosen subcommand's section; the token is never written (it is not configurable
+    // from files either: it belongs in the environment).
+    for (const auto* sub : app.get_subcommands()) {
+      std::cout << "[" << sub->get_name() << "]\n" << sub->config_to_str(true, true);
+    }
+    return 0;
+  }
 
   auto need_token = [](const std::string& token) {
     if (!token.empty()) return true;

@@ -21,4 +21,36 @@ grep -q 'qwen2.5-0.5b' <<<"$out" || fail "unknown layout error does not list kno
 
 out=$("$wsync" bench --layout qwen2.5-0.5b --bytes 10 2>&1) && fail "--layout with --bytes accepted"
 out=$("$wsync" bench --verify maybe 2>&1) && fail "--verify maybe accepted"
+# Configuration: the shipped files load, flags override them, the launcher's RANK / Slurm's
+# SLURM_PROCID fill in ranks, unknown keys and wrong types are refused naming the key, and the
+# token is never dumped.
+configs="$(dirname "$0")/../../configs"
+for f in "$configs"/*.toml; do
+  WSYNC_TOKEN=secret-token "$wsync" coordinator --config "$f" --dump-config >/dev/null ||
+    fail "$f does not load"
+done
+dump=$(WSYNC_TOKEN=secret-token "$wsync" coordinator --config "$configs/local.toml" --port 7801 --dump-config)
+grep -q '^port=7801' <<<"$dump" || fail "flag does not override the file: $dump"
+grep -q '^host="127.0.0.1"' <<<"$dump" || fail "file value missing: $dump"
+grep -q 'secret-token' <<<"$dump" && fail "--dump-config prints the token"
+dump=$(SLURM_PROCID=5 WSYNC_TOKEN=t "$wsync" publisher --config "$configs/local.toml" --dump-config)
+grep -q '^rank=5' <<<"$dump" || fail "SLURM_PROCID not used as the rank: $dump"
+bad=$(mktemp)
+printf '[coordinator]
+prot = 1
+' >"$bad"
+out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "unknown key accepted"
+grep -q "prot" <<<"$out" || fail "unknown key not named: $out"
+printf '[coordinator]
+port = "abc"
+' >"$bad"
+out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "wrong type accepted"
+grep -q -- "--port" <<<"$out" || fail "wrong type not named: $out"
+printf '[coordinator]
+token = "in-a-file"
+' >"$bad"
+WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" >/dev/null 2>&1 && fail "token accepted from a file"
+rm -f "$bad"
+out=$(env -u WSYNC_TOKEN "$wsync" coordinator --port 0 2>&1) && fail "coordinator started without a token"
+grep -q "token" <<<"$out" || fail "missing token not explained: $out"
 echo "cli: pass"
