@@ -81,7 +81,7 @@ pids+=("$publisher")
 sleep 0.3
 kill -KILL "$consumer1"
 wait "$publisher" || fail "publisher failed after a consumer died"
-head -n 1 "$work/publisher.log" | grep -q '"rank":1,"reason":"down[^"]*","received_from":"[^"]*","state":"failed"' ||
+grep '"weight_version":1}' "$work/publisher.log" | grep -q '"rank":1,"reason":"down[^"]*","received_from":"[^"]*","state":"failed"' ||
   fail "version 1 does not list the dead consumer as failed"
 tail -n 1 "$work/publisher.log" | grep -q '"phase":"committed"' || fail "last version not committed"
 s=$(status)
@@ -92,28 +92,43 @@ done
 stop_all
 echo "cluster_faults: killed consumer failed, others committed"
 
-# 3. A publisher rank that goes away mid-run: the version it never publishes is aborted (by its
-#    departure, or by the deadline if the other shard arrives after it left); consumers keep
-#    the version they serve.
-start_coordinator 3000
+# 3. A publisher killed with SIGKILL mid-update: version 2 is assembling (publisher 0's shard is
+#    in, publisher 1 sleeps before sending its own) when publisher 1 dies; version 2 is aborted,
+#    consumers keep version 1, and publisher 0 hears the abort.
+start_coordinator
 for r in 0 1; do start_consumer $r; done
 wait_consumers 2
-"$wsync" publisher --coordinator "$addr" --rank 0 --ranks 2 --layout "$layout" --versions 3 \
+"$wsync" publisher --coordinator "$addr" --rank 0 --ranks 2 --layout "$layout" --versions 2 \
   --json >"$work/p0.log" 2>&1 &
 p0=$!
-"$wsync" publisher --coordinator "$addr" --rank 1 --ranks 2 --layout "$layout" --versions 1 \
-  --json >"$work/p1.log" 2>&1 &
+"$wsync" publisher --coordinator "$addr" --rank 1 --ranks 2 --layout "$layout" --versions 2 \
+  --interval-ms 3000 --json >"$work/p1.log" 2>&1 &
 p1=$!
 pids+=("$p0" "$p1")
-wait "$p1" || fail "publisher 1 failed on version 1"
-for _ in $(seq 200); do grep -q '"weight_version":1' "$work/p0.log" && break; sleep 0.05; done
+for _ in $(seq 200); do grep -q '"weight_version":1' "$work/p1.log" && break; sleep 0.05; done
+grep -q '"weight_version":1' "$work/p1.log" || fail "version 1 did not commit"
+kill -KILL "$p1"
 wait "$p0" && fail "publisher 0 reported success for a version whose other shard never came"
-grep -q '"phase":"aborted"' "$work/p0.log" || fail "version 2 was not aborted: $(cat "$work/p0.log")"
+grep -q '"phase":"aborted","publish_s":[0-9.e-]*,"ranks":\[[^]]*\],"reason":"publisher rank 1 went away' "$work/p0.log" ||
+  fail "version 2 was not aborted for the dead publisher: $(cat "$work/p0.log")"
 s=$(status)
 [ "$(grep -o '"active_weight_version":1,' <<<"$s" | wc -l)" -eq 2 ] ||
   fail "consumers did not keep version 1: $s"
+# The dead publisher could not unlink its slots; the next publisher on the node sweeps them,
+# and the cluster goes on with version 3.
+ls /dev/shm | grep -q "^wsync-$p1-" || fail "expected the killed publisher's slots to be orphaned"
+for r in 0 1; do
+  "$wsync" publisher --coordinator "$addr" --rank $r --ranks 2 --layout "$layout" \
+    --first-version 3 --versions 1 >"$work/again$r.log" 2>&1 &
+  again[$r]=$!
+  pids+=("$!")
+done
+for r in 0 1; do wait "${again[$r]}" || fail "publisher $r failed after the crash"; done
+ls /dev/shm | grep -q "^wsync-$p1-" && fail "the killed publisher's slots were not swept"
+s=$(status)
+[ "$(grep -o '"active_weight_version":3,' <<<"$s" | wc -l)" -eq 2 ] || fail "not on version 3: $s"
 stop_all
-echo "cluster_faults: dead publisher aborted its update, consumers kept their version"
+echo "cluster_faults: killed publisher aborted its update, its slots were swept, the cluster went on"
 
 # 4. A frozen consumer (SIGSTOP) is detected by heartbeats and failed; the others commit.
 start_coordinator 20000
