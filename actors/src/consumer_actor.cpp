@@ -40,6 +40,9 @@ void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello 
           std::shared_ptr<rollout_side> side) {
   const std::int32_t rank = hello.rank;
   hello.active_weight_version = side->runtime.active_version();
+  std::set<std::string> held;
+  for (const auto& [id, key] : side->key_of) held.insert(key);
+  hello.held.assign(held.begin(), held.end());
   self->monitor(st->coordinator);
   self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(
@@ -165,8 +168,8 @@ int consumer_run(const consumer_options& options) {
     auto c = (*t)->make_consumer();
     if (!c) return log_error(c.error().message), 1;
     auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
-    rank_hello hello{options.coordinator.token, options.rank + k, "consumer", options.node,
-                     options.model_id,          {"shared-memory"}};
+    auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
+                            options.model_id);
     endpoints.push_back(caf::actor_cast<caf::actor>(
         sys.get().spawn(consumer_impl, *coordinator, side, hello, options.coordinator)));
   }

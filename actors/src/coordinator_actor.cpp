@@ -34,6 +34,9 @@ struct coordinator_state {
   std::map<std::string, std::vector<caf::typed_response_promise<std::string>>> waiting;
   std::map<std::int32_t, std::uint64_t> active_version;  ///< per consumer rank
   std::uint64_t committed = 0;                           ///< updates committed since start
+  /// Updates from before a coordinator restart (unknown to the book) and the consumer ranks
+  /// that said they still hold them; when the last one lets go, the publishers are told.
+  std::map<std::string, std::set<std::int32_t>> orphan_holds;
   static inline const char* name = "wsync.coordinator";
 };
 
@@ -100,6 +103,21 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
           }
         }
         break;
+    }
+  }
+}
+
+// A consumer let go of `key` (or left); release it at the publishers once nobody holds it.
+void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank) {
+  auto& st = self->state;
+  auto it = st.orphan_holds.find(key);
+  if (it == st.orphan_holds.end() || it->second.erase(rank) == 0 || !it->second.empty()) return;
+  st.orphan_holds.erase(it);
+  auto model = key.substr(0, key.rfind('@'));
+  for (const auto& [r, info] : st.book.publishers()) {
+    if (info.model_id != model) continue;
+    if (auto p = st.publishers.find(r); p != st.publishers.end()) {
+      self->send(p->second, release_atom::value, key);
     }
   }
 }
@@ -173,6 +191,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     if (m.role == rank_role::consumer) {
       self->state.consumers.erase(m.rank);
       self->state.active_version.erase(m.rank);
+      std::vector<std::string> keys;
+      for (const auto& [key, holders] : self->state.orphan_holds) keys.push_back(key);
+      for (const auto& key : keys) orphan_release(self, key, m.rank);
     }
     if (m.role == rank_role::publisher) self->state.publishers.erase(m.rank);
     auto reason = "down: " + self->system().render(msg.reason);
@@ -217,6 +238,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           st.active_version[hello.rank] = hello.active_weight_version;
         } else {
           st.publishers[hello.rank] = caf::actor_cast<publisher_actor>(sender);
+        }
+        for (const auto& key : hello.held) {
+          if (!st.book.find(key)) st.orphan_holds[key].insert(hello.rank);
         }
         st.members[caf::actor_cast<caf::actor_addr>(sender)] = {hello.rank, role};
         self->monitor(caf::actor_cast<caf::actor>(sender));
@@ -265,6 +289,10 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         } else if (r.state == "rejected") {
           effects = book.rejected(r.key, r.rank, r.reason, now);
         } else if (r.state == "released") {
+          if (!book.find(r.key) && self->state.orphan_holds.count(r.key)) {
+            orphan_release(self, r.key, r.rank);
+            return;
+          }
           effects = book.released(r.key, r.rank, now);
         }
         if (!effects) {

@@ -24,11 +24,27 @@ struct rank_hello {
   std::int32_t publisher_ranks = 0;  ///< publishers: how many ranks publish shards of the model
   /// consumers: the version it serves (a restarted coordinator learns versions from this)
   std::uint64_t active_weight_version = 0;
+  /// consumers: update keys whose memory it still holds (a restarted coordinator passes their
+  /// releases on to the publishers once every holder let go)
+  std::vector<std::string> held;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_hello& x) {
   return f(caf::meta::type_name("rank_hello"), x.token, x.rank, x.role, x.node, x.model_id,
-           x.transports, x.publisher_ranks, x.active_weight_version);
+           x.transports, x.publisher_ranks, x.active_weight_version, x.held);
+}
+
+/// A hello for a rank on the shared-memory data plane.
+inline rank_hello hello_make(std::string token, std::int32_t rank, std::string role,
+                             std::string node, std::string model_id) {
+  rank_hello h;
+  h.token = std::move(token);
+  h.rank = rank;
+  h.role = std::move(role);
+  h.node = std::move(node);
+  h.model_id = std::move(model_id);
+  h.transports = {"shared-memory"};
+  return h;
 }
 
 /// Coordinator -> consumer: install this update (every shard) or drop it.

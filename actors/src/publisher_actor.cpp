@@ -2,6 +2,7 @@
 // hands the manifest to the coordinator, waits for the outcome, and gives slots back when the
 // coordinator says every consumer released them.
 
+#include <atomic>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@ using json = nlohmann::json;
 
 struct publisher_side {
   std::unique_ptr<weight_publisher> publisher;
+  std::atomic<bool> coordinator_lost{false};  ///< set by the endpoint, read by the trainer
   std::mutex mutex;
   std::map<std::string, update_id> id_of;  ///< update key -> this rank's shard
 };
@@ -49,6 +51,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   auto pending = std::make_shared<std::vector<caf::typed_response_promise<std::string>>>();
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& msg) {
+    side->coordinator_lost = true;
     auto why = json{{"error", "the coordinator went away: " + self->system().render(msg.reason)}};
     for (auto& rp : *pending) rp.deliver(why.dump());
     pending->clear();
@@ -135,6 +138,41 @@ struct trainer_rank::impl {
   std::shared_ptr<publisher_side> side = std::make_shared<publisher_side>();
   publisher_actor endpoint;
   trainer_options options;
+
+  // Reaches the coordinator and joins through a fresh endpoint. Blocking: runs in the trainer's
+  // thread, never inside an actor.
+  result<void> join() {
+    auto& system = sys.get();
+    auto coordinator = system.middleman().remote_actor<coordinator_actor>(options.coordinator.host,
+                                                                          options.coordinator.port);
+    if (!coordinator) {
+      return make_error(errc::io_error, "publisher rank " + std::to_string(options.rank) +
+                                            ": cannot reach the coordinator at " +
+                                            options.coordinator.host + ":" +
+                                            std::to_string(options.coordinator.port) + ": " +
+                                            system.render(coordinator.error()));
+    }
+    if (endpoint) caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+    side->coordinator_lost = false;
+    auto hello = hello_make(options.coordinator.token, options.rank, "publisher", options.node,
+                            options.model_id);
+    hello.publisher_ranks = options.ranks;
+    endpoint = system.spawn(publisher_impl, *coordinator, side, hello, options.outcome_timeout);
+    return {};
+  }
+
+  // After losing the coordinator: retry with backoff (200 ms doubling to 5 s) for up to the
+  // outcome timeout, so a restarted coordinator is picked up.
+  result<void> rejoin() {
+    auto backoff = std::chrono::milliseconds(200);
+    auto deadline = std::chrono::steady_clock::now() + options.outcome_timeout;
+    for (;;) {
+      auto ok = join();
+      if (ok || std::chrono::steady_clock::now() + backoff > deadline) return ok;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+    }
+  }
 };
 
 trainer_rank::trainer_rank(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -153,19 +191,7 @@ result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_option
   cfg.release_when_answered = false;  // the coordinator says when
   cfg.slot_wait = o.outcome_timeout;
   p->side->publisher = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
-  auto& sys = p->sys.get();
-  auto coordinator =
-      sys.middleman().remote_actor<coordinator_actor>(o.coordinator.host, o.coordinator.port);
-  if (!coordinator) {
-    return make_error(errc::io_error, "publisher rank " + std::to_string(o.rank) +
-                                          ": cannot reach the coordinator at " +
-                                          o.coordinator.host + ":" +
-                                          std::to_string(o.coordinator.port) + ": " +
-                                          sys.render(coordinator.error()));
-  }
-  rank_hello hello{o.coordinator.token, o.rank, "publisher", o.node, o.model_id,
-                   {"shared-memory"},   o.ranks};
-  p->endpoint = sys.spawn(publisher_impl, *coordinator, p->side, hello, o.outcome_timeout);
+  if (auto ok = p->join(); !ok) return ok.error();
   return std::unique_ptr<trainer_rank>(new trainer_rank(std::move(p)));
 }
 
@@ -174,6 +200,11 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
                                       std::map<std::string, std::string> metadata) {
   publish_outcome out;
   auto& o = impl_->options;
+  if (impl_->side->coordinator_lost) {
+    log_warn("publisher rank " + std::to_string(o.rank) + ": coordinator lost; reconnecting");
+    if (auto ok = impl_->rejoin(); !ok) return out.error = ok.error().message, out;
+    log_info("publisher rank " + std::to_string(o.rank) + ": reconnected to the coordinator");
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto m = impl_->side->publisher->publish(tensors, weight_version, {}, std::move(metadata));
   out.publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
