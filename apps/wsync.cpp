@@ -102,6 +102,21 @@ void launcher_environment() {
   copy("SLURM_LOCALID", "LOCAL_RANK");
 }
 
+// --tls-cert / --tls-key / --tls-ca on every subcommand that talks to the cluster.
+void add_tls(CLI::App* sub, wsync::tls_settings& tls) {
+  sub->add_option("--tls-cert", tls.certificate,
+                  "PEM certificate: turns on TLS between cluster processes (every process needs "
+                  "one)")
+      ->envname("WSYNC_TLS_CERT")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--tls-key", tls.key, "PEM private key of --tls-cert")
+      ->envname("WSYNC_TLS_KEY")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--tls-ca", tls.ca_file, "PEM CA file that signed every peer's certificate")
+      ->envname("WSYNC_TLS_CA")
+      ->check(CLI::ExistingFile);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +165,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
 
+  add_tls(coord, coord_opt.listen.tls);
+
   wsync::consumer_options cons_opt;
   std::string cons_coord;
   auto* cons = app.add_subcommand(
@@ -171,6 +188,8 @@ int main(int argc, char** argv) {
   cons->add_option("--token", cons_opt.coordinator.token, token_help)
       ->envname("WSYNC_TOKEN")
       ->configurable(false);
+
+  add_tls(cons, cons_opt.coordinator.tls);
 
   wsync::publisher_options pub_opt;
   std::string pub_coord;
@@ -207,6 +226,8 @@ int main(int argc, char** argv) {
       ->envname("WSYNC_TOKEN")
       ->configurable(false);
 
+  add_tls(pub, pub_opt.coordinator.tls);
+
   std::string status_coord;
   std::string status_token;
   bool status_json = false;
@@ -218,6 +239,9 @@ int main(int argc, char** argv) {
       ->envname("WSYNC_TOKEN")
       ->configurable(false);
   status->add_flag("--json", status_json, "print the DESIGN §11 status object");
+
+  wsync::tls_settings status_tls;
+  add_tls(status, status_tls);
 
   wsync::demo_options demo_opt;
   auto* demo = app.add_subcommand(
@@ -292,6 +316,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     ep.token = status_token;
+    ep.tls = status_tls;
     std::string err;
     auto text = wsync::coordinator_status(ep, err);
     if (text.empty()) {

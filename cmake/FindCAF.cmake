@@ -3,6 +3,7 @@
 find_path(CAF_INCLUDE_DIR caf/all.hpp)
 find_library(CAF_CORE_LIBRARY caf_core)
 find_library(CAF_IO_LIBRARY caf_io)
+find_library(CAF_OPENSSL_LIBRARY caf_openssl)
 if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
   file(STRINGS "${CAF_INCLUDE_DIR}/caf/config.hpp" caf_version_line
        REGEX "^#define CAF_VERSION [0-9]+")
@@ -14,6 +15,7 @@ if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
 endif()
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(CAF REQUIRED_VARS CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY
+                                  CAF_OPENSSL_LIBRARY
                                   VERSION_VAR CAF_VERSION)
 if(CAF_FOUND)
   if(NOT caf_major EQUAL 0 OR NOT caf_minor EQUAL 17)
@@ -29,4 +31,9 @@ if(CAF_FOUND AND NOT TARGET CAF::core)
   add_library(CAF::io UNKNOWN IMPORTED)
   set_target_properties(CAF::io PROPERTIES IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
                         INTERFACE_LINK_LIBRARIES CAF::core)
+  if(CAF_OPENSSL_LIBRARY)
+    add_library(CAF::openssl UNKNOWN IMPORTED)
+    set_target_properties(CAF::openssl PROPERTIES IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
+                          INTERFACE_LINK_LIBRARIES CAF::io)
+  endif()
 endif()

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   # toolchain
-  g++ cmake ninja-build pkg-config ccache clang-format
+  g++ cmake ninja-build pkg-config ccache clang-format openssl
   # libraries (DESIGN §9)
   nlohmann-json3-dev libcli11-dev libxxhash-dev libcaf-dev
   # tests

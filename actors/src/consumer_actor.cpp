@@ -63,7 +63,7 @@ void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello 
 
 consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_actor coordinator,
                                             std::shared_ptr<rollout_side> side, rank_hello hello,
-                                            endpoint where) {
+                                            endpoint where, caf::io::middleman_actor connector) {
   const std::int32_t rank = hello.rank;
   auto st = std::make_shared<consumer_state>();
   st->coordinator = coordinator;
@@ -119,8 +119,8 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
       },
       [=](reconnect_atom) {
         st->backoff = std::min(st->backoff * 2, std::chrono::milliseconds(5000));
-        auto mm = self->system().middleman().actor_handle();
-        self->request(mm, std::chrono::seconds(5), caf::connect_atom::value, where.host, where.port)
+        self->request(connector, std::chrono::seconds(5), caf::connect_atom::value, where.host,
+                      where.port)
             .then(
                 [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
                   if (!ptr) {
@@ -147,9 +147,8 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
 }  // namespace
 
 int consumer_run(const consumer_options& options) {
-  cluster_system sys(options.heartbeat);
-  auto coordinator = sys.get().middleman().remote_actor<coordinator_actor>(
-      options.coordinator.host, options.coordinator.port);
+  cluster_system sys(options.heartbeat, options.coordinator.tls);
+  auto coordinator = sys.connect(options.coordinator);
   if (!coordinator) {
     log_error("consumer rank " + std::to_string(options.rank) +
               ": cannot reach the coordinator at " + options.coordinator.host + ":" +
@@ -170,8 +169,8 @@ int consumer_run(const consumer_options& options) {
     auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
     auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
                             options.model_id);
-    endpoints.push_back(caf::actor_cast<caf::actor>(
-        sys.get().spawn(consumer_impl, *coordinator, side, hello, options.coordinator)));
+    endpoints.push_back(caf::actor_cast<caf::actor>(sys.get().spawn(
+        consumer_impl, *coordinator, side, hello, options.coordinator, sys.connector())));
   }
   return run_until_stopped(sys.get(), endpoints);
 }

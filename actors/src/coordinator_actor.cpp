@@ -315,19 +315,19 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
 }  // namespace
 
 int coordinator_run(const coordinator_options& options) {
-  cluster_system sys(options.heartbeat);
+  cluster_system sys(options.heartbeat, options.listen.tls);
   book_config config;
   config.update_deadline = options.update_deadline;
   auto coordinator = sys.get().spawn(coordinator_impl, options.listen.token, config);
-  auto port = sys.get().middleman().publish(coordinator, options.listen.port,
-                                            options.listen.host.c_str(), true);
+  auto port = sys.publish(coordinator, options.listen);
   if (!port) {
     log_error("coordinator: cannot listen on " + options.listen.host + ":" +
               std::to_string(options.listen.port) + ": " + sys.get().render(port.error()));
     caf::anon_send_exit(coordinator, caf::exit_reason::kill);
     return 1;
   }
-  log_info("coordinator: listening on " + options.listen.host + ":" + std::to_string(*port));
+  log_info("coordinator: listening on " + options.listen.host + ":" + std::to_string(*port) +
+           (sys.tls() ? " (TLS)" : ""));
   if (!options.port_file.empty()) {
     // Written to a temporary name and renamed, so a launcher never reads half a number.
     std::string tmp = options.port_file + ".tmp";

@@ -130,7 +130,7 @@ result<shard_tensors> make_shard(const publisher_options& o) {
 }  // namespace
 
 struct trainer_rank::impl {
-  explicit impl(std::chrono::milliseconds heartbeat) : sys(heartbeat) {}
+  impl(std::chrono::milliseconds heartbeat, const tls_settings& tls) : sys(heartbeat, tls) {}
   ~impl() {
     if (endpoint) caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
   }
@@ -143,8 +143,7 @@ struct trainer_rank::impl {
   // thread, never inside an actor.
   result<void> join() {
     auto& system = sys.get();
-    auto coordinator = system.middleman().remote_actor<coordinator_actor>(options.coordinator.host,
-                                                                          options.coordinator.port);
+    auto coordinator = sys.connect(options.coordinator);
     if (!coordinator) {
       return make_error(errc::io_error, "publisher rank " + std::to_string(options.rank) +
                                             ": cannot reach the coordinator at " +
@@ -179,7 +178,7 @@ trainer_rank::trainer_rank(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 trainer_rank::~trainer_rank() = default;
 
 result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_options& o) {
-  auto p = std::make_unique<impl>(o.heartbeat);
+  auto p = std::make_unique<impl>(o.heartbeat, o.coordinator.tls);
   p->options = o;
   auto t = make_transport("shared-memory");
   if (!t) return t.error();
@@ -264,9 +263,8 @@ int publisher_run(const publisher_options& o) {
 }
 
 std::string coordinator_status(const endpoint& coordinator, std::string& error) {
-  cluster_system sys(std::chrono::milliseconds(200));
-  auto c =
-      sys.get().middleman().remote_actor<coordinator_actor>(coordinator.host, coordinator.port);
+  cluster_system sys(std::chrono::milliseconds(200), coordinator.tls);
+  auto c = sys.connect(coordinator);
   if (!c) {
     error = "cannot reach the coordinator at " + coordinator.host + ":" +
             std::to_string(coordinator.port) + ": " + sys.get().render(c.error());

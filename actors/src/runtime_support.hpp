@@ -8,7 +8,10 @@
 #include <memory>
 #include <vector>
 
+#include <caf/openssl/all.hpp>
+
 #include "protocol.hpp"
+#include "wsync/actors/node.hpp"
 
 namespace wsync {
 
@@ -63,18 +66,47 @@ inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::acto
 /// on at both ends, so every process turns them on (notes/caf-0.17.md).
 class cluster_system {
  public:
-  explicit cluster_system(std::chrono::milliseconds heartbeat) {
+  explicit cluster_system(std::chrono::milliseconds heartbeat, const tls_settings& tls = {})
+      : tls_(tls.enabled()) {
     block_stop_signals();
     cfg_.add_message_types<caf::id_block::wsync>();
     cfg_.load<caf::io::middleman>();
+    if (tls_) {
+      cfg_.load<caf::openssl::manager>();
+      cfg_.openssl_certificate = tls.certificate;
+      cfg_.openssl_key = tls.key;
+      cfg_.openssl_cafile = tls.ca_file;
+    }
     cfg_.set("middleman.heartbeat-interval", caf::timespan{heartbeat});
     cfg_.set("middleman.connection-timeout", caf::timespan{heartbeat * 5});
     cfg_.set("logger.console", caf::atom("none"));
     sys_ = std::make_unique<caf::actor_system>(cfg_);
   }
   caf::actor_system& get() { return *sys_; }
+  bool tls() const { return tls_; }
+
+  /// Connects to the coordinator (blocking: never call from inside an actor).
+  caf::expected<proto::coordinator_actor> connect(const endpoint& where) {
+    if (tls_)
+      return caf::openssl::remote_actor<proto::coordinator_actor>(*sys_, where.host, where.port);
+    return sys_->middleman().remote_actor<proto::coordinator_actor>(where.host, where.port);
+  }
+
+  /// Publishes the coordinator on `where` (TLS when configured); returns the port.
+  caf::expected<std::uint16_t> publish(const proto::coordinator_actor& actor,
+                                       const endpoint& where) {
+    if (tls_) return caf::openssl::publish(actor, where.port, where.host.c_str(), true);
+    return sys_->middleman().publish(actor, where.port, where.host.c_str(), true);
+  }
+
+  /// The actor that opens connections without blocking (for reconnects inside actors).
+  caf::io::middleman_actor connector() {
+    if (tls_) return sys_->openssl_manager().actor_handle();
+    return sys_->middleman().actor_handle();
+  }
 
  private:
+  bool tls_ = false;
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
 };

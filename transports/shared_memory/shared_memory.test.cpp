@@ -1,17 +1,33 @@
 // Shared memory across real processes: zero-copy import in a forked consumer, read-only
-// mappings, slot reuse only after release, the orphan sweep, and nothing left in /dev/shm.
+// mappings, slot reuse only after release, stale handles, the orphan sweep, and nothing left in
+// /dev/shm, in the fd table or in the address space.
+//
+// Children are forked before they create any thread or transport, use only the consumer side
+// (except the orphan test, whose child must be a publisher), report over a socket or their exit
+// status, and leave with _exit. An alarm bounds every child's life, so the parent's blocking
+// waitpid is bounded too; the parent's reads are bounded by poll.
 
 #include "shared_memory/shared_memory.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "wsync/manifest/codec.hpp"
 #include "wsync/transports/weight_consumer.hpp"
@@ -19,6 +35,9 @@
 
 namespace wsync {
 namespace {
+
+constexpr unsigned child_alarm_s = 60;
+constexpr auto reply_timeout = std::chrono::seconds(30);
 
 std::vector<std::string> segments_of(int pid) {
   std::vector<std::string> found;
@@ -32,115 +51,387 @@ std::vector<std::string> segments_of(int pid) {
   return found;
 }
 
-// Runs `body` in a forked child and returns its wait status. The child never returns into the
-// test framework: it leaves with _exit.
-template <class F>
-int in_child(F body) {
-  pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return status;
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
 }
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n - 1;  // the directory's own fd
+}
+
+// Lines of /proc/self/maps that map a wsync shared-memory object.
+std::vector<std::string> wsync_mappings() {
+  std::vector<std::string> out;
+  std::ifstream in("/proc/self/maps");
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("/dev/shm/wsync-") != std::string::npos) out.push_back(line);
+  }
+  return out;
+}
+
+// The /proc/self/maps line whose range holds `p`, or "".
+std::string mapping_of(const void* p) {
+  auto addr = reinterpret_cast<std::uintptr_t>(p);
+  std::ifstream in("/proc/self/maps");
+  for (std::string line; std::getline(in, line);) {
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream fields(line);
+    fields >> std::hex >> lo >> dash >> hi;
+    if (addr >= lo && addr < hi) return line;
+  }
+  return {};
+}
+
+// Byte i of a tensor of n bytes in version v.
+std::byte pattern(std::size_t i, std::size_t n, std::uint64_t v) {
+  return std::byte((i * 7 + n * 3 + v * 101) & 0xff);
+}
+
+bool send_all(int fd, const void* p, std::size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+// Reads n bytes; gives up at `deadline` (nullopt: no deadline, for children bounded by alarm).
+bool recv_all(int fd, void* p, std::size_t n,
+              std::optional<std::chrono::steady_clock::time_point> deadline) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    if (deadline) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          *deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd pfd{fd, POLLIN, 0};
+      int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+    }
+    ssize_t got = ::recv(fd, c, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;  // peer gone
+    c += got;
+    n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+bool send_msg(int fd, const std::string& msg) {
+  auto n = static_cast<std::uint32_t>(msg.size());
+  return send_all(fd, &n, sizeof n) && send_all(fd, msg.data(), msg.size());
+}
+
+std::optional<std::string> recv_msg(
+    int fd, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
+  std::uint32_t n = 0;
+  if (!recv_all(fd, &n, sizeof n, deadline)) return std::nullopt;
+  std::string msg(n, '\0');
+  if (!recv_all(fd, msg.data(), n, deadline)) return std::nullopt;
+  return msg;
+}
+
+// A forked child joined to the parent by a socket. It runs body(fd) and leaves with _exit(rc).
+class child_process {
+ public:
+  template <class F>
+  explicit child_process(F body) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(sv[0]);
+      ::alarm(child_alarm_s);  // a stuck child dies, so the parent's waitpid returns
+      int rc = 100;
+      try {
+        rc = body(sv[1]);
+      } catch (...) {
+        rc = 101;
+      }
+      ::_exit(rc);
+    }
+    ::close(sv[1]);
+    fd_ = sv[0];
+  }
+  ~child_process() {
+    if (fd_ >= 0) ::close(fd_);
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      wait();
+    }
+  }
+  child_process(const child_process&) = delete;
+  child_process& operator=(const child_process&) = delete;
+
+  bool started() const { return pid_ > 0 && fd_ >= 0; }
+  pid_t pid() const { return pid_; }
+  bool send(const std::string& msg) { return send_msg(fd_, msg); }
+  std::optional<std::string> receive() {
+    return recv_msg(fd_, std::chrono::steady_clock::now() + reply_timeout);
+  }
+  int wait() {
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+};
 
 bool exited_ok(int status) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("signal ") + ::strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+// A consumer in a fresh process: its own transport instance, nothing shared but the manifest.
+std::unique_ptr<weight_consumer> child_consumer(std::int32_t rank) {
+  auto t = make_transport("shared-memory");
+  if (!t) return nullptr;
+  auto c = (*t)->make_consumer();
+  if (!c) return nullptr;
+  return std::make_unique<weight_consumer>(std::move(*c), consumer_config{rank, 1});
+}
+
+// Checks, inside the consumer process, that an import is zero-copy out of the publisher's
+// read-only slot and carries version v's bytes. Returns "" or what is wrong.
+std::string check_import(const imported_update& u, int publisher_pid) {
+  auto handle = nlohmann::json::parse(u.manifest.transport_handle, nullptr, false);
+  if (handle.is_discarded() || !handle.contains("name")) return "handle is not JSON with a name";
+  std::string name = handle["name"].get<std::string>();
+  std::string prefix = "wsync-" + std::to_string(publisher_pid) + "-";
+  if (name.rfind(prefix, 0) != 0) return "slot " + name + " is not the publisher's";
+  for (std::size_t i = 0; i < u.tensors.size(); ++i) {
+    const auto& t = u.tensors[i];
+    std::string where = mapping_of(t.data);
+    if (where.find("/dev/shm/" + name) == std::string::npos) {
+      return "tensor " + std::to_string(i) + " is not in the slot mapping: " + where;
+    }
+    std::istringstream fields(where);
+    std::string range, perms;
+    fields >> range >> perms;
+    if (perms != "r--s") return "slot mapped " + perms + ", expected r--s";
+    std::size_t n = t.descriptor->nbytes;
+    for (std::size_t b = 0; b < n; ++b) {
+      if (t.data[b] != pattern(b, n, u.manifest.weight_version)) {
+        return "tensor " + std::to_string(i) + " byte " + std::to_string(b) + " differs";
+      }
+    }
+  }
+  return {};
+}
+
 class shared_memory_test : public ::testing::Test {
  protected:
   void SetUp() override {
-    data_.resize(4 << 20);
-    for (std::size_t i = 0; i < data_.size(); ++i) data_[i] = std::byte((i * 7 + 3) & 0xff);
-    sources_ = {{"a", dtype::u8, {1 << 20}, {}, data_.data(), 1 << 20},
-                {"b", dtype::f32, {3 << 18}, {}, data_.data() + (1 << 20), 3 << 20}};
+    fds_at_start_ = open_fds();
+    set_tensors({1 << 20, 3 << 20}, 1);
   }
+
   void TearDown() override {
     publisher_.reset();
     transport_.reset();
     EXPECT_EQ(segments_of(::getpid()), std::vector<std::string>{}) << "left in /dev/shm";
+    EXPECT_EQ(wsync_mappings(), std::vector<std::string>{}) << "still mapped";
+    EXPECT_EQ(open_fds(), fds_at_start_) << "file descriptors leaked";
+  }
+
+  // Tensors "a", "b", ... of the given sizes holding version v's pattern.
+  void set_tensors(std::vector<std::size_t> sizes, std::uint64_t v) {
+    data_.clear();
+    sources_.clear();
+    for (auto n : sizes) {
+      std::vector<std::byte> b(n);
+      for (std::size_t i = 0; i < n; ++i) b[i] = pattern(i, n, v);
+      data_.push_back(std::move(b));
+    }
+    for (std::size_t i = 0; i < data_.size(); ++i) {
+      sources_.push_back({std::string(1, static_cast<char>('a' + i)),
+                          dtype::u8,
+                          {static_cast<std::int64_t>(data_[i].size())},
+                          {},
+                          data_[i].data(),
+                          data_[i].size()});
+    }
   }
 
   void make_publisher(int slots, std::chrono::milliseconds wait = std::chrono::seconds(10)) {
     auto t = make_transport("shared-memory", {{"slots", std::to_string(slots)}});
-    ASSERT_TRUE(t);
+    ASSERT_TRUE(t) << t.error().message;
     transport_ = std::move(*t);
     auto p = transport_->make_publisher();
-    ASSERT_TRUE(p);
+    ASSERT_TRUE(p) << p.error().message;
+    raw_publisher_ = p->get();
     publisher_config cfg;
     cfg.model_id = "shm";
     cfg.slot_wait = wait;
     publisher_ = std::make_unique<weight_publisher>(std::move(*p), "shared-memory", cfg);
   }
 
-  // A consumer in a fresh process: its own transport instance, nothing shared but the manifest.
-  static int consume_in_child(const std::string& manifest_json, bool write_through) {
-    auto m = manifest_from_json(manifest_json);
-    if (!m) return 10;
-    auto t = make_transport("shared-memory");
-    if (!t) return 11;
-    auto c = (*t)->make_consumer();
-    if (!c) return 12;
-    weight_consumer consumer(std::move(*c), consumer_config{1, 1});
-    auto u = consumer.import_update(*m);
-    if (!u) return 13;
-    if (write_through) {
-      // The mapping is read-only: this store must kill the process. Sanitizers catch SEGV and
-      // exit instead, so restore the default action first.
-      ::signal(SIGSEGV, SIG_DFL);
-      const_cast<std::byte*>((*u)->tensors[0].data)[0] = std::byte{1};
-      return 14;
-    }
-    if (!consumer.verify(m->update_id)) return 15;
-    if (!consumer.release(m->update_id)) return 16;
-    return 0;
+  std::unique_ptr<weight_consumer> make_local_consumer(std::int32_t rank = 0) {
+    auto c = transport_->make_consumer();
+    EXPECT_TRUE(c) << c.error().message;
+    return std::make_unique<weight_consumer>(std::move(*c), consumer_config{rank, 1});
   }
 
-  std::vector<std::byte> data_;
+  std::size_t fds_at_start_ = 0;
+  std::vector<std::vector<std::byte>> data_;
   std::vector<tensor_source> sources_;
   std::unique_ptr<transport> transport_;
+  publisher_transport* raw_publisher_ = nullptr;  // owned by publisher_
   std::unique_ptr<weight_publisher> publisher_;
 };
 
-TEST_F(shared_memory_test, consumer_process_imports_and_verifies) {
-  make_publisher(2);
-  auto m = publisher_->publish(sources_, 1, {1});
-  ASSERT_TRUE(m);
-  std::string json = manifest_to_json(*m);
-  EXPECT_TRUE(exited_ok(in_child([&] { return consume_in_child(json, false); })));
-  ASSERT_TRUE(publisher_->on_released(m->update_id, 1));
-  EXPECT_TRUE(publisher_->held_updates().empty());
+TEST_F(shared_memory_test, consumer_process_imports_zero_copy_and_verifies) {
+  make_publisher(1);
+  int parent = ::getpid();
+  // One long-lived consumer process imports three versions: the first two reuse one slot (the
+  // child's mapping is reused), the third is larger and replaces the slot with a new object.
+  child_process consumer([parent](int fd) {
+    auto c = child_consumer(1);
+    if (!c) return 10;
+    while (auto msg = recv_msg(fd)) {
+      if (msg->empty()) return 0;  // done
+      auto m = manifest_from_json(*msg);
+      if (!m) return 11;
+      auto u = c->import_update(*m);
+      std::string reply = u ? check_import(**u, parent) : "import: " + u.error().message;
+      if (reply.empty()) {
+        if (auto v = c->verify(m->update_id); !v) reply = "verify: " + v.error().message;
+      }
+      if (reply.empty()) {
+        if (auto r = c->release(m->update_id); !r) reply = "release: " + r.error().message;
+      }
+      if (!send_msg(fd, reply.empty() ? "ok" : reply)) return 12;
+    }
+    return 13;  // parent vanished
+  });
+  ASSERT_TRUE(consumer.started());
+  std::string first_slot;
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    if (v == 3)
+      set_tensors({5 << 20, 1001, 3 << 20}, v);
+    else
+      set_tensors({1 << 20, 3 << 20, 1001}, v);
+    auto m = publisher_->publish(sources_, v, {1});
+    ASSERT_TRUE(m) << m.error().message;
+    auto slots = segments_of(parent);
+    ASSERT_EQ(slots.size(), 1u);
+    if (v == 1) first_slot = slots[0];
+    if (v == 2) EXPECT_EQ(slots[0], first_slot);  // the same slot, rewritten
+    if (v == 3) EXPECT_NE(slots[0], first_slot);  // a bigger slot replaced it
+    ASSERT_TRUE(consumer.send(manifest_to_json(*m)));
+    auto reply = consumer.receive();
+    ASSERT_TRUE(reply) << "no answer from the consumer process";
+    EXPECT_EQ(*reply, "ok") << "version " << v;
+    EXPECT_FALSE(publisher_->held_updates().empty());  // held until the parent hears
+    ASSERT_TRUE(publisher_->on_released(m->update_id, 1));
+    EXPECT_TRUE(publisher_->held_updates().empty());
+  }
+  ASSERT_TRUE(consumer.send(""));
+  int status = consumer.wait();
+  EXPECT_TRUE(exited_ok(status)) << describe(status);
 }
 
 TEST_F(shared_memory_test, slots_are_private_and_mapped_read_only) {
   make_publisher(2);
   auto m = publisher_->publish(sources_, 1, {1});
-  ASSERT_TRUE(m);
+  ASSERT_TRUE(m) << m.error().message;
   auto segments = segments_of(::getpid());
   ASSERT_EQ(segments.size(), 1u);
   struct stat st {};
   ASSERT_EQ(::stat(("/dev/shm/" + segments[0]).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  EXPECT_GE(segments[0].size(), std::string("wsync-1-").size() + 32);  // 128 random bits
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_GE(segments[0].size(), ("wsync-" + std::to_string(::getpid()) + "-").size() + 32)
+      << "fewer than 128 random bits in " << segments[0];
   std::string json = manifest_to_json(*m);
-  int status = in_child([&] { return consume_in_child(json, true); });
-  ASSERT_TRUE(WIFSIGNALED(status)) << "write through a consumer mapping did not fault";
-  EXPECT_EQ(WTERMSIG(status), SIGSEGV);
+  child_process writer([&json](int) {
+    auto parsed = manifest_from_json(json);
+    if (!parsed) return 10;
+    auto c = child_consumer(1);
+    if (!c) return 11;
+    auto u = c->import_update(*parsed);
+    if (!u) return 12;
+    // The mapping is read-only: this store must kill the process. Sanitizers catch SEGV and
+    // exit instead, so restore the default action first.
+    ::signal(SIGSEGV, SIG_DFL);
+    const_cast<volatile std::byte*>((*u)->tensors[0].data)[0] = std::byte{1};
+    return 13;
+  });
+  ASSERT_TRUE(writer.started());
+  int status = writer.wait();
+  ASSERT_TRUE(WIFSIGNALED(status))
+      << "write through a consumer mapping did not fault: " << describe(status);
+  EXPECT_EQ(WTERMSIG(status), SIGSEGV) << describe(status);
+  // The publisher's bytes are untouched.
+  auto c = make_local_consumer(1);
+  auto u = c->import_update(*m);
+  ASSERT_TRUE(u) << u.error().message;
+  EXPECT_EQ((*u)->tensors[0].data[0], data_[0][0]);
+  ASSERT_TRUE(c->verify(m->update_id));
+  ASSERT_TRUE(c->release(m->update_id));
   ASSERT_TRUE(publisher_->on_failed(m->update_id, 1, "crashed"));
+  EXPECT_TRUE(publisher_->held_updates().empty());
 }
 
 TEST_F(shared_memory_test, a_slot_is_reused_only_after_release) {
   make_publisher(1, std::chrono::milliseconds(200));
   auto m1 = publisher_->publish(sources_, 1, {0});
-  ASSERT_TRUE(m1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto start = std::chrono::steady_clock::now();
   auto m2 = publisher_->publish(sources_, 2, {0});
+  auto waited = std::chrono::steady_clock::now() - start;
   ASSERT_FALSE(m2);
   EXPECT_EQ(m2.error().code, errc::timeout);
-  EXPECT_NE(m2.error().message.find("no free slot"), std::string::npos);
+  EXPECT_NE(m2.error().message.find("no free slot"), std::string::npos) << m2.error().message;
+  EXPECT_GE(waited, std::chrono::milliseconds(200));  // it did wait, bounded
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  EXPECT_EQ(publisher_->held_updates(), std::vector<update_id>{m1->update_id});
+  EXPECT_EQ(segments_of(::getpid()).size(), 1u);
+  // The first update is intact: nothing was written into its slot.
+  auto c = make_local_consumer();
+  ASSERT_TRUE(c->import_update(*m1));
+  ASSERT_TRUE(c->verify(m1->update_id));
+  ASSERT_TRUE(c->release(m1->update_id));
   ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
-  auto m3 = publisher_->publish(sources_, 3, {0});
-  ASSERT_TRUE(m3) << m3.error().message;
-  ASSERT_TRUE(publisher_->on_released(m3->update_id, 0));
+  // The refused publish did not consume version 2.
+  auto again = publisher_->publish(sources_, 2, {0});
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(segments_of(::getpid()).size(), 1u);
+  ASSERT_TRUE(publisher_->on_released(again->update_id, 0));
+}
+
+TEST_F(shared_memory_test, a_waiting_publish_takes_the_slot_once_released) {
+  make_publisher(1, std::chrono::seconds(20));
+  auto m1 = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m1) << m1.error().message;
+  std::optional<result<weight_update_manifest>> m2;
+  std::thread waiter([&] { m2.emplace(publisher_->publish(sources_, 2, {0})); });
+  ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+  waiter.join();
+  ASSERT_TRUE(m2 && *m2) << (*m2).error().message;
+  ASSERT_TRUE(publisher_->on_released((*m2)->update_id, 0));
 }
 
 TEST_F(shared_memory_test, two_slots_hold_two_versions) {
@@ -149,122 +440,244 @@ TEST_F(shared_memory_test, two_slots_hold_two_versions) {
   auto m2 = publisher_->publish(sources_, 2, {0});
   ASSERT_TRUE(m1 && m2);
   EXPECT_EQ(segments_of(::getpid()).size(), 2u);
-  EXPECT_FALSE(publisher_->publish(sources_, 3, {0}));
+  EXPECT_EQ(publisher_->held_updates().size(), 2u);
+  auto m3 = publisher_->publish(sources_, 3, {0});
+  ASSERT_FALSE(m3);
+  EXPECT_EQ(m3.error().code, errc::timeout);
+  EXPECT_NE(m3.error().message.find("no free slot"), std::string::npos) << m3.error().message;
+  // Both held versions are still readable side by side.
+  auto c = make_local_consumer();
+  ASSERT_TRUE(c->import_update(*m1));
+  ASSERT_TRUE(c->import_update(*m2));
+  ASSERT_TRUE(c->verify(m1->update_id));
+  ASSERT_TRUE(c->verify(m2->update_id));
+  ASSERT_TRUE(c->release(m1->update_id));
+  ASSERT_TRUE(c->release(m2->update_id));
   ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+  auto m4 = publisher_->publish(sources_, 4, {0});
+  ASSERT_TRUE(m4) << m4.error().message;
+  EXPECT_EQ(segments_of(::getpid()).size(), 2u);  // the ring did not grow
   ASSERT_TRUE(publisher_->on_released(m2->update_id, 0));
+  ASSERT_TRUE(publisher_->on_released(m4->update_id, 0));
 }
 
 TEST_F(shared_memory_test, a_stale_handle_is_refused_after_the_slot_is_rewritten) {
   make_publisher(1);
   auto m1 = publisher_->publish(sources_, 1, {0});
-  ASSERT_TRUE(m1);
+  ASSERT_TRUE(m1) << m1.error().message;
   ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+  set_tensors({1 << 20, 3 << 20}, 2);
   auto m2 = publisher_->publish(sources_, 2, {0});
-  ASSERT_TRUE(m2);
-  auto c = transport_->make_consumer();
-  ASSERT_TRUE(c);
-  weight_consumer consumer(std::move(*c), consumer_config{});
-  auto stale = consumer.import_update(*m1);
+  ASSERT_TRUE(m2) << m2.error().message;
+  auto consumer = make_local_consumer();
+  auto stale = consumer->import_update(*m1);
   ASSERT_FALSE(stale);
   EXPECT_EQ(stale.error().code, errc::unknown_update);
+  EXPECT_TRUE(stale.error().message.rfind("unknown update_id", 0) == 0) << stale.error().message;
+  EXPECT_NE(stale.error().message.find(m1->update_id), std::string::npos);
   EXPECT_NE(stale.error().message.find("no longer in shared memory"), std::string::npos);
-  ASSERT_TRUE(consumer.import_update(*m2));
-  ASSERT_TRUE(consumer.release(m2->update_id));
+  auto fresh = consumer->import_update(*m2);
+  ASSERT_TRUE(fresh) << fresh.error().message;
+  EXPECT_EQ((*fresh)->tensors[0].data[0], pattern(0, 1 << 20, 2));
+  ASSERT_TRUE(consumer->verify(m2->update_id));
+  ASSERT_TRUE(consumer->release(m2->update_id));
   ASSERT_TRUE(publisher_->on_released(m2->update_id, 0));
+}
+
+TEST_F(shared_memory_test, a_slot_being_rewritten_refuses_its_old_handle) {
+  // Between acquire and expose the publisher writes the next update into the slot; a late
+  // import of the previous update must not get those half-written bytes.
+  make_publisher(1);
+  auto m1 = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m1) << m1.error().message;
+  ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : m1->segments) sizes.push_back(s.nbytes);
+  auto next = update_id_generate();
+  auto spans = raw_publisher_->acquire(next, sizes, std::chrono::milliseconds(200));
+  ASSERT_TRUE(spans) << spans.error().message;
+  auto consumer = make_local_consumer();
+  auto late = consumer->import_update(*m1);
+  ASSERT_FALSE(late) << "imported a slot that is being rewritten";
+  EXPECT_EQ(late.error().code, errc::unknown_update);
+  raw_publisher_->release(next);  // abandoned before expose
+  auto still = consumer->import_update(*m1);
+  EXPECT_FALSE(still);
 }
 
 TEST_F(shared_memory_test, a_bigger_update_replaces_a_free_slot) {
   make_publisher(1);
   auto small = std::vector<tensor_source>{sources_[0]};
   auto m1 = publisher_->publish(small, 1, {0});
-  ASSERT_TRUE(m1);
-  auto c = transport_->make_consumer();
-  ASSERT_TRUE(c);
-  weight_consumer consumer(std::move(*c), consumer_config{});
-  ASSERT_TRUE(consumer.import_update(*m1));
-  ASSERT_TRUE(consumer.release(m1->update_id));
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto consumer = make_local_consumer();
+  ASSERT_TRUE(consumer->import_update(*m1));
+  ASSERT_TRUE(consumer->release(m1->update_id));
   ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+  auto old_slot = segments_of(::getpid());
   std::vector<std::byte> big(8 << 20, std::byte{9});
   auto m2 = publisher_->publish(
       std::vector<tensor_source>{{"a", dtype::u8, {8 << 20}, {}, big.data(), big.size()}}, 2, {0});
-  ASSERT_TRUE(m2);
-  EXPECT_EQ(segments_of(::getpid()).size(), 1u);  // the small slot was unlinked
-  ASSERT_TRUE(consumer.import_update(*m2));
-  ASSERT_TRUE(consumer.verify(m2->update_id));
-  ASSERT_TRUE(consumer.release(m2->update_id));
+  ASSERT_TRUE(m2) << m2.error().message;
+  auto new_slot = segments_of(::getpid());
+  ASSERT_EQ(new_slot.size(), 1u);  // the small slot was unlinked
+  EXPECT_NE(new_slot, old_slot);
+  ASSERT_TRUE(consumer->import_update(*m2));
+  ASSERT_TRUE(consumer->verify(m2->update_id));
+  ASSERT_TRUE(consumer->release(m2->update_id));
   ASSERT_TRUE(publisher_->on_released(m2->update_id, 0));
 }
 
 TEST_F(shared_memory_test, killed_consumer_leaks_nothing) {
-  make_publisher(2);
+  make_publisher(1, std::chrono::milliseconds(200));
   auto m = publisher_->publish(sources_, 1, {1});
-  ASSERT_TRUE(m);
+  ASSERT_TRUE(m) << m.error().message;
   std::string json = manifest_to_json(*m);
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {
+  child_process holder([&json](int fd) {
     auto parsed = manifest_from_json(json);
-    auto t = make_transport("shared-memory");
-    auto c = (*t)->make_consumer();
-    weight_consumer consumer(std::move(*c), consumer_config{1, 1});
-    char ok = consumer.import_update(*parsed) ? 'y' : 'n';
-    (void)::write(ready[1], &ok, 1);
-    ::pause();  // holds the import until killed
-    ::_exit(0);
-  }
-  char ok = 0;
-  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
-  EXPECT_EQ(ok, 'y');
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ::close(ready[0]);
-  ::close(ready[1]);
+    if (!parsed) return 10;
+    auto c = child_consumer(1);
+    if (!c) return 11;
+    auto u = c->import_update(*parsed);
+    if (!send_msg(fd, u ? "holding" : u.error().message)) return 12;
+    (void)recv_msg(fd);  // holds the import until killed
+    return 13;
+  });
+  ASSERT_TRUE(holder.started());
+  auto reply = holder.receive();
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(*reply, "holding");
+  ASSERT_EQ(::kill(holder.pid(), SIGKILL), 0);
+  int status = holder.wait();
+  ASSERT_TRUE(WIFSIGNALED(status)) << describe(status);
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  EXPECT_EQ(segments_of(holder.pid()), std::vector<std::string>{});  // consumers make none
+  EXPECT_FALSE(publisher_->held_updates().empty());
   ASSERT_TRUE(publisher_->on_failed(m->update_id, 1, "killed"));
   EXPECT_TRUE(publisher_->held_updates().empty());
-  EXPECT_EQ(segments_of(pid), std::vector<std::string>{});  // consumers never create segments
-  // TearDown checks the publisher's own segments are gone once it is destroyed.
+  // The dead consumer's slot is free again.
+  auto m2 = publisher_->publish(sources_, 2, {});
+  ASSERT_TRUE(m2) << m2.error().message;
+  publisher_.reset();
+  transport_.reset();
+  EXPECT_EQ(segments_of(::getpid()), std::vector<std::string>{});
 }
 
 TEST_F(shared_memory_test, orphans_of_a_dead_publisher_are_swept_and_live_ones_kept) {
   make_publisher(2);  // a live publisher of ours, with a segment
   auto m = publisher_->publish(sources_, 1, {0});
-  ASSERT_TRUE(m);
-  int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {
+  ASSERT_TRUE(m) << m.error().message;
+  auto ours = segments_of(::getpid());
+  ASSERT_EQ(ours.size(), 1u);
+  child_process orphan_maker([](int fd) {
     auto t = make_transport("shared-memory");
+    if (!t) return 10;
     auto p = (*t)->make_publisher();
+    if (!p) return 11;
     publisher_config cfg;
     cfg.model_id = "orphan";
+    cfg.copy_threads = 1;
     auto* publisher = new weight_publisher(std::move(*p), "shared-memory", cfg);
     std::vector<std::byte> b(4096);
     std::vector<tensor_source> s{{"x", dtype::u8, {4096}, {}, b.data(), b.size()}};
-    char ok = publisher->publish(s, 1, {0}) ? 'y' : 'n';
-    (void)::write(ready[1], &ok, 1);
-    (void)::read(go[0], &ok, 1);
-    ::_exit(0);  // dies without destructors, like a crash
-  }
-  char ok = 0;
-  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
-  ASSERT_EQ(ok, 'y');
-  auto orphans = segments_of(pid);
+    auto m = publisher->publish(s, 1, {0});
+    if (!send_msg(fd, m ? "published" : m.error().message)) return 12;
+    (void)recv_msg(fd);  // waits for the parent's go
+    ::_exit(0);          // dies without destructors, like a crash
+  });
+  ASSERT_TRUE(orphan_maker.started());
+  auto reply = orphan_maker.receive();
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(*reply, "published");
+  auto orphans = segments_of(orphan_maker.pid());
   ASSERT_EQ(orphans.size(), 1u);
-  EXPECT_TRUE(shm_sweep_orphans().empty());  // its owner is alive: kept
-  ASSERT_EQ(segments_of(pid).size(), 1u);
-  ASSERT_EQ(::write(go[1], &ok, 1), 1);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+  // Its owner is alive: kept.
+  auto early = shm_sweep_orphans();
+  EXPECT_FALSE(contains(early, orphans[0]));
+  EXPECT_FALSE(contains(early, ours[0]));
+  ASSERT_EQ(segments_of(orphan_maker.pid()), orphans);
+
+  ASSERT_TRUE(orphan_maker.send("go"));
+  int status = orphan_maker.wait();
+  ASSERT_TRUE(exited_ok(status)) << describe(status);
+  ASSERT_EQ(segments_of(orphan_maker.pid()), orphans);  // _exit left it behind
 
   auto removed = shm_sweep_orphans();
-  EXPECT_EQ(removed, orphans);
-  EXPECT_EQ(segments_of(pid), std::vector<std::string>{});
-  EXPECT_EQ(segments_of(::getpid()).size(), 1u);  // ours stays
+  EXPECT_TRUE(contains(removed, orphans[0]));
+  EXPECT_FALSE(contains(removed, ours[0]));
+  EXPECT_EQ(segments_of(orphan_maker.pid()), std::vector<std::string>{});
+  EXPECT_EQ(segments_of(::getpid()), ours);  // ours stays, and stays readable
+  auto c = make_local_consumer();
+  ASSERT_TRUE(c->import_update(*m));
+  ASSERT_TRUE(c->verify(m->update_id));
+  ASSERT_TRUE(c->release(m->update_id));
   ASSERT_TRUE(publisher_->on_released(m->update_id, 0));
+}
+
+TEST_F(shared_memory_test, a_starting_publisher_sweeps_orphans) {
+  child_process orphan_maker([](int fd) {
+    auto t = make_transport("shared-memory");
+    if (!t) return 10;
+    auto p = (*t)->make_publisher();
+    if (!p) return 11;
+    publisher_config cfg;
+    cfg.model_id = "orphan";
+    cfg.copy_threads = 1;
+    auto* publisher = new weight_publisher(std::move(*p), "shared-memory", cfg);
+    std::vector<std::byte> b(100);
+    std::vector<tensor_source> s{{"x", dtype::u8, {100}, {}, b.data(), b.size()}};
+    (void)send_msg(fd, publisher->publish(s, 1, {0}) ? "published" : "failed");
+    ::_exit(0);
+  });
+  ASSERT_TRUE(orphan_maker.started());
+  auto reply = orphan_maker.receive();
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(*reply, "published");
+  ASSERT_TRUE(exited_ok(orphan_maker.wait()));
+  ASSERT_EQ(segments_of(orphan_maker.pid()).size(), 1u);
+  make_publisher(1);
+  EXPECT_EQ(segments_of(orphan_maker.pid()), std::vector<std::string>{});
+}
+
+// The first bytes of a slot as the transport lays them out (shared_memory.cpp, slot_header).
+struct fake_slot_header {
+  char magic[8];
+  std::uint32_t layout;
+  std::int32_t owner_pid;
+  std::uint64_t owner_start;
+  std::uint64_t capacity;
+  std::uint64_t generation;
+};
+
+// Creates /dev/shm/<name> holding `header` (or nothing when null) and one page.
+bool make_fake_slot(const std::string& name, const fake_slot_header* header) {
+  int fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return false;
+  bool ok = ::ftruncate(fd, 4096) == 0 &&
+            (!header || ::pwrite(fd, header, sizeof *header, 0) == sizeof *header);
+  ::close(fd);
+  return ok;
+}
+
+TEST_F(shared_memory_test, a_recycled_pid_does_not_protect_an_orphan) {
+  // The pid in the name is alive (our parent), but the header says another process with that
+  // pid made it: the pid was reused, the owner is gone.
+  int live = ::getppid();
+  std::string recycled =
+      "wsync-" + std::to_string(live) + "-testrecycled" + std::to_string(getpid());
+  std::string foreign = "wsync-" + std::to_string(live) + "-testforeign" + std::to_string(getpid());
+  fake_slot_header h{};
+  std::memcpy(h.magic, "WSYNCSLT", 8);
+  h.layout = 1;
+  h.owner_pid = live;
+  h.owner_start = ~std::uint64_t{0} - 1;  // no live process started then
+  ASSERT_TRUE(make_fake_slot(recycled, &h));
+  ASSERT_TRUE(make_fake_slot(foreign, nullptr));  // not a wsync slot: not ours to judge
+  auto removed = shm_sweep_orphans();
+  EXPECT_TRUE(contains(removed, recycled));
+  EXPECT_FALSE(contains(removed, foreign));
+  EXPECT_EQ(::shm_unlink(("/" + recycled).c_str()), -1);  // already gone
+  EXPECT_EQ(::shm_unlink(("/" + foreign).c_str()), 0);    // was kept
 }
 
 }  // namespace

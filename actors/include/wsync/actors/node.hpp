@@ -14,10 +14,20 @@
 
 namespace wsync {
 
+/// TLS between cluster processes (CAF's OpenSSL module). Off when `certificate` is empty; when
+/// on, every process of the cluster needs it, and a peer without it cannot connect.
+struct tls_settings {
+  std::string certificate;  ///< PEM file: this process's certificate
+  std::string key;          ///< PEM file: its private key
+  std::string ca_file;      ///< PEM file: the CA that signed every peer's certificate
+  bool enabled() const { return !certificate.empty(); }
+};
+
 struct endpoint {
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;
   std::string token;
+  tls_settings tls;
 };
 
 struct coordinator_options {
