@@ -91,6 +91,7 @@ bool tensor_span_bytes(const tensor_descriptor& t, std::uint64_t& out) {
   std::uint64_t itemsize = dtype_itemsize(t.dtype);
   if (elements == 0) return out = 0, true;
   if (t.strides.empty()) return !mul_overflows(elements, itemsize, out);
+  if (t.strides.size() != t.shape.size()) return false;  // no span; never read past strides
   // Highest element index reachable is sum((dim - 1) * stride).
   std::uint64_t last = 0;
   for (std::size_t i = 0; i < t.shape.size(); ++i) {
@@ -255,15 +256,20 @@ result<void> manifest_validate(const weight_update_manifest& m,
     const auto &x = m.tensors[a], &y = m.tensors[b];
     return x.segment != y.segment ? x.segment < y.segment : x.offset < y.offset;
   });
-  for (std::size_t k = 1; k < order.size(); ++k) {
-    const auto& prev = m.tensors[order[k - 1]];
+  // Compare each range with the furthest end seen so far in its segment, so an empty tensor in
+  // between cannot hide an overlap.
+  std::uint64_t max_end = 0;
+  std::size_t max_owner = order.empty() ? 0 : order[0];
+  for (std::size_t k = 0; k < order.size(); ++k) {
     const auto& cur = m.tensors[order[k]];
-    if (prev.segment == cur.segment && prev.nbytes > 0 && cur.nbytes > 0 &&
-        prev.offset + prev.nbytes > cur.offset) {
-      return c.fail(
-          tensor_field(order[k], "offset"),
-          "range overlaps tensor \"" + prev.name + "\" in segment " + std::to_string(cur.segment));
+    if (k > 0 && cur.segment != m.tensors[order[k - 1]].segment) max_end = 0;
+    if (cur.nbytes == 0) continue;
+    if (cur.offset < max_end) {
+      return c.fail(tensor_field(order[k], "offset"),
+                    "range overlaps tensor \"" + m.tensors[max_owner].name + "\" in segment " +
+                        std::to_string(cur.segment));
     }
+    if (cur.offset + cur.nbytes > max_end) max_end = cur.offset + cur.nbytes, max_owner = order[k];
   }
   return {};
 }

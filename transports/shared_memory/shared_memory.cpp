@@ -73,7 +73,7 @@ std::string random_hex(std::size_t bytes) {
   while (got < bytes) {
     ssize_t n = ::getrandom(buf.data() + got, bytes - got, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
+    if (n < 0) return {};  // never a guessable name: callers treat empty as failure
     got += static_cast<std::size_t>(n);
   }
   static constexpr char hex[] = "0123456789abcdef";
@@ -97,12 +97,17 @@ void slot_destroy(slot& s) {
   if (!s.name.empty()) ::shm_unlink(("/" + s.name).c_str());
   s.base = nullptr;
   s.name.clear();
+  s.capacity = 0;
 }
 
 // Creates, sizes, maps and pre-faults one slot. Fresh pages cost ~0.3 GB/s to fault in here, so
 // this happens once per slot, never per update.
 result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_start) {
-  s.name = name_prefix + std::to_string(::getpid()) + "-" + random_hex(16);
+  auto secret = random_hex(16);
+  if (secret.empty()) {
+    return make_error(errc::io_error, "shared-memory: getrandom failed: " + errno_text(errno));
+  }
+  s.name = name_prefix + std::to_string(::getpid()) + "-" + secret;
   s.capacity = capacity;
   s.map_bytes = header_bytes + capacity;
   int fd = ::shm_open(("/" + s.name).c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -127,7 +132,10 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   // Allocate every page now; tmpfs reports a full /dev/shm here rather than with SIGBUS later.
   if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
     if (errno != EINVAL) return fail("madvise(MADV_POPULATE_WRITE)");
-    if (::posix_fallocate(fd, 0, static_cast<off_t>(s.map_bytes)) != 0) return fail("fallocate");
+    if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s.map_bytes)); rc != 0) {
+      errno = rc;  // posix_fallocate returns its error instead of setting errno
+      return fail("fallocate");
+    }
     for (std::uint64_t off = 0; off < s.map_bytes; off += page) {
       static_cast<volatile std::byte*>(p)[off] = std::byte{0};
     }
@@ -194,8 +202,8 @@ class shm_publisher final : public publisher_transport {
         slot_destroy(*small_free);
         std::uint64_t capacity = align_up(need + need / 8, capacity_quantum);
         if (auto ok = slot_create(*small_free, capacity, owner_start_); !ok) {
-          slots_.erase(std::find_if(slots_.begin(), slots_.end(),
-                                    [&](const auto& p) { return p.get() == small_free; }));
+          // Keep the (now empty) entry: erasing it would shift the indices consumers key their
+          // mappings by. A later acquire recreates it.
           return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
         }
         chosen = small_free;
@@ -213,6 +221,9 @@ class shm_publisher final : public publisher_transport {
     }
     chosen->holder = id;
     chosen->offsets = offsets;
+    // The slot is about to be rewritten: bump the generation now, so a consumer holding the
+    // previous handle is refused from here on, not only after expose().
+    chosen->header()->generation.fetch_add(1, std::memory_order_acq_rel);
     std::vector<std::span<std::byte>> spans;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       spans.emplace_back(chosen->base + header_bytes + offsets[i], sizes[i]);
@@ -327,6 +338,12 @@ class shm_consumer final : public consumer_transport {
       it = maps_.emplace(key, *mapped).first;
     }
     auto& mp = it->second;
+    if (h->capacity > mp.map_bytes - header_bytes) {
+      return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: capacity " +
+                                                    std::to_string(h->capacity) +
+                                                    " exceeds the mapped slot " + h->name + " (" +
+                                                    update_context(m) + ")");
+    }
     const auto* header = reinterpret_cast<const slot_header*>(mp.base);
     std::uint64_t gen = header->generation.load(std::memory_order_acquire);
     if (gen != h->generation) {
@@ -356,11 +373,12 @@ class shm_consumer final : public consumer_transport {
       return;
     }
     for (auto r = retired_.begin(); r != retired_.end(); ++r) {
-      if (r->name == name && --r->holds == 0) {
+      if (r->name != name) continue;
+      if (--r->holds == 0) {
         r->unmap();
         retired_.erase(r);
-        return;
       }
+      return;
     }
   }
 
@@ -473,6 +491,13 @@ std::vector<std::string> shm_sweep_orphans(const std::string& dir) {
       // The pid is in use: keep the segment unless its header proves another process made it.
       int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
       if (fd < 0) continue;
+      // A live owner may be between shm_open and ftruncate: reading an empty object's header
+      // would raise SIGBUS. Too small means "being created": keep it.
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < header_bytes) {
+        ::close(fd);
+        continue;
+      }
       void* p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
       ::close(fd);
       if (p == MAP_FAILED) continue;

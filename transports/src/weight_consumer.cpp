@@ -68,7 +68,10 @@ result<const imported_update*> weight_consumer::import_update(
     }
   }
   auto segments = transport_->import_segments(manifest);
-  if (!segments) return segments.error();
+  if (!segments) {
+    return make_error(segments.error().code, segments.error().message + " at consumer rank " +
+                                                 std::to_string(config_.rank));
+  }
 
   auto update = std::make_unique<imported_update>();
   update->manifest = manifest;
@@ -121,6 +124,10 @@ result<void> weight_consumer::verify(const update_id& id) {
   work();
   for (auto& w : workers) w.join();
   if (std::size_t i = bad.load(); i < u->tensors.size()) {
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = updates_.find(id); it != updates_.end()) it->second.verify_failed = true;
+    }
     const auto& d = *u->tensors[i].descriptor;
     return make_error(errc::checksum_mismatch,
                       "tensor checksum mismatch: tensors[" + std::to_string(i) + "] \"" + d.name +
@@ -136,6 +143,12 @@ result<void> weight_consumer::step(const update_id& id, update_event event) {
   update_state from = update_state::announced;
   if (it != updates_.end()) {
     from = it->second.state;
+    if (it->second.verify_failed &&
+        (event == update_event::install_ok || event == update_event::acknowledge)) {
+      return make_error(errc::illegal_transition,
+                        "cannot " + std::string(update_event_name(event)) +
+                            " update after tensor checksum mismatch (" + context(id) + ")");
+    }
   } else {
     bool known = false;
     for (const auto& [fid, state] : finished_) {

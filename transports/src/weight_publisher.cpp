@@ -51,12 +51,20 @@ result<void> pack_tensors(std::span<const tensor_source> tensors, std::uint64_t 
                           std::vector<segment_descriptor>& segments) {
   descriptors.clear();
   segments.clear();
+  // A segment ends at its last tensor rounded up to the alignment, but never past the limit
+  // (unless a single tensor is larger than the limit on its own).
+  auto seal = [&](std::uint64_t cursor) {
+    std::uint64_t end = std::max<std::uint64_t>(cursor, 1);
+    segments.back().nbytes =
+        std::min(align_up(end, tensor_alignment), std::max(end, max_segment_bytes));
+  };
   std::uint64_t cursor = 0;
   for (const auto& t : tensors) {
     std::uint64_t start = align_up(cursor, tensor_alignment);
-    // Open a new segment when this tensor would overflow a non-empty one.
-    if (segments.empty() || (cursor > 0 && start + t.nbytes > max_segment_bytes)) {
-      if (!segments.empty()) segments.back().nbytes = align_up(cursor, tensor_alignment);
+    // Open a new segment when this tensor (with its padding) would overflow a non-empty one.
+    bool fits = align_up(start + t.nbytes, tensor_alignment) <= max_segment_bytes;
+    if (segments.empty() || (cursor > 0 && !fits)) {
+      if (!segments.empty()) seal(cursor);
       segments.push_back({});
       start = 0;
     }
@@ -71,8 +79,7 @@ result<void> pack_tensors(std::span<const tensor_source> tensors, std::uint64_t 
     descriptors.push_back(std::move(d));
     cursor = start + t.nbytes;
   }
-  if (!segments.empty())
-    segments.back().nbytes = align_up(std::max<std::uint64_t>(cursor, 1), tensor_alignment);
+  if (!segments.empty()) seal(cursor);
   return {};
 }
 

@@ -46,6 +46,8 @@ class reference_runtime final : public install_adapter {
 
   generation_gate& gate() { return gate_; }
 
+  /// `fn` must not enter the gate again (active_version(), another generate()) nor call into
+  /// the rollout executor: with an install waiting, either deadlocks.
   /// Runs `fn(const runtime_weights&)` as one generation step: under the shared side of the
   /// gate, so it sees one complete version from start to end. Before any install the weights
   /// are empty with version 0.

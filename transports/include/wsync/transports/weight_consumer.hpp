@@ -38,6 +38,9 @@ struct consumer_config {
   unsigned verify_threads = 2;  ///< threads that recompute checksums in verify() (large updates)
 };
 
+/// Thread-safe bookkeeping, but one update's calls must not overlap: verify() reads the bytes
+/// without the lock, so release() of the same update must wait for it (the rollout executor
+/// serialises them).
 class weight_consumer {
  public:
   weight_consumer(std::unique_ptr<consumer_transport> transport, consumer_config config);
@@ -68,6 +71,7 @@ class weight_consumer {
     update_state state = update_state::announced;
     std::unique_ptr<imported_update> update;
     std::string reason;
+    bool verify_failed = false;  ///< a checksum differed: never installed or acknowledged
   };
   result<void> step(const update_id& id, update_event event);
   std::string context(const update_id& id) const;
