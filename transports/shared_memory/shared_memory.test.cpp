@@ -329,17 +329,20 @@ TEST_F(shared_memory_test, consumer_process_imports_zero_copy_and_verifies) {
   ASSERT_TRUE(consumer.started());
   std::string first_slot;
   for (std::uint64_t v = 1; v <= 3; ++v) {
-    if (v == 3)
-      set_tensors({5 << 20, 1001, 3 << 20}, v);
-    else
-      set_tensors({1 << 20, 3 << 20, 1001}, v);
+    // Version 3 is larger than the slot the first two fit in.
+    set_tensors(v == 3 ? std::vector<std::size_t>{5 << 20, 1001, 3 << 20}
+                       : std::vector<std::size_t>{1 << 20, 3 << 20, 1001},
+                v);
     auto m = publisher_->publish(sources_, v, {1});
     ASSERT_TRUE(m) << m.error().message;
     auto slots = segments_of(parent);
     ASSERT_EQ(slots.size(), 1u);
     if (v == 1) first_slot = slots[0];
-    if (v == 2) EXPECT_EQ(slots[0], first_slot);  // the same slot, rewritten
-    if (v == 3) EXPECT_NE(slots[0], first_slot);  // a bigger slot replaced it
+    if (v == 2) {
+      EXPECT_EQ(slots[0], first_slot);  // the same slot, rewritten
+    } else if (v == 3) {
+      EXPECT_NE(slots[0], first_slot);  // a bigger slot replaced it
+    }
     ASSERT_TRUE(consumer.send(manifest_to_json(*m)));
     auto reply = consumer.receive();
     ASSERT_TRUE(reply) << "no answer from the consumer process";
@@ -505,6 +508,30 @@ TEST_F(shared_memory_test, a_slot_being_rewritten_refuses_its_old_handle) {
   EXPECT_FALSE(still);
 }
 
+TEST_F(shared_memory_test, a_forged_handle_cannot_reach_past_the_slot) {
+  make_publisher(1);
+  auto m = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  auto consumer = make_local_consumer();
+  ASSERT_TRUE(consumer->import_update(*m));  // the slot is mapped and cached now
+  auto handle = nlohmann::json::parse(m->transport_handle);
+  std::uint64_t capacity = handle["capacity"].get<std::uint64_t>();
+  // Same slot name and generation, but a capacity and offset far beyond the real mapping.
+  handle["capacity"] = capacity * 4;
+  handle["offsets"][0] = capacity * 3;
+  auto forged = *m;
+  forged.update_id = update_id_generate();
+  forged.weight_version = 2;
+  forged.transport_handle = handle.dump();
+  auto r = consumer->import_update(forged);
+  ASSERT_FALSE(r) << "imported a segment outside the mapped slot";
+  EXPECT_EQ(r.error().code, errc::invalid_manifest);
+  EXPECT_TRUE(r.error().message.rfind("invalid manifest: transport_handle", 0) == 0)
+      << r.error().message;
+  ASSERT_TRUE(consumer->release(m->update_id));
+  ASSERT_TRUE(publisher_->on_released(m->update_id, 0));
+}
+
 TEST_F(shared_memory_test, a_bigger_update_replaces_a_free_slot) {
   make_publisher(1);
   auto small = std::vector<tensor_source>{sources_[0]};
@@ -580,8 +607,8 @@ TEST_F(shared_memory_test, orphans_of_a_dead_publisher_are_swept_and_live_ones_k
     auto* publisher = new weight_publisher(std::move(*p), "shared-memory", cfg);
     std::vector<std::byte> b(4096);
     std::vector<tensor_source> s{{"x", dtype::u8, {4096}, {}, b.data(), b.size()}};
-    auto m = publisher->publish(s, 1, {0});
-    if (!send_msg(fd, m ? "published" : m.error().message)) return 12;
+    auto published = publisher->publish(s, 1, {0});
+    if (!send_msg(fd, published ? "published" : published.error().message)) return 12;
     (void)recv_msg(fd);  // waits for the parent's go
     ::_exit(0);          // dies without destructors, like a crash
   });
@@ -678,6 +705,27 @@ TEST_F(shared_memory_test, a_recycled_pid_does_not_protect_an_orphan) {
   EXPECT_FALSE(contains(removed, foreign));
   EXPECT_EQ(::shm_unlink(("/" + recycled).c_str()), -1);  // already gone
   EXPECT_EQ(::shm_unlink(("/" + foreign).c_str()), 0);    // was kept
+}
+
+TEST_F(shared_memory_test, the_sweep_leaves_a_slot_being_created_alone) {
+  // A live publisher between shm_open and ftruncate has an empty object: reading its header
+  // would raise SIGBUS. The sweep runs in a child so a crash shows as a status, not a dead run.
+  int live = ::getppid();
+  std::string name = "wsync-" + std::to_string(live) + "-testcreating" + std::to_string(getpid());
+  int fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ::close(fd);
+  child_process sweeper([&name](int sock) {
+    auto removed = shm_sweep_orphans();
+    bool kept = std::find(removed.begin(), removed.end(), name) == removed.end();
+    return send_msg(sock, kept ? "kept" : "removed") ? 0 : 10;
+  });
+  ASSERT_TRUE(sweeper.started());
+  auto reply = sweeper.receive();
+  int status = sweeper.wait();
+  EXPECT_TRUE(exited_ok(status)) << describe(status);
+  EXPECT_EQ(reply.value_or("no answer"), "kept");
+  EXPECT_EQ(::shm_unlink(("/" + name).c_str()), 0);  // still there: clean it up
 }
 
 }  // namespace

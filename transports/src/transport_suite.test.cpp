@@ -213,7 +213,10 @@ TEST_P(transport_suite, wrong_checksum_is_a_mismatch_naming_the_tensor) {
   EXPECT_TRUE(contains(v.error().message, "rank=7")) << v.error().message;
   EXPECT_FALSE(contains(v.error().message, "\"t0\"")) << v.error().message;
   EXPECT_EQ(*consumer->state(bad.update_id), update_state::imported);  // not verified
-  EXPECT_FALSE(consumer->mark_installed(bad.update_id));
+  auto install = consumer->mark_installed(bad.update_id);  // a failed verify blocks install
+  ASSERT_FALSE(install);
+  EXPECT_TRUE(contains(install.error().message, "after tensor checksum mismatch"))
+      << install.error().message;
   EXPECT_FALSE(consumer->acknowledge(bad.update_id));
   ASSERT_TRUE(consumer->reject(bad.update_id, v.error().message));
   ASSERT_TRUE(consumer->release(bad.update_id));
