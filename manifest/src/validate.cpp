@@ -51,7 +51,8 @@ bool row_major(const tensor_descriptor& t) {
   std::int64_t expect = 1;
   for (std::size_t i = t.shape.size(); i-- > 0;) {
     if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
+    // An empty tensor's later dimensions may multiply past 64 bits; no stride can match then.
+    if (__builtin_mul_overflow(expect, t.shape[i], &expect)) return false;
   }
   return true;
 }
