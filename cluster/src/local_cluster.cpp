@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,11 +17,8 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 std::string random_token() {
-  unsigned char b[16] = {};
-  if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b)) return "wsync-local";
-  std::string s;
-  for (auto c : b) s += "0123456789abcdef"[c >> 4], s += "0123456789abcdef"[c & 15];
-  return s;
+  auto t = random_hex(16);
+  return t.empty() ? std::string("wsync-local-") + std::to_string(::getpid()) : t;
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -65,21 +64,6 @@ std::uint64_t process_start_time(int pid) {
     if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
   }
   return 0;
-}
-
-std::string random_hex(std::size_t bytes) {
-  std::vector<unsigned char> buf(bytes);
-  std::size_t got = 0;
-  while (got < bytes) {
-    ssize_t n = ::getrandom(buf.data() + got, bytes - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return {};  // never a guessable name: callers treat empty as failure
-    got += static_cast<std::size_t>(n);
-  }
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  for (auto b : buf) out += {hex[b >> 4], hex[b & 15]};
-  return out;
 }
 
 struct slot {

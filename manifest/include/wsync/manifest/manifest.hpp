@@ -57,6 +57,10 @@ inline constexpr std::uint64_t tensor_alignment = 256;
 /// kernel plus the wall-clock time, as "u-<unix-ms hex>-<32 hex>".
 update_id update_id_generate();
 
+/// `bytes` bytes from the kernel's CSPRNG as lower-case hex; empty if the kernel refused (never
+/// a guessable fallback: callers treat empty as failure).
+std::string random_hex(std::size_t bytes);
+
 /// Text naming an update and a rank in errors: "update_id=<id> rank=<r>".
 std::string update_context(const weight_update_manifest& m);
 std::string update_context(const update_id& id, std::int32_t rank);
