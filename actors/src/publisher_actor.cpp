@@ -131,8 +131,15 @@ result<shard_tensors> make_shard(const publisher_options& o) {
 
 struct trainer_rank::impl {
   impl(std::chrono::milliseconds heartbeat, const tls_settings& tls) : sys(heartbeat, tls) {}
-  ~impl() {
-    if (endpoint) caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+  ~impl() { retire_endpoint(); }
+
+  // Stops the endpoint and drops the registry's reference to it: its handle went to the
+  // coordinator's node, and CAF 0.17 keeps such actors registered until that node lets go.
+  void retire_endpoint() {
+    if (!endpoint) return;
+    caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+    sys.get().registry().erase(endpoint->id());
+    endpoint = nullptr;
   }
   cluster_system sys;  // first: blocks the stop signals before any thread starts
   std::shared_ptr<publisher_side> side = std::make_shared<publisher_side>();
@@ -151,7 +158,7 @@ struct trainer_rank::impl {
                                             std::to_string(options.coordinator.port) + ": " +
                                             system.render(coordinator.error()));
     }
-    if (endpoint) caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+    retire_endpoint();
     side->coordinator_lost = false;
     auto hello = hello_make(options.coordinator.token, options.rank, "publisher", options.node,
                             options.model_id);
