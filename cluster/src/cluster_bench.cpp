@@ -43,9 +43,14 @@ run_figures run_one(const cluster_bench_options& o, int consumers) {
                             "--versions", std::to_string(o.repeat + 1), "--json"},
                            outcomes);
   int status = 0;
-  if (!cluster.await_exit(pid, std::chrono::minutes(5), status) || !WIFEXITED(status) ||
-      WEXITSTATUS(status) != 0) {
-    f.error = "the publisher failed or timed out";
+  if (!cluster.await_exit(pid, std::chrono::minutes(5), status)) {
+    f.error = "the publisher did not finish within 5 minutes";
+    return f;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    f.error = WIFEXITED(status)
+                  ? "the publisher exited with status " + std::to_string(WEXITSTATUS(status))
+                  : "the publisher died of signal " + std::to_string(WTERMSIG(status));
     return f;
   }
   std::vector<double> publish, commit, data_max, data_sum, overhead;
