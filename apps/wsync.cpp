@@ -215,7 +215,12 @@ int main(int argc, char** argv) {
          "--layout", pub_opt.layout,
          "model layout (" + join(wsync::layout_names()) + ") or synthetic:<bytes>:<tensors>")
       ->capture_default_str();
-  pub->add_option("--model", pub_opt.model_id, "model id (default: the layout name)");
+  pub->add_option("--safetensors", pub_opt.safetensors,
+                  "publish the tensors of this .safetensors file (mapped, zero-copy) instead of "
+                  "a layout; every rank takes tensor i when i % ranks == rank")
+      ->check(CLI::ExistingFile);
+  pub->add_option("--model", pub_opt.model_id,
+                  "model id (default: the layout name, or \"safetensors\")");
   pub->add_option("--versions", pub_opt.versions, "versions to publish")->capture_default_str();
   pub->add_option("--first-version", pub_opt.first_version, "weight_version of the first one")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 62))

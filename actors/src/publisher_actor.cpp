@@ -12,6 +12,7 @@
 #include "runtime_support.hpp"
 #include "wsync/actors/node.hpp"
 #include "wsync/bench/layouts.hpp"
+#include "wsync/bench/safetensors.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
 #include "wsync/transports/registry.hpp"
@@ -91,10 +92,30 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
 // This rank's tensors (every `ranks`-th of the layout), with generated contents.
 struct shard_tensors {
   std::vector<std::vector<std::byte>> storage;
+  std::unique_ptr<safetensors_file> file;  ///< when publishing a checkpoint file
   std::vector<tensor_source> sources;
 };
 
 result<shard_tensors> make_shard(const publisher_options& o) {
+  if (!o.safetensors.empty()) {
+    // Every rank maps the file and publishes its own share of the tensors, zero-copy.
+    auto file = safetensors_file::open(o.safetensors);
+    if (!file) return file.error();
+    shard_tensors s;
+    const auto& all = (*file)->tensors();
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (static_cast<std::int32_t>(i % static_cast<std::size_t>(o.ranks)) == o.rank) {
+        s.sources.push_back(all[i]);
+      }
+    }
+    s.file = std::move(*file);
+    if (s.sources.empty()) {
+      return make_error(errc::invalid_argument, "safetensors: no tensor falls to rank " +
+                                                    std::to_string(o.rank) + " of " +
+                                                    std::to_string(o.ranks));
+    }
+    return s;
+  }
   std::optional<model_layout> layout;
   if (o.layout.rfind("synthetic:", 0) == 0) {
     unsigned long long bytes = 0, count = 0;
@@ -247,7 +268,9 @@ int publisher_run(const publisher_options& o) {
   to.rank = o.rank;
   to.ranks = o.ranks;
   to.node = o.node;
-  to.model_id = o.model_id.empty() ? o.layout : o.model_id;
+  to.model_id = !o.model_id.empty()      ? o.model_id
+                : !o.safetensors.empty() ? std::string("safetensors")
+                                         : o.layout;
   to.outcome_timeout = o.outcome_timeout;
   to.heartbeat = o.heartbeat;
   auto trainer = trainer_rank::connect(to);

@@ -56,6 +56,7 @@ struct publisher_options {
                            ///< i % ranks == rank
   std::string node = "n0";
   std::string layout = "qwen2.5-0.5b";  ///< model layout, or "synthetic:<bytes>:<tensors>"
+  std::string safetensors;              ///< publish this checkpoint file instead of a layout
   std::string model_id;                 ///< empty: the layout name
   std::uint64_t first_version = 1;
   std::uint64_t versions = 5;  ///< publishes first_version .. first_version + versions - 1

@@ -1,0 +1,112 @@
+#include "wsync/bench/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace wsync {
+namespace {
+
+std::optional<dtype> safetensors_dtype(const std::string& s) {
+  static const std::pair<const char*, dtype> table[] = {{"F64", dtype::f64},
+                                                        {"F32", dtype::f32},
+                                                        {"F16", dtype::f16},
+                                                        {"BF16", dtype::bf16},
+                                                        {"F8_E4M3", dtype::fp8_e4m3},
+                                                        {"F8_E5M2", dtype::fp8_e5m2},
+                                                        {"I64", dtype::i64},
+                                                        {"I32", dtype::i32},
+                                                        {"I16", dtype::i16},
+                                                        {"I8", dtype::i8},
+                                                        {"U8", dtype::u8},
+                                                        {"BOOL", dtype::boolean}};
+  for (const auto& [name, t] : table) {
+    if (s == name) return t;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+safetensors_file::~safetensors_file() {
+  if (map_) ::munmap(map_, size_);
+}
+
+result<std::unique_ptr<safetensors_file>> safetensors_file::open(const std::string& path) {
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_argument, "safetensors " + path + ": " + why);
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return bad(std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size < 8) {
+    ::close(fd);
+    return bad("shorter than its 8-byte header length");
+  }
+  std::unique_ptr<safetensors_file> f(new safetensors_file);
+  f->size_ = static_cast<std::uint64_t>(st.st_size);
+  void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return bad(std::string("mmap: ") + std::strerror(errno));
+  f->map_ = p;
+  const auto* base = static_cast<const std::byte*>(p);
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i)
+    header_len = (header_len << 8) | std::to_integer<std::uint64_t>(base[i]);
+  if (header_len > f->size_ - 8)
+    return bad("header length " + std::to_string(header_len) + " exceeds the file");
+  auto header =
+      nlohmann::json::parse(reinterpret_cast<const char*>(base + 8),
+                            reinterpret_cast<const char*>(base + 8 + header_len), nullptr, false);
+  if (!header.is_object()) return bad("header is not a JSON object");
+  const std::byte* data = base + 8 + header_len;
+  const std::uint64_t data_len = f->size_ - 8 - header_len;
+  struct entry {
+    std::uint64_t begin;
+    tensor_source t;
+  };
+  std::vector<entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const auto& v = it.value();
+    const std::string where = "tensor \"" + it.key() + "\"";
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets")) {
+      return bad(where + ": needs dtype, shape and data_offsets");
+    }
+    auto dt =
+        v["dtype"].is_string() ? safetensors_dtype(v["dtype"].get<std::string>()) : std::nullopt;
+    if (!dt) return bad(where + ".dtype: unsupported " + v["dtype"].dump());
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned()) {
+      return bad(where + ".data_offsets: expected [begin, end]");
+    }
+    auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+    if (begin > end || end > data_len) return bad(where + ".data_offsets: outside the file");
+    tensor_source t;
+    t.name = it.key();
+    t.dtype = *dt;
+    if (!v["shape"].is_array()) return bad(where + ".shape: expected an array");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) return bad(where + ".shape: expected non-negative integers");
+      t.shape.push_back(d.get<std::int64_t>());
+    }
+    t.data = data + begin;
+    t.nbytes = end - begin;
+    entries.push_back({begin, std::move(t)});
+  }
+  // File order (the JSON object is sorted by name, the data by the writer's order).
+  std::sort(entries.begin(), entries.end(),
+            [](const entry& a, const entry& b) { return a.begin < b.begin; });
+  for (auto& e : entries) f->tensors_.push_back(std::move(e.t));
+  return f;
+}
+
+}  // namespace wsync

@@ -1,0 +1,60 @@
+#include "wsync/bench/safetensors.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+namespace wsync {
+namespace {
+
+std::string write_file(const std::string& header, const std::string& data) {
+  char path[] = "/tmp/wsync-safetensors-XXXXXX";
+  int fd = ::mkstemp(path);
+  EXPECT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream out(path, std::ios::binary);
+  std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+  out << header << data;
+  return path;
+}
+
+TEST(safetensors, reads_tensors_in_file_order_without_copying) {
+  std::string data(16 + 6, '\0');
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i);
+  auto path = write_file(R"({"__metadata__":{"format":"pt"},)"
+                         R"("b.weight":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]},)"
+                         R"("a.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})",
+                         data);
+  auto f = safetensors_file::open(path);
+  ASSERT_TRUE(f) << f.error().message;
+  const auto& t = (*f)->tensors();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].name, "a.weight");
+  EXPECT_EQ(t[0].dtype, dtype::f32);
+  EXPECT_EQ(t[0].shape, (std::vector<std::int64_t>{2, 2}));
+  EXPECT_EQ(t[0].nbytes, 16u);
+  EXPECT_EQ(t[1].name, "b.weight");
+  EXPECT_EQ(t[1].nbytes, 6u);
+  EXPECT_EQ(std::memcmp(t[1].data, data.data() + 16, 6), 0);
+  ::unlink(path.c_str());
+}
+
+TEST(safetensors, malformed_files_name_the_tensor_and_field) {
+  auto path = write_file(R"({"x":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", "z");
+  auto f = safetensors_file::open(path);
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("tensor \"x\".dtype"), std::string::npos) << f.error().message;
+  ::unlink(path.c_str());
+  path = write_file(R"({"x":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}})", "short");
+  f = safetensors_file::open(path);
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("data_offsets"), std::string::npos);
+  ::unlink(path.c_str());
+  EXPECT_FALSE(safetensors_file::open("/nonexistent/file.safetensors"));
+}
+
+}  // namespace
+}  // namespace wsync
