@@ -1,6 +1,5 @@
 #include "wsync/bench/bench.hpp"
 
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -22,6 +21,7 @@
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
 #include "wsync/transports/registry.hpp"
+#include "wsync/transports/shared_memory.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync {
@@ -232,22 +232,6 @@ struct run_result {
   std::uint64_t last_version = 0;
   std::uint64_t active_version = 0;
 };
-
-// Counts /dev/shm entries a process of ours left: "wsync-<pid>-*".
-std::vector<std::string> leftover_segments(const std::vector<int>& pids) {
-  std::vector<std::string> found;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      for (int pid : pids) {
-        if (std::string(e->d_name).rfind("wsync-" + std::to_string(pid) + "-", 0) == 0) {
-          found.emplace_back(e->d_name);
-        }
-      }
-    }
-    ::closedir(d);
-  }
-  return found;
-}
 
 double gbps(std::uint64_t bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / 1e9 : 0;
@@ -473,7 +457,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   }
   publisher.reset();
   t->reset();
-  if (auto left = leftover_segments({::getpid(), child}); !left.empty()) {
+  if (auto left = shm_segments_of({::getpid(), child}); !left.empty()) {
     ok = false, rr.error = "left in /dev/shm: " + left.front();
   }
 

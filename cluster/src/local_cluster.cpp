@@ -1,6 +1,7 @@
 #include "local_cluster.hpp"
 
-#include <dirent.h>
+#include "wsync/transports/shared_memory.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -120,18 +121,7 @@ void local_cluster::stop_all() {
 }
 
 std::vector<std::string> local_cluster::leftovers() const {
-  std::vector<std::string> found;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      for (auto pid : started_) {
-        if (std::string(e->d_name).rfind("wsync-" + std::to_string(pid) + "-", 0) == 0) {
-          found.emplace_back(e->d_name);
-        }
-      }
-    }
-    ::closedir(d);
-  }
-  return found;
+  return shm_segments_of(std::vector<int>(started_.begin(), started_.end()));
 }
 
 }  // namespace wsync

@@ -41,6 +41,14 @@ void copy_block(unsigned char* dst, const unsigned char* src, std::size_t n) {
 
 }  // namespace
 
+std::string checksum_hex(std::uint64_t checksum) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, checksum >>= 4)
+    s[static_cast<std::size_t>(i)] = digits[checksum & 15];
+  return s;
+}
+
 std::uint64_t checksum_compute(const void* data, std::size_t nbytes) {
   return XXH3_64bits(data, nbytes);
 }

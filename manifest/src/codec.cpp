@@ -1,5 +1,7 @@
 #include "wsync/manifest/codec.hpp"
 
+#include "wsync/manifest/checksum.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -63,12 +65,6 @@ bool base64_decode(std::string_view in, std::string& out) {
     if (pad < 1) out.push_back(char(v & 0xff));
   }
   return true;
-}
-
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 bool parse_hex64(const std::string& s, std::uint64_t& out) {
@@ -257,7 +253,7 @@ std::string manifest_to_json(const weight_update_manifest& m) {
                        {"device", t.device},
                        {"segment", t.segment},
                        {"offset", t.offset},
-                       {"checksum", hex64(t.checksum)}});
+                       {"checksum", checksum_hex(t.checksum)}});
   }
   json segments = json::array();
   for (const auto& s : m.segments) segments.push_back({{"nbytes", s.nbytes}});

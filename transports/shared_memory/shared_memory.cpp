@@ -461,9 +461,24 @@ class shared_memory_transport final : public transport {
 
 }  // namespace
 
-std::vector<std::string> shm_sweep_orphans(const std::string& dir) {
+std::vector<std::string> shm_segments_of(const std::vector<int>& pids) {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      for (int pid : pids) {
+        if (std::string(e->d_name).rfind(name_prefix + std::to_string(pid) + "-", 0) == 0) {
+          found.emplace_back(e->d_name);
+        }
+      }
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+std::vector<std::string> shm_sweep_orphans() {
   std::vector<std::string> removed;
-  DIR* d = ::opendir(dir.c_str());
+  DIR* d = ::opendir("/dev/shm");
   if (!d) return removed;
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;

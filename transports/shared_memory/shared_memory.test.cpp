@@ -40,15 +40,7 @@ constexpr unsigned child_alarm_s = 60;
 constexpr auto reply_timeout = std::chrono::seconds(30);
 
 std::vector<std::string> segments_of(int pid) {
-  std::vector<std::string> found;
-  std::string prefix = "wsync-" + std::to_string(pid) + "-";
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::string(e->d_name).rfind(prefix, 0) == 0) found.emplace_back(e->d_name);
-    }
-    ::closedir(d);
-  }
-  return found;
+  return shm_segments_of({pid});
 }
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {

@@ -14,13 +14,6 @@ namespace {
 constexpr std::size_t finished_history = 256;
 constexpr std::uint64_t parallel_verify_min_bytes = std::uint64_t{16} << 20;
 
-std::string hex(std::uint64_t v) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = digits[v & 15];
-  return s;
-}
-
 }  // namespace
 
 weight_consumer::weight_consumer(std::unique_ptr<consumer_transport> transport,
@@ -131,8 +124,8 @@ result<void> weight_consumer::verify(const update_id& id) {
     const auto& d = *u->tensors[i].descriptor;
     return make_error(errc::checksum_mismatch,
                       "tensor checksum mismatch: tensors[" + std::to_string(i) + "] \"" + d.name +
-                          "\" checksum expected " + hex(d.checksum) + " got " + hex(got[i]) + " (" +
-                          context(id) + ")");
+                          "\" checksum expected " + checksum_hex(d.checksum) + " got " +
+                          checksum_hex(got[i]) + " (" + context(id) + ")");
   }
   return step(id, update_event::verify_ok);
 }
