@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "guard.hpp"
 #include "protocol.hpp"
 #include "runtime_support.hpp"
 #include "wsync/actors/node.hpp"
@@ -30,6 +31,7 @@ struct rollout_side {
 
 struct consumer_state {
   coordinator_actor coordinator;
+  bool joined = false;
   std::chrono::milliseconds backoff{200};
 };
 
@@ -46,8 +48,9 @@ void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello 
   self->monitor(st->coordinator);
   self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(
-          [=](const std::string& refusal) {
-            if (refusal.empty()) {
+          [=](const std::string& token, const std::string& refusal) {
+            if (token == hello.token && refusal.empty()) {
+              st->joined = true;
               st->backoff = std::chrono::milliseconds(200);
               return;
             }
@@ -70,6 +73,12 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
   join(self, st, hello, side);
   self->set_down_handler([=](caf::down_msg& msg) {
     if (msg.source != st->coordinator.address()) return;
+    if (!really_down(st->coordinator)) {
+      log_warn("consumer rank " + std::to_string(rank) +
+               ": refused a down message for the coordinator, which is still running");
+      return;
+    }
+    st->joined = false;
     // Keep serving the active version and look for a restarted coordinator, with backoff.
     log_warn("consumer rank " + std::to_string(rank) +
              ": coordinator went away; serving active version " +
@@ -78,12 +87,17 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
   });
   auto report = [=](const std::string& key, const std::string& state, std::string reason,
                     double seconds = 0) {
-    self->send(
-        st->coordinator, report_atom::value,
-        rank_report{key, rank, state, std::move(reason), side->runtime.active_version(), seconds});
+    self->send(st->coordinator, report_atom::value,
+               rank_report{hello.token, key, rank, state, std::move(reason),
+                           side->runtime.active_version(), seconds});
   };
   return {
       [=](update_atom, const update_available& msg) {
+        if (msg.token != hello.token) {
+          log_warn("consumer rank " + std::to_string(rank) + ": refused update " + msg.key +
+                   ": token: not from the coordinator");
+          return;
+        }
         std::vector<weight_update_manifest> shards;
         for (const auto& text : msg.manifests) {
           auto m = manifest_from_json(text);
@@ -118,6 +132,7 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
         }
       },
       [=](reconnect_atom) {
+        if (st->joined) return;  // a stray reconnect: the coordinator is there
         st->backoff = std::min(st->backoff * 2, std::chrono::milliseconds(5000));
         self->request(connector, std::chrono::seconds(5), caf::connect_atom::value, where.host,
                       where.port)
@@ -134,7 +149,8 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
                 },
                 [=](caf::error&) { self->delayed_send(self, st->backoff, reconnect_atom::value); });
       },
-      [=](drop_atom, const std::string& key) {
+      [=](drop_atom, const std::string& token, const std::string& key) {
+        if (token != hello.token) return;
         // Updates run to completion inside update_atom, so an aborted one is either already
         // rejected and released, or active — and the active version is kept.
         log_info("consumer rank " + std::to_string(rank) + ": update " + key +
@@ -169,8 +185,12 @@ int consumer_run(const consumer_options& options) {
     auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
     auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
                             options.model_id);
-    endpoints.push_back(caf::actor_cast<caf::actor>(sys.get().spawn(
-        consumer_impl, *coordinator, side, hello, options.coordinator, sys.connector())));
+    auto who = "consumer rank " + std::to_string(options.rank + k);
+    endpoints.push_back(caf::actor_cast<caf::actor>(sys.get().spawn<guarded<consumer_actor::base>>(
+        who, [=, c = *coordinator, where = options.coordinator,
+              connector = sys.connector()](consumer_actor::base* self) {
+          return consumer_impl(self, c, side, hello, where, connector);
+        })));
   }
   return run_until_stopped(sys.get(), endpoints);
 }

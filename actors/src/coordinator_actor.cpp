@@ -5,6 +5,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "coordinator_actor.hpp"
+#include "guard.hpp"
 #include "protocol.hpp"
 #include "runtime_support.hpp"
 #include "wsync/actors/coordinator_book.hpp"
@@ -31,7 +33,7 @@ struct coordinator_state {
   std::map<caf::actor_addr, member> members;
   std::map<std::int32_t, consumer_actor> consumers;
   std::map<std::int32_t, publisher_actor> publishers;
-  std::map<std::string, std::vector<caf::typed_response_promise<std::string>>> waiting;
+  std::map<std::string, std::vector<caf::typed_response_promise<std::string, std::string>>> waiting;
   std::map<std::int32_t, std::uint64_t> active_version;  ///< per consumer rank
   std::uint64_t committed = 0;                           ///< updates committed since start
   /// Updates from before a coordinator restart (unknown to the book) and the consumer ranks
@@ -40,7 +42,8 @@ struct coordinator_state {
   static inline const char* name = "wsync.coordinator";
 };
 
-using coordinator_pointer = coordinator_actor::stateful_pointer<coordinator_state>;
+using coordinator_base = caf::stateful_actor<coordinator_state, coordinator_actor::base>;
+using coordinator_pointer = coordinator_base*;
 
 json outcome_json(const update_record& u) {
   json ranks = json::array();
@@ -64,7 +67,7 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
   for (const auto& e : effects) {
     switch (e.what) {
       case book_effect::kind::distribute: {
-        update_available msg{e.key, {}, ""};
+        update_available msg{st.token, e.key, {}, ""};
         std::string from;
         for (const auto& m : e.manifests) {
           msg.manifests.push_back(manifest_to_json(m));
@@ -81,7 +84,7 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
       case book_effect::kind::drop:
         for (auto rank : e.ranks) {
           if (auto it = st.consumers.find(rank); it != st.consumers.end()) {
-            self->send(it->second, drop_atom::value, e.key);
+            self->send(it->second, drop_atom::value, st.token, e.key);
           }
         }
         break;
@@ -92,14 +95,14 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         log_info("update " + e.key + " " + std::string(update_phase_name(u->phase)) +
                  (u->reason.empty() ? "" : ": " + u->reason));
         auto text = outcome_json(*u).dump();
-        for (auto& rp : st.waiting[e.key]) rp.deliver(text);
+        for (auto& rp : st.waiting[e.key]) rp.deliver(st.token, text);
         st.waiting.erase(e.key);
         break;
       }
       case book_effect::kind::release_publisher:
         for (auto rank : e.ranks) {
           if (auto it = st.publishers.find(rank); it != st.publishers.end()) {
-            self->send(it->second, release_atom::value, e.key);
+            self->send(it->second, release_atom::value, st.token, e.key);
           }
         }
         break;
@@ -117,7 +120,7 @@ void orphan_release(coordinator_pointer self, const std::string& key, std::int32
   for (const auto& [r, info] : st.book.publishers()) {
     if (info.model_id != model) continue;
     if (auto p = st.publishers.find(r); p != st.publishers.end()) {
-      self->send(p->second, release_atom::value, key);
+      self->send(p->second, release_atom::value, st.token, key);
     }
   }
 }
@@ -179,14 +182,19 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                                                   book_config config) {
   self->state.token = std::move(token);
   self->state.book = coordinator_book(config);
-  // Exit messages from peers are ignored: an unauthenticated peer must not stop us.
-  self->set_exit_handler([=](caf::exit_msg& msg) {
-    log_warn("coordinator: ignored an exit message: " + self->system().render(msg.reason));
-  });
   self->set_down_handler([=](caf::down_msg& msg) {
-    auto it = self->state.members.find(msg.source);
-    if (it == self->state.members.end()) return;
+    auto& st = self->state;
+    auto it = st.members.find(msg.source);
+    if (it == st.members.end()) return;
     auto m = it->second;
+    bool genuine = m.role == rank_role::consumer
+                       ? !st.consumers.count(m.rank) || really_down(st.consumers[m.rank])
+                       : !st.publishers.count(m.rank) || really_down(st.publishers[m.rank]);
+    if (!genuine) {
+      log_warn("coordinator: refused a down message for " + std::string(rank_role_name(m.role)) +
+               " rank " + std::to_string(m.rank) + ", which is still running");
+      return;
+    }
     self->state.members.erase(it);
     if (m.role == rank_role::consumer) {
       self->state.consumers.erase(m.rank);
@@ -203,15 +211,16 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
   });
   self->delayed_send(self, tick_interval, tick_atom::value);
   return {
-      [=](join_atom, const rank_hello& hello) -> std::string {
+      [=](join_atom, const rank_hello& hello) -> std::tuple<std::string, std::string> {
         auto& st = self->state;
         if (hello.token != st.token) {
           log_warn("coordinator: refused rank " + std::to_string(hello.rank) +
                    ": wrong cluster token");
-          return "join refused: token: wrong cluster token";
+          return {"", "join refused: token: wrong cluster token"};
         }
         if (hello.role != "publisher" && hello.role != "consumer") {
-          return "join refused: role: \"" + hello.role + "\" is neither publisher nor consumer";
+          return {st.token,
+                  "join refused: role: \"" + hello.role + "\" is neither publisher nor consumer"};
         }
         auto role = hello.role == "publisher" ? rank_role::publisher : rank_role::consumer;
         rank_info info{hello.rank,
@@ -232,7 +241,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           }
         }
         auto effects = st.book.join(info, coord_clock::now());
-        if (!effects) return effects.error().message;
+        if (!effects) return {st.token, effects.error().message};
         if (role == rank_role::consumer) {
           st.consumers[hello.rank] = caf::actor_cast<consumer_actor>(sender);
           st.active_version[hello.rank] = hello.active_weight_version;
@@ -247,35 +256,42 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         log_info("coordinator: " + hello.role + " rank " + std::to_string(hello.rank) +
                  " joined from node " + hello.node);
         run_effects(self, *effects);
-        return "";
+        return {st.token, ""};
       },
-      [=](publish_atom, const std::string& manifest_json) -> caf::result<std::string> {
+      [=](publish_atom, const std::string& given,
+          const std::string& manifest_json) -> caf::result<std::string, std::string> {
+        const auto& st = self->state;
+        auto refuse = [&](const std::string& why) -> caf::result<std::string, std::string> {
+          return {st.token, json{{"error", why}}.dump()};
+        };
         const auto* m = sender_member(self);
-        if (!m || m->role != rank_role::publisher) {
-          log_warn("coordinator: publish from a peer that did not join as a publisher");
-          return json{{"error", "publish refused: not a joined publisher"}}.dump();
+        if (given != st.token || !m || m->role != rank_role::publisher) {
+          log_warn(
+              "coordinator: refused a publish from a peer that did not join as a publisher"
+              " with the cluster token");
+          return {std::string(),
+                  json{{"error", "publish refused: token: not a joined publisher"}}.dump()};
         }
         auto manifest = manifest_from_json(manifest_json);
-        if (!manifest) return json{{"error", manifest.error().message}}.dump();
+        if (!manifest) return refuse(manifest.error().message);
         if (manifest->source_rank != m->rank) {
-          return json{{"error", "publish refused: source_rank " +
-                                    std::to_string(manifest->source_rank) +
-                                    " differs from the joined rank " + std::to_string(m->rank)}}
-              .dump();
+          return refuse("publish refused: source_rank " + std::to_string(manifest->source_rank) +
+                        " differs from the joined rank " + std::to_string(m->rank));
         }
         auto effects = self->state.book.publish(*manifest, coord_clock::now());
-        if (!effects) return json{{"error", effects.error().message}}.dump();
+        if (!effects) return refuse(effects.error().message);
         auto key = manifest->model_id + "@" + std::to_string(manifest->weight_version);
-        auto rp = self->make_response_promise<std::string>();
+        auto rp = self->make_response_promise<std::string, std::string>();
         self->state.waiting[key].push_back(rp);
         run_effects(self, *effects);
         return rp;
       },
       [=](report_atom, const rank_report& r) {
         const auto* m = sender_member(self);
-        if (!m || m->role != rank_role::consumer || m->rank != r.rank) {
-          log_warn("coordinator: report for rank " + std::to_string(r.rank) +
-                   " from a peer that did not join as that consumer");
+        if (r.token != self->state.token || !m || m->role != rank_role::consumer ||
+            m->rank != r.rank) {
+          log_warn("coordinator: refused a report for rank " + std::to_string(r.rank) +
+                   " from a peer that did not join as that consumer with the cluster token");
           return;
         }
         auto& book = self->state.book;
@@ -314,16 +330,24 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
 
 }  // namespace
 
+proto::coordinator_actor coordinator_spawn(caf::actor_system& sys, std::string token,
+                                           book_config config) {
+  return sys.spawn<guarded<coordinator_base>>(
+      "coordinator", [token = std::move(token), config](coordinator_base* self) {
+        return coordinator_impl(self, token, config);
+      });
+}
+
 int coordinator_run(const coordinator_options& options) {
   cluster_system sys(options.heartbeat, options.listen.tls);
   book_config config;
   config.update_deadline = options.update_deadline;
-  auto coordinator = sys.get().spawn(coordinator_impl, options.listen.token, config);
+  auto coordinator = coordinator_spawn(sys.get(), options.listen.token, config);
   auto port = sys.publish(coordinator, options.listen);
   if (!port) {
     log_error("coordinator: cannot listen on " + options.listen.host + ":" +
               std::to_string(options.listen.port) + ": " + sys.get().render(port.error()));
-    caf::anon_send_exit(coordinator, caf::exit_reason::kill);
+    stop_guarded(coordinator, caf::exit_reason::kill);
     return 1;
   }
   log_info("coordinator: listening on " + options.listen.host + ":" + std::to_string(*port) +
@@ -334,9 +358,7 @@ int coordinator_run(const coordinator_options& options) {
     std::ofstream(tmp) << *port << "\n";
     std::rename(tmp.c_str(), options.port_file.c_str());
   }
-  wait_for_signal();
-  caf::anon_send_exit(coordinator, caf::exit_reason::kill);
-  return 0;
+  return run_until_stopped(sys.get(), {caf::actor_cast<caf::actor>(coordinator)});
 }
 
 }  // namespace wsync

@@ -49,17 +49,19 @@ inline rank_hello hello_make(std::string token, std::int32_t rank, std::string r
 
 /// Coordinator -> consumer: install this update (every shard) or drop it.
 struct update_available {
+  std::string token;                   ///< the cluster token: a consumer obeys nobody else
   std::string key;                     ///< "<model_id>@<weight_version>"
   std::vector<std::string> manifests;  ///< JSON, one per publisher shard
   std::string received_from;           ///< the hop the bytes come from
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, update_available& x) {
-  return f(caf::meta::type_name("update_available"), x.key, x.manifests, x.received_from);
+  return f(caf::meta::type_name("update_available"), x.token, x.key, x.manifests, x.received_from);
 }
 
 /// Consumer -> coordinator: progress on one update.
 struct rank_report {
+  std::string token;
   std::string key;
   std::int32_t rank = 0;
   std::string state;  ///< "importing" | "acknowledged" | "rejected" | "released"
@@ -69,7 +71,7 @@ struct rank_report {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
-  return f(caf::meta::type_name("rank_report"), x.key, x.rank, x.state, x.reason,
+  return f(caf::meta::type_name("rank_report"), x.token, x.key, x.rank, x.state, x.reason,
            x.active_weight_version, x.seconds);
 }
 
@@ -93,29 +95,37 @@ using release_atom = caf::atom_constant<caf::atom("release")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
 
-/// The coordinator, published on the cluster port. Every request but status must come from a
-/// rank that joined with the token; everything else is refused and logged.
+// Authentication: CAF 0.17 lets a connected peer write a routed message's sender itself, so
+// the sender proves nothing. Every message that changes state, and every reply to one, carries
+// the cluster token; the actors behind these interfaces are guarded (guard.hpp) against exit,
+// error and stream messages. Without TLS the token crosses the network in the clear: use TLS
+// on networks you do not trust.
+
+/// The coordinator, published on the cluster port.
 using coordinator_actor = caf::typed_actor<
-    // A rank joins; the reply is "" or the refusal. The sender becomes that rank's endpoint.
-    caf::replies_to<join_atom, rank_hello>::with<std::string>,
-    // A publisher rank's shard (manifest JSON); the reply, once the update is committed or
-    // aborted, is the outcome as JSON (or {"error": ...}).
-    caf::replies_to<publish_atom, std::string>::with<std::string>,
+    // A rank joins; the reply is (token, "") or (token, refusal). The sender becomes that
+    // rank's endpoint. A wrong token gets ("", refusal).
+    caf::replies_to<join_atom, rank_hello>::with<std::string, std::string>,
+    // (token, a publisher rank's shard as manifest JSON); the reply, once the update is
+    // committed or aborted, is (token, the outcome as JSON or {"error": ...}).
+    caf::replies_to<publish_atom, std::string, std::string>::with<std::string, std::string>,
     // A consumer rank's progress.
     caf::reacts_to<report_atom, rank_report>,
-    // The per-rank status table as JSON (DESIGN §11); needs the token.
+    // (token) -> the per-rank status table as JSON (DESIGN §11).
     caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>>;
 
-/// A consumer rank's endpoint.
-using consumer_actor =
-    caf::typed_actor<caf::reacts_to<update_atom, update_available>,
-                     caf::reacts_to<drop_atom, std::string>, caf::reacts_to<reconnect_atom>>;
+/// A consumer rank's endpoint: (token, update) to install, (token, key) of an aborted update.
+using consumer_actor = caf::typed_actor<caf::reacts_to<update_atom, update_available>,
+                                        caf::reacts_to<drop_atom, std::string, std::string>,
+                                        caf::reacts_to<reconnect_atom>>;
 
 /// A publisher rank's endpoint: the trainer thread asks it to publish; the coordinator tells it
 /// when an update's memory may be reused.
 using publisher_actor = caf::typed_actor<
-    // (update key, update_id, manifest JSON) -> outcome JSON
-    caf::replies_to<publish_atom, std::string, std::string, std::string>::with<std::string>,
-    caf::reacts_to<release_atom, std::string>>;
+    // (token, update key, update_id, manifest JSON) -> outcome JSON
+    caf::replies_to<publish_atom, std::string, std::string, std::string,
+                    std::string>::with<std::string>,
+    // (token, update key)
+    caf::reacts_to<release_atom, std::string, std::string>>;
 
 }  // namespace wsync::proto

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "guard.hpp"
 #include "protocol.hpp"
 #include "runtime_support.hpp"
 #include "wsync/actors/node.hpp"
@@ -38,8 +39,8 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   const std::int32_t rank = hello.rank;
   self->request(coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(
-          [=](const std::string& refusal) {
-            if (refusal.empty()) return;
+          [=](const std::string& token, const std::string& refusal) {
+            if (token == hello.token && refusal.empty()) return;
             log_error("publisher rank " + std::to_string(rank) + ": " + refusal);
             self->quit(caf::exit_reason::user_shutdown);
           },
@@ -52,30 +53,50 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   auto pending = std::make_shared<std::vector<caf::typed_response_promise<std::string>>>();
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& msg) {
+    if (msg.source != coordinator.address() || !really_down(coordinator)) {
+      log_warn("publisher rank " + std::to_string(rank) +
+               ": refused a down message for an actor that is still running");
+      return;
+    }
     side->coordinator_lost = true;
     auto why = json{{"error", "the coordinator went away: " + self->system().render(msg.reason)}};
     for (auto& rp : *pending) rp.deliver(why.dump());
     pending->clear();
   });
   return {
-      [=](publish_atom, const std::string& key, const std::string& id,
+      [=](publish_atom, const std::string& token, const std::string& key, const std::string& id,
           const std::string& manifest) -> caf::result<std::string> {
+        if (token != hello.token) {
+          return json{{"error", "publish refused: token: not from this process"}}.dump();
+        }
         {
           std::lock_guard lock(side->mutex);
           side->id_of[key] = id;
         }
         auto rp = self->make_response_promise<std::string>();
         pending->push_back(rp);
-        self->request(coordinator, timeout, publish_atom::value, manifest)
-            .then([=](const std::string& outcome) mutable { rp.deliver(outcome); },
-                  [=](caf::error& err) mutable {
-                    rp.deliver(json{
-                        {"error", "no outcome from the coordinator: " + self->system().render(err)}}
-                                   .dump());
-                  });
+        self->request(coordinator, timeout, publish_atom::value, hello.token, manifest)
+            .then(
+                [=](const std::string& reply_token, const std::string& outcome) mutable {
+                  rp.deliver(
+                      reply_token == hello.token
+                          ? outcome
+                          : json{{"error", "the coordinator refused the cluster token: " + outcome}}
+                                .dump());
+                },
+                [=](caf::error& err) mutable {
+                  rp.deliver(json{
+                      {"error", "no outcome from the coordinator: " + self->system().render(err)}}
+                                 .dump());
+                });
         return rp;
       },
-      [=](release_atom, const std::string& key) {
+      [=](release_atom, const std::string& token, const std::string& key) {
+        if (token != hello.token) {
+          log_warn("publisher rank " + std::to_string(rank) + ": refused a release of " + key +
+                   ": token: not from the coordinator");
+          return;
+        }
         update_id id;
         {
           std::lock_guard lock(side->mutex);
@@ -158,7 +179,7 @@ struct trainer_rank::impl {
   // coordinator's node, and CAF 0.17 keeps such actors registered until that node lets go.
   void retire_endpoint() {
     if (!endpoint) return;
-    caf::anon_send_exit(endpoint, caf::exit_reason::user_shutdown);
+    stop_guarded(endpoint);
     sys.get().registry().erase(endpoint->id());
     endpoint = nullptr;
   }
@@ -184,7 +205,10 @@ struct trainer_rank::impl {
     auto hello = hello_make(options.coordinator.token, options.rank, "publisher", options.node,
                             options.model_id);
     hello.publisher_ranks = options.ranks;
-    endpoint = system.spawn(publisher_impl, *coordinator, side, hello, options.outcome_timeout);
+    endpoint = system.spawn<guarded<publisher_actor::base>>(
+        "publisher rank " + std::to_string(options.rank),
+        [c = *coordinator, side = side, hello, timeout = options.outcome_timeout](
+            publisher_actor::base* self) { return publisher_impl(self, c, side, hello, timeout); });
     return {};
   }
 
@@ -239,7 +263,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
   auto key = m->model_id + "@" + std::to_string(weight_version);
   caf::scoped_actor self{impl_->sys.get()};
   self->request(impl_->endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value,
-                key, m->update_id, manifest_to_json(*m))
+                o.coordinator.token, key, m->update_id, manifest_to_json(*m))
       .receive(
           [&](const std::string& outcome) {
             auto j = json::parse(outcome, nullptr, false);

@@ -10,6 +10,7 @@
 
 #include <caf/openssl/all.hpp>
 
+#include "guard.hpp"
 #include "protocol.hpp"
 #include "wsync/actors/node.hpp"
 
@@ -55,7 +56,7 @@ inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::acto
     self->receive([&](caf::down_msg&) { ended = true; },
                   caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
-  for (const auto& e : endpoints) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  for (const auto& e : endpoints) stop_guarded(e);
   // An actor whose handle went to a remote node stays in the registry until that node says it
   // dropped it; a peer that died first never does.
   for (const auto& e : endpoints) sys.registry().erase(e.id());

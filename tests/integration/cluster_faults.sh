@@ -4,6 +4,7 @@
 # the outcome the design promises and that no process or /dev/shm segment is left behind.
 set -uo pipefail
 wsync="$1"
+rogue="$2"  # wsync_rogue_peer
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -65,8 +66,17 @@ grep -q "token" "$work/intruder.log" || fail "the refused consumer does not say 
 grep -q "refused rank 9: wrong cluster token" "$work/coordinator.log" || fail "refusal not logged"
 status | grep -q '"rank":9' && fail "the intruder shows up in status"
 WSYNC_TOKEN=wrong "$wsync" status --coordinator "$addr" --json | grep -q error || fail "status without token"
+# A peer without the token sends kill / shutdown exits, an error, a forged down message, a
+# publish, a report: all refused, the coordinator still answers, and the cluster still commits.
+"$rogue" 127.0.0.1 "${addr##*:}" >"$work/rogue.log" 2>&1 || fail "a peer without the token got through: $(cat "$work/rogue.log")"
+grep -q "refused an exit message from outside" "$work/coordinator.log" || fail "exit refusal not logged"
+kill -0 "$coord" 2>/dev/null || fail "the coordinator process ended after the rogue peer"
+for r in 0 1; do start_consumer $r; done
+wait_consumers 2
+"$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 1 >"$work/publisher.log" 2>&1 ||
+  fail "no commit after the rogue peer"
 stop_all
-echo "cluster_faults: wrong token refused"
+echo "cluster_faults: wrong token and a rogue peer refused"
 
 # 2. A consumer killed with SIGKILL mid-update: failed for its in-flight update, the others
 #    commit. Freezing it first makes "mid-update" deterministic: the update reaches it, then it dies.

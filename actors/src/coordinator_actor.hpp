@@ -1,0 +1,16 @@
+#pragma once
+// The coordinator actor, for coordinator_run and for tests that drive it in one process.
+// Heavy (CAF): include only from actor code.
+
+#include <string>
+
+#include "protocol.hpp"
+#include "wsync/actors/coordinator_book.hpp"
+
+namespace wsync {
+
+/// Spawns a guarded coordinator (guard.hpp) that admits ranks holding `token`.
+proto::coordinator_actor coordinator_spawn(caf::actor_system& sys, std::string token,
+                                           book_config config);
+
+}  // namespace wsync

@@ -1,0 +1,149 @@
+// The coordinator actor in one process, driven by scoped actors standing in for ranks. Every
+// step is a request answered in mailbox order, so nothing here sleeps or races: a message sent
+// before a request is handled before it.
+
+#include "coordinator_actor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "guard.hpp"
+#include "wsync/manifest/codec.hpp"
+
+namespace wsync {
+namespace {
+
+using namespace proto;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+const std::string token = "right-token";
+
+struct test_config : caf::actor_system_config {
+  test_config() {
+    add_message_types<caf::id_block::wsync>();
+    set("logger.console", caf::atom("none"));
+  }
+};
+
+weight_update_manifest shard(std::uint64_t version) {
+  weight_update_manifest m;
+  m.update_id = "u-test-" + std::to_string(version);
+  m.model_id = "m";
+  m.weight_version = version;
+  m.source_worker = "host:1";
+  m.source_rank = 0;
+  m.transport = "shared-memory";
+  m.transport_handle = "h";
+  m.tensors = {{"w", dtype::f32, {4}, {}, 16, "cpu", 0, 0, 1}};
+  m.segments = {{16}};
+  m.total_bytes = 16;
+  return m;
+}
+
+class coordinator_actor_test : public ::testing::Test {
+ protected:
+  test_config cfg_;
+  caf::actor_system sys_{cfg_};
+  coordinator_actor coordinator_ = coordinator_spawn(sys_, token, book_config{});
+
+  ~coordinator_actor_test() override { stop_guarded(coordinator_, caf::exit_reason::kill); }
+
+  // (reply token, refusal) of a join by `self`.
+  std::pair<std::string, std::string> join(caf::scoped_actor& self, rank_hello hello) {
+    std::pair<std::string, std::string> out{"unset", "no answer"};
+    self->request(coordinator_, 5s, join_atom::value, std::move(hello))
+        .receive(
+            [&](const std::string& t, const std::string& r) {
+              out = {t, r};
+            },
+            [&](caf::error& e) { out.second = sys_.render(e); });
+    return out;
+  }
+
+  json status() {
+    caf::scoped_actor self{sys_};
+    json out;
+    self->request(coordinator_, 5s, status_atom::value, token)
+        .receive([&](const std::string& s) { out = json::parse(s); },
+                 [&](caf::error& e) { ADD_FAILURE() << sys_.render(e); });
+    return out;
+  }
+
+  static rank_hello consumer_hello(std::int32_t rank, std::string with = token) {
+    return hello_make(std::move(with), rank, "consumer", "n0", "m");
+  }
+};
+
+TEST_F(coordinator_actor_test, a_join_with_a_wrong_token_gets_no_token_back) {
+  caf::scoped_actor self{sys_};
+  auto [t, refusal] = join(self, consumer_hello(3, "guess"));
+  EXPECT_EQ(t, "");
+  EXPECT_EQ(refusal, "join refused: token: wrong cluster token");
+  EXPECT_TRUE(status()["ranks"].empty());
+}
+
+TEST_F(coordinator_actor_test, exits_and_errors_from_outside_do_not_stop_it) {
+  caf::anon_send_exit(coordinator_, caf::exit_reason::kill);
+  caf::anon_send_exit(coordinator_, caf::exit_reason::user_shutdown);
+  caf::anon_send(caf::actor_cast<caf::actor>(coordinator_),
+                 caf::make_error(caf::sec::runtime_error));
+  EXPECT_EQ(status().value("status", ""), "fail");  // still answering: nothing committed yet
+}
+
+TEST_F(coordinator_actor_test, a_forged_down_message_does_not_evict_a_running_rank) {
+  caf::scoped_actor rank3{sys_};
+  ASSERT_EQ(join(rank3, consumer_hello(3)), std::make_pair(token, std::string()));
+  caf::anon_send(caf::actor_cast<caf::actor>(coordinator_),
+                 caf::down_msg{rank3->address(), caf::exit_reason::kill});
+  auto ranks = status()["ranks"];
+  ASSERT_EQ(ranks.size(), 1u);
+  EXPECT_EQ(ranks[0]["rank"], 3);
+}
+
+TEST_F(coordinator_actor_test,
+       only_reports_with_the_token_count_and_the_publisher_hears_the_table) {
+  caf::scoped_actor publisher{sys_};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  caf::scoped_actor consumer{sys_};
+  ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
+
+  // A plain send: the outcome comes back as an ordinary message once the update ends.
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));
+  update_available update;
+  consumer->receive([&](update_atom, const update_available& u) { update = u; },
+                    caf::after(5s) >> [] { ADD_FAILURE() << "no update reached the consumer"; });
+  EXPECT_EQ(update.token, token);
+  EXPECT_EQ(update.key, "m@1");
+  ASSERT_EQ(update.manifests.size(), 1u);
+
+  // A report without the token is refused: the rank is still pending.
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{"guess", "m@1", 3, "acknowledged", "", 1, 0.1});
+  EXPECT_EQ(status()["updates"][0]["ranks"][0]["state"], "pending");
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.1});
+  std::string outcome_token, outcome;
+  publisher->receive(
+      [&](const std::string& t, const std::string& o) { outcome_token = t, outcome = o; },
+      caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+  EXPECT_EQ(outcome_token, token);
+  auto table = json::parse(outcome);
+  EXPECT_EQ(table["phase"], "committed");
+  EXPECT_EQ(table["ranks"][0]["state"], "acknowledged");
+}
+
+TEST_F(coordinator_actor_test, this_process_can_stop_it) {
+  caf::scoped_actor self{sys_};
+  self->monitor(coordinator_);
+  stop_guarded(coordinator_);
+  bool down = false;
+  self->receive([&](const caf::down_msg&) { down = true; }, caf::after(5s) >> [] {});
+  EXPECT_TRUE(down);
+}
+
+}  // namespace
+}  // namespace wsync
