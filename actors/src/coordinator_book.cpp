@@ -115,7 +115,11 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
   table.erase(rank);
   for (auto& [key, u] : updates_) {
     if (role == rank_role::publisher) {
-      if (in_flight(u) && u.expected_publishers.count(rank)) {
+      // Only a version still assembling depends on the publisher: once distributed, every
+      // consumer has the manifests and the segments outlive their creator, so the version
+      // goes on (undoing it would leave ranks that already switched on a version that
+      // "never happened"). A consumer that can no longer open a segment rejects it.
+      if (u.phase == update_phase::assembling && u.expected_publishers.count(rank)) {
         abort(u, "publisher rank " + std::to_string(rank) + " went away: " + reason, now, out);
       }
       continue;

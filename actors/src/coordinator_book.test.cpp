@@ -125,20 +125,33 @@ TEST_F(book_test, a_dead_consumer_fails_and_the_others_still_commit) {
   EXPECT_EQ(book_.consumers().count(13), 0u);
 }
 
-TEST_F(book_test, a_dead_publisher_aborts_its_update_and_consumers_drop_it) {
-  publish_both(1);
-  ASSERT_TRUE(book_.importing("m@1", 10, "publisher:0", now_));
-  ASSERT_TRUE(book_.acknowledged("m@1", 11, now_));
+TEST_F(book_test, a_publisher_dying_while_its_version_assembles_aborts_it) {
+  ASSERT_TRUE(book_.publish(shard(0, 1), now_));
   auto fx = book_.leave(1, rank_role::publisher, "killed", now_);
-  ASSERT_EQ(fx.size(), 2u);
-  EXPECT_EQ(fx[0].what, kind::drop);
-  EXPECT_EQ(fx[0].ranks, (std::vector<std::int32_t>{10, 11, 12, 13}));
-  EXPECT_EQ(fx[1].what, kind::outcome);
+  ASSERT_FALSE(fx.empty());
+  EXPECT_EQ(fx.back().what, kind::outcome);
+  for (const auto& e : fx) EXPECT_NE(e.what, kind::distribute);
   const auto* u = book_.find("m@1");
   EXPECT_EQ(u->phase, update_phase::aborted);
-  EXPECT_NE(u->reason.find("publisher rank 1"), std::string::npos);
-  EXPECT_EQ(u->consumers.at(10).state, rank_state::failed);
+  EXPECT_NE(u->reason.find("publisher rank 1 went away: killed"), std::string::npos);
   EXPECT_EQ(book_.latest_committed("m"), nullptr);  // nothing went live
+}
+
+TEST_F(book_test, a_publisher_dying_after_distribution_does_not_undo_the_version) {
+  publish_both(1);
+  ASSERT_TRUE(book_.importing("m@1", 10, "publisher:0", now_));
+  ASSERT_TRUE(book_.acknowledged("m@1", 11, now_));  // rank 11 already switched
+  EXPECT_TRUE(book_.leave(1, rank_role::publisher, "killed", now_).empty());
+  EXPECT_EQ(book_.find("m@1")->phase, update_phase::distributing);
+  ASSERT_TRUE(book_.acknowledged("m@1", 10, now_));
+  ASSERT_TRUE(book_.rejected("m@1", 12, "segment: gone", now_));
+  ASSERT_TRUE(book_.importing("m@1", 13, "publisher:0", now_));
+  auto fx = book_.acknowledged("m@1", 13, now_);
+  ASSERT_TRUE(fx);
+  ASSERT_EQ(fx->size(), 1u);
+  EXPECT_EQ((*fx)[0].what, kind::outcome);
+  EXPECT_EQ(book_.find("m@1")->phase, update_phase::committed);
+  ASSERT_NE(book_.latest_committed("m"), nullptr);
 }
 
 TEST_F(book_test, deadlines_fail_silent_consumers_and_unfinished_assembly) {
