@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 
+#include "toml_config.hpp"
 #include "wsync/actors/node.hpp"
 #include "wsync/bench/bench.hpp"
 #include "wsync/bench/layouts.hpp"
@@ -133,6 +134,7 @@ int main(int argc, char** argv) {
   app.set_config("--config", "",
                  "TOML file of settings, one [section] per subcommand (see configs/); flags "
                  "override it");
+  app.config_formatter(std::make_shared<wsync::toml_config>());  // toml++ parses the file
   app.allow_config_extras(CLI::config_extras_mode::error);
   app.fallthrough();
   bool dump_config = false;
@@ -268,7 +270,18 @@ int main(int argc, char** argv) {
   demo->add_flag("--json", demo_opt.json, "end with the DESIGN §11 status object");
 
   launcher_environment();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ConfigError& e) {
+    // CLI11 words an unknown key in INI terms; say what it is in ours.
+    std::string what = e.what();
+    const std::string ini = "INI was not able to parse ";
+    if (what.rfind(ini, 0) == 0) what = "config: unknown setting " + what.substr(ini.size());
+    std::cerr << what << "\nRun with --help for more information.\n";
+    return e.get_exit_code();
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   if (dump_config) {
     // Only the chosen subcommand's section; the token is never written (it is not configurable
     // from files either: it belongs in the environment).

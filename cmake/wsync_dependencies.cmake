@@ -2,6 +2,7 @@
 find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(tomlplusplus 3 REQUIRED)
 
 # xxHash is used header-only (XXH_INLINE_ALL): the inline build hashes twice as fast here as
 # Debian's shared library (notes/ucx-1.13.md, "Hashing").

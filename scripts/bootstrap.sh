@@ -7,7 +7,7 @@ packages=(
   # toolchain
   g++ cmake ninja-build pkg-config ccache clang-format openssl
   # libraries (DESIGN §9)
-  nlohmann-json3-dev libcli11-dev libxxhash-dev libcaf-dev
+  nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcaf-dev
   # tests
   libgtest-dev libgmock-dev librapidcheck-dev
 )

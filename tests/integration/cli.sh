@@ -40,7 +40,13 @@ printf '[coordinator]
 prot = 1
 ' >"$bad"
 out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "unknown key accepted"
-grep -q "prot" <<<"$out" || fail "unknown key not named: $out"
+grep -q "config: unknown setting coordinator.prot" <<<"$out" || fail "unknown key not named: $out"
+printf '[coordinator]\nport = 7700 junk\n' >"$bad"
+out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "a TOML syntax error accepted"
+grep -q "config: line 2, column" <<<"$out" || fail "a TOML syntax error not located: $out"
+printf '[coordinator.tls]\ncert = "x"\n' >"$bad"
+out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "a nested table accepted"
+grep -q "coordinator.tls" <<<"$out" || fail "a nested table not named: $out"
 printf '[coordinator]
 port = "abc"
 ' >"$bad"

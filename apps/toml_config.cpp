@@ -1,0 +1,65 @@
+#include "toml_config.hpp"
+
+#include <toml++/toml.h>
+#include <sstream>
+
+namespace wsync {
+namespace {
+
+// One TOML value as CLI11 inputs (an array gives one input per element).
+std::vector<std::string> inputs_of(const toml::node& node, const std::string& key) {
+  std::vector<std::string> out;
+  auto scalar = [&](const toml::node& n) {
+    if (auto s = n.as_string()) return out.push_back(s->get());
+    if (auto i = n.as_integer()) return out.push_back(std::to_string(i->get()));
+    if (auto b = n.as_boolean()) return out.push_back(b->get() ? "true" : "false");
+    if (auto f = n.as_floating_point()) {
+      std::ostringstream text;
+      text << f->get();
+      return out.push_back(text.str());
+    }
+    throw CLI::ConfigError("config: " + key +
+                           ": only strings, numbers, booleans and arrays of them are settings");
+  };
+  if (auto array = node.as_array()) {
+    for (const auto& element : *array) scalar(element);
+  } else {
+    scalar(node);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<CLI::ConfigItem> toml_config::from_config(std::istream& input) const {
+  toml::table root;
+  try {
+    root = toml::parse(input);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw CLI::ConfigError("config: line " + std::to_string(where.line) + ", column " +
+                           std::to_string(where.column) + ": " + std::string(e.description()));
+  }
+  std::vector<CLI::ConfigItem> out;
+  for (const auto& [key, node] : root) {
+    std::string name(key.str());
+    if (const auto* section = node.as_table()) {
+      // A [section] is a subcommand: CLI11 expects it opened ("++") and closed ("--").
+      out.push_back({{name}, "++", {}});
+      for (const auto& [inner_key, value] : *section) {
+        std::string inner(inner_key.str());
+        if (value.is_table()) {
+          throw CLI::ConfigError("config: " + name + "." + inner +
+                                 ": nested tables are not settings (one [section] per subcommand)");
+        }
+        out.push_back({{name}, inner, inputs_of(value, name + "." + inner)});
+      }
+      out.push_back({{name}, "--", {}});
+    } else {
+      out.push_back({{}, name, inputs_of(node, name)});
+    }
+  }
+  return out;
+}
+
+}  // namespace wsync
