@@ -400,6 +400,7 @@ TEST_F(shared_memory_test, a_slot_is_reused_only_after_release) {
   ASSERT_FALSE(m2);
   EXPECT_EQ(m2.error().code, errc::timeout);
   EXPECT_NE(m2.error().message.find("no free slot"), std::string::npos) << m2.error().message;
+  EXPECT_NE(m2.error().message.find("rank="), std::string::npos) << m2.error().message;
   EXPECT_GE(waited, std::chrono::milliseconds(200));  // it did wait, bounded
   EXPECT_LT(waited, std::chrono::seconds(5));
   EXPECT_EQ(publisher_->held_updates(), std::vector<update_id>{m1->update_id});

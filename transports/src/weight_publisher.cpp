@@ -181,7 +181,10 @@ result<weight_update_manifest> weight_publisher::publish(
   std::vector<std::uint64_t> sizes;
   for (const auto& s : m.segments) sizes.push_back(s.nbytes);
   auto dest = transport_->acquire(m.update_id, sizes, config_.slot_wait);
-  if (!dest) return dest.error();
+  if (!dest) {  // the transport knows the update, not the rank: name both
+    return make_error(dest.error().code,
+                      dest.error().message + " (rank=" + std::to_string(m.source_rank) + ")");
+  }
   copy_all(tensors, m.tensors, *dest);
   auto handle = transport_->expose(m.update_id);
   if (!handle) {
