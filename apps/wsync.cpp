@@ -12,6 +12,7 @@
 #include "wsync/bench/layouts.hpp"
 #include "wsync/cluster/cluster_bench.hpp"
 #include "wsync/cluster/demo.hpp"
+#include "wsync/cluster/http_gateway.hpp"
 #include "wsync/cluster/status.hpp"
 #include "wsync/transports/registry.hpp"
 
@@ -175,23 +176,45 @@ int main(int argc, char** argv) {
       "consumer",
       "Run a consumer (rollout) rank with the reference runtime: imports, verifies, "
       "installs and acknowledges every update the coordinator sends.");
-  cons->add_option("--coordinator", cons_coord, "coordinator host:port")
-      ->envname("WSYNC_COORDINATOR")
-      ->required();
+  cons->add_option("--coordinator", cons_coord, "coordinator host:port (not with --standalone)")
+      ->envname("WSYNC_COORDINATOR");
   cons->add_option("--rank", cons_opt.rank,
                    "consumer rank (the first, with --count); default $RANK or $SLURM_PROCID")
-      ->envname("RANK")
-      ->required();
+      ->envname("RANK");
   cons->add_option("--count", cons_opt.count, "consumer ranks to run in this process")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cons->add_option("--node", cons_opt.node, "node name shown in status")->capture_default_str();
-  cons->add_option("--model", cons_opt.model_id, "model id to follow")->required();
+  cons->add_option("--model", cons_opt.model_id, "model id to follow (not with --standalone)");
   cons->add_option("--token", cons_opt.coordinator.token, token_help)
       ->envname("WSYNC_TOKEN")
       ->configurable(false);
 
   add_tls(cons, cons_opt.coordinator.tls);
+  bool standalone = false, enable_http = false;
+  wsync::standalone_options http_opt;
+  cons->add_flag("--standalone", standalone,
+                 "no coordinator: one rank driven only over HTTP, as a vLLM server would be "
+                 "(needs --enable-weight-transfer)");
+  cons->add_flag("--enable-weight-transfer", enable_http,
+                 "serve the vLLM-compatible HTTP surface (or set WSYNC_SERVER_DEV_MODE=1); off "
+                 "by default");
+  cons->add_option("--http-host", http_opt.http.host, "HTTP listen address")->capture_default_str();
+  cons->add_option("--http-port", http_opt.http.port, "HTTP port (0: pick a free one)")
+      ->capture_default_str();
+  cons->add_option("--http-port-file", http_opt.http.port_file,
+                   "write the HTTP port here once listening");
+  cons->add_option("--http-token", http_opt.http.token,
+                   "bearer token every HTTP request must carry (Authorization: Bearer ...)")
+      ->envname("WSYNC_HTTP_TOKEN");
+  cons->add_option("--world-size", http_opt.rank.world_size,
+                   "GET /get_world_size?include_dp=false: this server's TP x PP ranks")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cons->add_option("--data-parallel", http_opt.rank.data_parallel,
+                   "GET /get_world_size (include_dp=true) answers world-size x data-parallel")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
 
   wsync::publisher_options pub_opt;
   std::string pub_coord;
@@ -200,9 +223,16 @@ int main(int argc, char** argv) {
       "publisher",
       "Run a publisher (trainer) rank: publish its shard of N versions of a model "
       "layout over shared memory and wait for each outcome.");
-  pub->add_option("--coordinator", pub_coord, "coordinator host:port")
-      ->envname("WSYNC_COORDINATOR")
-      ->required();
+  pub->add_option("--coordinator", pub_coord, "coordinator host:port (not with --standalone)")
+      ->envname("WSYNC_COORDINATOR");
+  bool pub_standalone = false;
+  std::string manifest_out;
+  pub->add_flag("--standalone", pub_standalone,
+                "no coordinator: publish the versions into shared memory, write their manifests "
+                "to --manifest-out and hold them until SIGINT/SIGTERM (feeds an HTTP-driven "
+                "consumer)");
+  pub->add_option("--manifest-out", manifest_out,
+                  "with --standalone: file that gets one manifest JSON per line");
   pub->add_option("--rank", pub_opt.rank,
                   "publisher rank (0..ranks-1); default $RANK or $SLURM_PROCID")
       ->envname("RANK")
@@ -302,6 +332,33 @@ int main(int argc, char** argv) {
     return wsync::coordinator_run(coord_opt);
   }
   if (app.got_subcommand("consumer")) {
+    if (const char* dev = std::getenv("WSYNC_SERVER_DEV_MODE"); dev && std::string(dev) == "1") {
+      enable_http = true;
+    }
+    if (standalone) {
+      if (!enable_http) {
+        std::cerr << "wsync: --standalone: HTTP is this rank's only input; add "
+                     "--enable-weight-transfer (or set WSYNC_SERVER_DEV_MODE=1)\n";
+        return 2;
+      }
+      if (!cons_coord.empty()) {
+        std::cerr << "wsync: --standalone: takes no --coordinator (unset WSYNC_COORDINATOR)\n";
+        return 2;
+      }
+      http_opt.rank.rank = cons_opt.rank;
+      http_opt.rank.node = cons_opt.node;
+      http_opt.rank.verify = cons_opt.verify;
+      return wsync::standalone_consumer_run(http_opt);
+    }
+    if (enable_http) {
+      std::cerr << "wsync: --enable-weight-transfer: served only with --standalone in this "
+                   "version; a coordinator-driven consumer has no HTTP surface yet\n";
+      return 2;
+    }
+    if (cons_coord.empty() || cons_opt.model_id.empty()) {
+      std::cerr << "wsync: consumer: --coordinator and --model are required (or --standalone)\n";
+      return 2;
+    }
     if (!need_token(cons_opt.coordinator.token)) return 2;
     auto token = cons_opt.coordinator.token;
     if (!parse_endpoint(cons_coord, cons_opt.coordinator)) {
@@ -312,6 +369,21 @@ int main(int argc, char** argv) {
     return wsync::consumer_run(cons_opt);
   }
   if (app.got_subcommand("publisher")) {
+    if (pub_opt.rank < 0 || pub_opt.rank >= pub_opt.ranks) {
+      std::cerr << "wsync: --rank: must be in [0, --ranks)\n";
+      return 2;
+    }
+    if (pub_standalone) {
+      if (manifest_out.empty()) {
+        std::cerr << "wsync: --standalone: needs --manifest-out FILE\n";
+        return 2;
+      }
+      return wsync::publisher_standalone_run(pub_opt, manifest_out);
+    }
+    if (pub_coord.empty()) {
+      std::cerr << "wsync: publisher: --coordinator is required (or --standalone)\n";
+      return 2;
+    }
     if (!need_token(pub_opt.coordinator.token)) return 2;
     auto token = pub_opt.coordinator.token;
     if (!parse_endpoint(pub_coord, pub_opt.coordinator)) {

@@ -7,9 +7,9 @@ packages=(
   # toolchain
   g++ cmake ninja-build pkg-config ccache clang-format openssl
   # libraries (DESIGN §9)
-  nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcaf-dev
+  nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcaf-dev libcpp-httplib-dev
   # tests
-  libgtest-dev libgmock-dev librapidcheck-dev
+  libgtest-dev libgmock-dev librapidcheck-dev curl
 )
 
 missing=()

@@ -67,6 +67,11 @@ struct publisher_options {
 };
 int publisher_run(const publisher_options& options);
 
+/// `wsync publisher --standalone`: no coordinator. Publishes the versions into shared memory,
+/// writes their manifests to `manifest_out` (one JSON per line, for an HTTP-driven consumer),
+/// and holds them until SIGINT/SIGTERM.
+int publisher_standalone_run(const publisher_options& options, const std::string& manifest_out);
+
 /// What a trainer rank needs to join a cluster.
 struct trainer_options {
   endpoint coordinator;

@@ -1,0 +1,66 @@
+#pragma once
+// The vLLM weight-transfer contract on a wsync consumer rank, free of HTTP so it can be tested
+// call by call: every method takes what the request carried and returns the status and JSON
+// body to answer with. The HTTP gateway (http_gateway.hpp) only routes to it.
+//
+// Four phases, in order: init -> start -> update (once or more) -> finish. Out of order: 409
+// naming the current phase. Malformed JSON or a missing/wrong field: 400 naming the field. A
+// failed install: 500 with the reason, the previous version stays active. The weights change
+// only at a successful finish, atomically (under the generation gate).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace wsync {
+
+struct http_reply {
+  int status = 200;
+  std::string body;  ///< JSON
+};
+
+struct weight_transfer_config {
+  std::int32_t rank = 0;
+  std::int32_t world_size = 1;     ///< GET /get_world_size?include_dp=false (TP x PP)
+  std::int32_t data_parallel = 1;  ///< include_dp=true answers world_size x data_parallel
+  std::string node = "n0";
+  bool verify = true;  ///< recompute checksums before installing
+};
+
+class weight_transfer_service {
+ public:
+  explicit weight_transfer_service(weight_transfer_config config);
+  ~weight_transfer_service();
+  weight_transfer_service(const weight_transfer_service&) = delete;
+  weight_transfer_service& operator=(const weight_transfer_service&) = delete;
+
+  // POST bodies as received (may be empty where vLLM allows no body).
+  http_reply init(std::string_view body);
+  http_reply start(std::string_view body);
+  http_reply update(std::string_view body);
+  http_reply finish(std::string_view body);
+  /// `mode`: the query parameter; empty means abort (vLLM's default). Returns when the mode's
+  /// promise holds (generation_control.hpp).
+  http_reply pause(std::string_view mode);
+  http_reply resume();
+  http_reply is_paused() const;
+  /// `include_dp`: the query parameter ("true" | "false" | empty = true).
+  http_reply world_size(std::string_view include_dp) const;
+  http_reply status() const;
+  /// Prometheus text exposition (version 0.0.4).
+  std::string metrics() const;
+  /// POST /generate on the reference runtime: {"steps": n, "step_ms": t}. Each step reads the
+  /// active weights under the generation gate; the reply lists the versions the steps saw and
+  /// says whether the generation completed or was aborted by a pause.
+  http_reply generate(std::string_view body);
+
+  /// 0 before the first successful finish.
+  std::uint64_t active_version() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace wsync

@@ -1,0 +1,149 @@
+#include "wsync/cluster/http_gateway.hpp"
+
+#include <signal.h>
+
+#include <httplib.h>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "wsync/manifest/log.hpp"
+
+namespace wsync {
+
+struct http_gateway::impl {
+  impl(weight_transfer_service& s, http_options o) : service(s), options(std::move(o)) {}
+  weight_transfer_service& service;
+  http_options options;
+  httplib::Server server;
+  std::thread thread;
+};
+
+namespace {
+
+void answer(httplib::Response& res, const http_reply& r) {
+  res.status = r.status;
+  res.set_content(r.body, "application/json");
+}
+
+// The body of a POST, or "" when the client sent none. vLLM's clients and docs POST /pause,
+// /resume, /start and /finish bare (curl -X POST sends no Content-Length); httplib would answer
+// 400 before routing, so POST routes read their body themselves.
+std::string body_of(const httplib::Request& q, const httplib::ContentReader& read) {
+  std::string body;
+  if (q.has_header("Content-Length") || q.get_header_value("Transfer-Encoding") == "chunked") {
+    read([&](const char* data, std::size_t n) {
+      body.append(data, n);
+      return true;
+    });
+  }
+  return body;
+}
+
+// Routes: vLLM's paths and shapes, plus wsync's /metrics, /status and /generate.
+void add_routes(httplib::Server& server, weight_transfer_service& s) {
+  using req = const httplib::Request&;
+  using res = httplib::Response&;
+  using reader = const httplib::ContentReader&;
+  auto post = [&server](const char* path, auto&& handle) {
+    server.Post(path,
+                [handle](req q, res r, reader read) { answer(r, handle(q, body_of(q, read))); });
+  };
+  post("/init_weight_transfer_engine", [&s](req, const std::string& b) { return s.init(b); });
+  post("/start_weight_update", [&s](req, const std::string& b) { return s.start(b); });
+  post("/update_weights", [&s](req, const std::string& b) { return s.update(b); });
+  post("/finish_weight_update", [&s](req, const std::string& b) { return s.finish(b); });
+  post("/pause", [&s](req q, const std::string&) {
+    return s.pause(q.has_param("mode") ? q.get_param_value("mode") : "");
+  });
+  post("/resume", [&s](req, const std::string&) { return s.resume(); });
+  post("/generate", [&s](req, const std::string& b) { return s.generate(b); });
+  server.Get("/is_paused", [&s](req, res r) { answer(r, s.is_paused()); });
+  server.Get("/get_world_size", [&s](req q, res r) {
+    answer(r, s.world_size(q.has_param("include_dp") ? q.get_param_value("include_dp") : ""));
+  });
+  server.Get("/status", [&s](req, res r) { answer(r, s.status()); });
+  server.Get("/metrics",
+             [&s](req, res r) { r.set_content(s.metrics(), "text/plain; version=0.0.4"); });
+}
+
+}  // namespace
+
+http_gateway::http_gateway(weight_transfer_service& service, http_options options)
+    : impl_(std::make_unique<impl>(service, std::move(options))) {
+  auto& server = impl_->server;
+  const int threads = impl_->options.threads;
+  server.new_task_queue = [threads] {
+    return new httplib::ThreadPool(threads);
+  };
+  server.set_payload_max_length(std::size_t{64} << 20);  // manifests, not tensor bytes
+  if (!impl_->options.token.empty()) {
+    const std::string expected = "Bearer " + impl_->options.token;
+    server.set_pre_routing_handler([expected](const httplib::Request& q, httplib::Response& r) {
+      if (q.get_header_value("Authorization") == expected)
+        return httplib::Server::HandlerResponse::Unhandled;
+      r.status = 401;
+      r.set_header("WWW-Authenticate", "Bearer");
+      r.set_content(R"({"error":"authorization: missing or wrong bearer token"})",
+                    "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
+  server.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
+    if (!r.body.empty()) return;  // a route answered with its own error
+    std::string why = r.status == 404   ? "path: no route " + q.path
+                      : r.status == 405 ? "method: " + q.method + " is not allowed on " + q.path
+                                        : "request: HTTP " + std::to_string(r.status);
+    r.set_content("{\"error\":\"" + why + "\"}", "application/json");
+  });
+  add_routes(server, impl_->service);
+}
+
+http_gateway::~http_gateway() {
+  stop();
+}
+
+result<std::uint16_t> http_gateway::start() {
+  auto& o = impl_->options;
+  int port = o.port == 0 ? impl_->server.bind_to_any_port(o.host)
+                         : (impl_->server.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port <= 0) {
+    return make_error(errc::io_error,
+                      "http: cannot listen on " + o.host + ":" + std::to_string(o.port));
+  }
+  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  if (!o.port_file.empty()) {
+    std::string tmp = o.port_file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::rename(tmp.c_str(), o.port_file.c_str());
+  }
+  return static_cast<std::uint16_t>(port);
+}
+
+void http_gateway::stop() {
+  if (!impl_->thread.joinable()) return;
+  impl_->server.stop();
+  impl_->thread.join();
+}
+
+int standalone_consumer_run(const standalone_options& options) {
+  // Stop signals go to sigwait below, not to the default action, in every thread started later.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  weight_transfer_service service(options.rank);
+  http_gateway gateway(service, options.http);
+  auto port = gateway.start();
+  if (!port) return log_error(port.error().message), 1;
+  log_info("consumer rank " + std::to_string(options.rank.rank) + ": standalone, HTTP on " +
+           options.http.host + ":" + std::to_string(*port) +
+           (options.http.token.empty() ? "" : " (bearer token required)"));
+  int sig = 0;
+  sigwait(&set, &sig);
+  gateway.stop();
+  return 0;
+}
+
+}  // namespace wsync
