@@ -4,12 +4,13 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(tomlplusplus 3 REQUIRED)
 
-# cpp-httplib: Debian builds it as a shared library (libcpp-httplib-dev), with its header.
-find_path(WSYNC_HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
-find_library(WSYNC_HTTPLIB_LIBRARY cpp-httplib REQUIRED)
+# cpp-httplib: Debian builds it as a shared library with TLS, zlib and brotli support on, and
+# its class layouts depend on those switches: take the compile flags from its pkg-config file,
+# or a client built without them corrupts the heap.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(WSYNC_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 add_library(wsync_httplib INTERFACE)
-target_include_directories(wsync_httplib SYSTEM INTERFACE "${WSYNC_HTTPLIB_INCLUDE_DIR}")
-target_link_libraries(wsync_httplib INTERFACE "${WSYNC_HTTPLIB_LIBRARY}" Threads::Threads)
+target_link_libraries(wsync_httplib INTERFACE PkgConfig::WSYNC_HTTPLIB Threads::Threads)
 
 # xxHash is used header-only (XXH_INLINE_ALL): the inline build hashes twice as fast here as
 # Debian's shared library (notes/ucx-1.13.md, "Hashing").

@@ -1,0 +1,170 @@
+// The HTTP surface over loopback with httplib's client: pause modes with live generations, and
+// 32 clients hammering /status and /metrics while updates install. A publisher in this process
+// feeds it over shared memory (the consumer side maps the segments as another process would).
+
+#include "wsync/cluster/http_gateway.hpp"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "pattern_tensors.hpp"
+#include "wsync/manifest/codec.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+class http_gateway_test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = make_transport("shared-memory", {{"slots", "4"}});
+    ASSERT_TRUE(t);
+    auto pt = (*t)->make_publisher();
+    ASSERT_TRUE(pt);
+    publisher_config cfg;
+    cfg.model_id = "m";
+    cfg.release_when_answered = false;
+    publisher_ = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
+    auto port = gateway_.start();
+    ASSERT_TRUE(port) << port.error().message;
+    port_ = *port;
+    ASSERT_EQ(post("/init_weight_transfer_engine", R"({"init_info":{}})")->status, 200);
+  }
+  void TearDown() override {
+    gateway_.stop();
+    for (const auto& id : publisher_->held_updates()) (void)publisher_->release(id);
+  }
+
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body = "") const {
+    return client().Post(path.c_str(), body, "application/json");
+  }
+  json get_json(const std::string& path) const {
+    auto r = client().Get(path.c_str());
+    return r ? json::parse(r->body) : json();
+  }
+
+  // start -> update(manifest of `version`) -> finish; returns finish's status.
+  int install(std::uint64_t version) {
+    auto m = publisher_->publish(tensors_.fill(version), version, {0});
+    EXPECT_TRUE(m) << m.error().message;
+    if (!m) return 0;
+    EXPECT_EQ(post("/start_weight_update")->status, 200);
+    auto body = json{{"update_info", {{"manifest", json::parse(manifest_to_json(*m))}}}}.dump();
+    EXPECT_EQ(post("/update_weights", body)->status, 200);
+    auto r = post("/finish_weight_update");
+    // The previous version's slot goes back once this one is active.
+    if (r && r->status == 200 && previous_) (void)publisher_->release(*previous_);
+    if (r && r->status == 200) previous_ = m->update_id;
+    return r ? r->status : 0;
+  }
+
+  // A generation of `steps` steps over HTTP, run in the background.
+  std::future<json> generate(int steps, int step_ms) const {
+    return std::async(std::launch::async, [this, steps, step_ms] {
+      auto r = post("/generate", json{{"steps", steps}, {"step_ms", step_ms}}.dump());
+      return r ? json::parse(r->body) : json();
+    });
+  }
+  void wait_in_flight(int n) const {
+    for (int i = 0; i < 2000 && service_metric("wsync_generations_in_flight") < n; ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  double service_metric(const std::string& name) const {
+    auto text = client().Get("/metrics")->body;
+    auto at = text.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+  }
+
+  test::pattern_tensors tensors_{8, 4096};
+  std::unique_ptr<weight_publisher> publisher_;
+  std::optional<update_id> previous_;
+  weight_transfer_service service_{weight_transfer_config{}};
+  http_gateway gateway_{service_, http_options{}};
+  std::uint16_t port_ = 0;
+};
+
+TEST_F(http_gateway_test, abort_fails_live_generations_with_a_clear_status) {
+  ASSERT_EQ(install(1), 200);
+  auto g = generate(100000, 1);
+  wait_in_flight(1);
+  EXPECT_EQ(post("/pause?mode=abort")->status, 200);  // returns once the generation ended
+  auto r = g.get();
+  EXPECT_EQ(r["status"], "aborted");
+  EXPECT_EQ(r["finish_reason"], "abort");
+  EXPECT_EQ(r["weight_versions"], json::array({1}));
+  EXPECT_EQ(get_json("/is_paused")["is_paused"], true);
+  EXPECT_EQ(post("/resume")->status, 200);
+}
+
+TEST_F(http_gateway_test, wait_drains_live_generations_then_an_update_installs_and_keep_resumes) {
+  ASSERT_EQ(install(1), 200);
+  auto g = generate(40, 2);
+  wait_in_flight(1);
+  EXPECT_EQ(post("/pause?mode=wait")->status, 200);  // returns after the generation completed
+  auto drained = g.get();
+  EXPECT_EQ(drained["status"], "completed");
+  EXPECT_EQ(drained["steps_done"], 40);
+  ASSERT_EQ(install(2), 200);  // while paused: nothing reads
+  EXPECT_EQ(post("/resume")->status, 200);
+
+  // keep: a held generation sees version 2, then 3 after the update and resume.
+  auto held = generate(60, 2);
+  wait_in_flight(1);
+  EXPECT_EQ(post("/pause?mode=keep")->status, 200);
+  ASSERT_EQ(install(3), 200);
+  EXPECT_EQ(post("/resume")->status, 200);
+  auto r = held.get();
+  EXPECT_EQ(r["status"], "completed");
+  EXPECT_EQ(r["steps_done"], 60);
+  EXPECT_EQ(r["weight_versions"], json::array({2, 3}));  // one version per step, never mixed
+}
+
+TEST_F(http_gateway_test, thirty_two_clients_hammer_status_and_metrics_during_updates) {
+  ASSERT_EQ(install(1), 200);
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0}, answered{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 32; ++i) {
+    clients.emplace_back([&, i] {
+      auto c = client();
+      while (!stop) {
+        auto r = c.Get(i % 2 ? "/status" : "/metrics");
+        if (!r || r->status != 200) {
+          ++bad;
+          continue;
+        }
+        if (i % 2) {
+          auto j = json::parse(r->body, nullptr, false);
+          if (j.is_discarded() || !j.contains("active_weight_version")) ++bad;
+        } else if (r->body.find("wsync_active_weight_version") == std::string::npos) {
+          ++bad;
+        }
+        ++answered;
+      }
+    });
+  }
+  for (std::uint64_t v = 2; v <= 6; ++v) EXPECT_EQ(install(v), 200);
+  stop = true;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(answered, 32);
+  EXPECT_EQ(get_json("/status")["active_weight_version"], 6);
+}
+
+}  // namespace
+}  // namespace wsync
