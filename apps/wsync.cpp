@@ -350,11 +350,6 @@ int main(int argc, char** argv) {
       http_opt.rank.verify = cons_opt.verify;
       return wsync::standalone_consumer_run(http_opt);
     }
-    if (enable_http) {
-      std::cerr << "wsync: --enable-weight-transfer: served only with --standalone in this "
-                   "version; a coordinator-driven consumer has no HTTP surface yet\n";
-      return 2;
-    }
     if (cons_coord.empty() || cons_opt.model_id.empty()) {
       std::cerr << "wsync: consumer: --coordinator and --model are required (or --standalone)\n";
       return 2;
@@ -366,6 +361,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     cons_opt.coordinator.token = token;
+    if (enable_http) {
+      http_opt.rank.node = cons_opt.node;
+      return wsync::consumer_http_run(cons_opt, http_opt);
+    }
     return wsync::consumer_run(cons_opt);
   }
   if (app.got_subcommand("publisher")) {

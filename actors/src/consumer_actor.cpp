@@ -66,7 +66,8 @@ void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello 
 
 consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_actor coordinator,
                                             std::shared_ptr<rollout_side> side, rank_hello hello,
-                                            endpoint where, caf::io::middleman_actor connector) {
+                                            endpoint where, caf::io::middleman_actor connector,
+                                            consumer_observer* observer) {
   const std::int32_t rank = hello.rank;
   auto st = std::make_shared<consumer_state>();
   st->coordinator = coordinator;
@@ -109,6 +110,11 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
         }
         report(msg.key, "importing", msg.received_from);
         auto r = side->executor.update_weights(shards);
+        if (observer) {
+          std::uint64_t bytes = 0;
+          for (const auto& m : shards) bytes += m.total_bytes;
+          observer->update_done(rank, msg.key, r, bytes);
+        }
         // The update this one replaced is let go before the answer, so the publisher can reuse
         // its memory by the time it hears the outcome.
         std::set<std::string> released_keys;
@@ -177,22 +183,27 @@ int consumer_run(const consumer_options& options) {
   // made ~actor_system wait forever when the coordinator died first (CAF 0.17 keeps a
   // reference to an actor whose handle went to a dead node).
   std::vector<caf::actor> endpoints;
+  std::vector<std::shared_ptr<rollout_side>> sides;  // outlive the actors, for the observer
   for (std::int32_t k = 0; k < options.count; ++k) {
     auto t = make_transport("shared-memory");
     if (!t) return log_error(t.error().message), 1;
     auto c = (*t)->make_consumer();
     if (!c) return log_error(c.error().message), 1;
     auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
+    if (options.observer) options.observer->rank_started(options.rank + k, side->runtime);
+    sides.push_back(side);
     auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
                             options.model_id);
     auto who = "consumer rank " + std::to_string(options.rank + k);
     endpoints.push_back(caf::actor_cast<caf::actor>(sys.get().spawn<guarded<consumer_actor::base>>(
         who, [=, c = *coordinator, where = options.coordinator,
               connector = sys.connector()](consumer_actor::base* self) {
-          return consumer_impl(self, c, side, hello, where, connector);
+          return consumer_impl(self, c, side, hello, where, connector, options.observer);
         })));
   }
-  return run_until_stopped(sys.get(), endpoints);
+  int rc = run_until_stopped(sys.get(), endpoints);
+  if (options.observer) options.observer->stopping();
+  return rc;
 }
 
 }  // namespace wsync

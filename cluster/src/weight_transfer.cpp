@@ -1,8 +1,10 @@
 #include "wsync/cluster/weight_transfer.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -94,14 +96,33 @@ const char* phase_name(phase p) {
   return "?";
 }
 
-// One finished (or failed) update, for /status.
+// One rank's answer to one update, for /status.
+struct rank_answer {
+  std::int32_t rank = 0;
+  std::string state;  ///< acknowledged | rejected
+  std::string reason;
+  double seconds = 0;
+};
+
+// One update as this process saw it: committed while every rank acknowledged it.
 struct update_entry {
   std::string key;
   std::uint64_t weight_version = 0;
-  std::string phase;  ///< committed | rejected
-  std::string reason;
-  std::string rank_state;  ///< acknowledged | rejected
-  double seconds = 0;
+  std::vector<rank_answer> ranks;
+  std::string phase() const {
+    for (const auto& r : ranks) {
+      if (r.state != "acknowledged") return "rejected";
+    }
+    return "committed";
+  }
+};
+
+// A rank whose runtime this process serves.
+struct rank_slot {
+  std::int32_t rank = 0;
+  reference_runtime* runtime = nullptr;
+  std::uint64_t active = 0;
+  std::string state = "joined";
 };
 
 constexpr std::size_t status_history = 16;
@@ -109,10 +130,12 @@ constexpr std::size_t status_history = 16;
 }  // namespace
 
 struct weight_transfer_service::impl {
-  explicit impl(weight_transfer_config c) : config(std::move(c)) {}
+  impl(weight_transfer_config c, std::string coord)
+      : config(std::move(c)), coordinator(std::move(coord)) {}
 
   weight_transfer_config config;
-  reference_runtime runtime;
+  std::string coordinator;    ///< non-empty: coordinator-driven, the four phases are refused
+  reference_runtime runtime;  ///< standalone: the rank's own runtime
   generation_control generation;
 
   // The four phases; one call at a time.
@@ -125,10 +148,13 @@ struct weight_transfer_service::impl {
 
   // What /status and /metrics report.
   mutable std::mutex status_mutex;
+  std::vector<rank_slot> ranks;
   std::deque<update_entry> recent;
-  std::atomic<std::uint64_t> active{0};
+  std::atomic<std::uint64_t> active{0};  ///< standalone: the version finish switched to
   std::atomic<std::uint64_t> published{0}, committed{0}, rejected{0}, bytes_moved{0};
   std::atomic<std::uint64_t> generations_completed{0}, generations_aborted{0};
+  std::uint64_t versions = 0;         ///< distinct versions made active here (status_mutex)
+  std::uint64_t highest_version = 0;  ///< status_mutex
   histogram import_s, verify_s, install_s, total_s;
 
   std::string conflict(std::string_view call, std::string_view hint) const {
@@ -136,25 +162,88 @@ struct weight_transfer_service::impl {
            "'" + (hint.empty() ? "" : " (" + std::string(hint) + ")");
   }
 
-  void remember(update_entry e) {
+  std::optional<http_reply> refuse_when_following(std::string_view call) const {
+    if (coordinator.empty()) return std::nullopt;
+    return fail(409, std::string(call) +
+                         ": out of order: this consumer follows the coordinator at " + coordinator +
+                         "; updates come from it, not over HTTP");
+  }
+
+  // Counts one rank's answer to one update (metrics, per-rank state, recent updates).
+  void record(std::int32_t rank, const std::string& key, const rollout_report& r,
+              std::uint64_t bytes) {
+    ++published;
+    import_s.observe(r.timings.import);
+    verify_s.observe(r.timings.verify);
+    install_s.observe(r.timings.install);
+    total_s.observe(r.timings.total);
+    if (r.acknowledged) {
+      ++committed;
+      bytes_moved += bytes;
+    } else {
+      ++rejected;
+    }
+    rank_answer answer{rank, r.acknowledged ? "acknowledged" : "rejected",
+                       r.failure ? r.failure->message : "", r.timings.total};
     std::lock_guard lock(status_mutex);
-    recent.push_back(std::move(e));
+    if (r.acknowledged && r.weight_version > highest_version) {
+      highest_version = r.weight_version;
+      ++versions;
+    }
+    for (auto& slot : ranks) {
+      if (slot.rank != rank) continue;
+      slot.state = answer.state;
+      if (r.acknowledged) slot.active = r.weight_version;
+    }
+    auto it = std::find_if(recent.begin(), recent.end(),
+                           [&](const update_entry& e) { return e.key == key; });
+    if (it == recent.end()) {
+      recent.push_back({key, r.weight_version, {}});
+      it = std::prev(recent.end());
+    }
+    it->ranks.push_back(std::move(answer));
     while (recent.size() > status_history) recent.pop_front();
   }
 };
 
 weight_transfer_service::weight_transfer_service(weight_transfer_config config)
-    : impl_(std::make_unique<impl>(std::move(config))) {}
+    : impl_(std::make_unique<impl>(std::move(config), "")) {
+  impl_->ranks.push_back({impl_->config.rank, &impl_->runtime, 0, "joined"});
+}
+
+weight_transfer_service::weight_transfer_service(weight_transfer_config config,
+                                                 std::string coordinator)
+    : impl_(std::make_unique<impl>(std::move(config), std::move(coordinator))) {}
+
+void weight_transfer_service::add_rank(std::int32_t rank, reference_runtime& runtime) {
+  std::lock_guard lock(impl_->status_mutex);
+  impl_->ranks.push_back({rank, &runtime, 0, "joined"});
+}
+
+void weight_transfer_service::record_update(std::int32_t rank, const std::string& key,
+                                            const rollout_report& report, std::uint64_t bytes) {
+  impl_->record(rank, key, report, bytes);
+}
+
+void weight_transfer_service::detach_ranks() {
+  std::lock_guard lock(impl_->status_mutex);
+  for (auto& slot : impl_->ranks) slot.runtime = nullptr;
+}
 
 weight_transfer_service::~weight_transfer_service() {
   if (impl_->executor) (void)impl_->executor->release_active();
 }
 
 std::uint64_t weight_transfer_service::active_version() const {
-  return impl_->active.load();
+  std::lock_guard lock(impl_->status_mutex);
+  std::optional<std::uint64_t> lowest;
+  for (const auto& slot : impl_->ranks)
+    lowest = std::min(lowest.value_or(slot.active), slot.active);
+  return lowest.value_or(0);
 }
 
 http_reply weight_transfer_service::init(std::string_view body) {
+  if (auto r = impl_->refuse_when_following("init_weight_transfer_engine")) return *r;
   http_reply error;
   auto j = parse_body(body, false, error);
   if (!j) return error;
@@ -197,6 +286,7 @@ http_reply weight_transfer_service::init(std::string_view body) {
 }
 
 http_reply weight_transfer_service::start(std::string_view body) {
+  if (auto r = impl_->refuse_when_following("start_weight_update")) return *r;
   http_reply error;
   auto j = parse_body(body, true, error);
   if (!j) return error;
@@ -279,6 +369,7 @@ std::string check_chunk(const json& info, const std::string& where,
 }  // namespace
 
 http_reply weight_transfer_service::update(std::string_view body) {
+  if (auto r = impl_->refuse_when_following("update_weights")) return *r;
   http_reply error;
   auto j = parse_body(body, false, error);
   if (!j) return error;
@@ -351,6 +442,7 @@ http_reply weight_transfer_service::update(std::string_view body) {
 }
 
 http_reply weight_transfer_service::finish(std::string_view body) {
+  if (auto r = impl_->refuse_when_following("finish_weight_update")) return *r;
   http_reply error;
   auto j = parse_body(body, true, error);
   if (!j) return error;
@@ -383,28 +475,19 @@ http_reply weight_transfer_service::finish(std::string_view body) {
     return fail(400, "weight_version: \"" + *version + "\" differs from the manifests' " +
                          std::to_string(first.weight_version) + " (" + update_context(first) + ")");
   }
-  ++s.published;
   auto r = s.executor->update_weights(s.shards);
   std::uint64_t bytes = 0;
   for (const auto& m : s.shards) bytes += m.total_bytes;
-  s.shards.clear();
+  s.shards.clear();  // `first` is gone from here on
   s.current = phase::ready;
-  s.import_s.observe(r.timings.import);
-  s.verify_s.observe(r.timings.verify);
-  s.install_s.observe(r.timings.install);
-  s.total_s.observe(r.timings.total);
+  if (r.acknowledged) s.active = r.weight_version;
+  s.record(s.config.rank, key, r, bytes);
   if (!r.acknowledged) {
-    ++s.rejected;
     std::string why = r.failure ? r.failure->message : "unknown failure";
-    s.remember({key, first.weight_version, "rejected", why, "rejected", r.timings.total});
     log_warn("rank " + std::to_string(s.config.rank) + ": update " + key + " rejected: " + why);
     return fail(500, "finish_weight_update: install failed, version " +
                          std::to_string(s.active.load()) + " stays active: " + why);
   }
-  ++s.committed;
-  s.bytes_moved += bytes;
-  s.active = r.weight_version;
-  s.remember({key, r.weight_version, "committed", "", "acknowledged", r.timings.total});
   log_info("rank " + std::to_string(s.config.rank) + ": active version " +
            std::to_string(r.weight_version) + " (" + key + ")");
   return reply(200, {{"message", "Weight update finished"}, {"weight_version", r.weight_version}});
@@ -443,36 +526,51 @@ http_reply weight_transfer_service::world_size(std::string_view include_dp) cons
 http_reply weight_transfer_service::status() const {
   const auto& s = *impl_;
   json updates = json::array();
-  std::string rank_state = "joined";
+  json ranks = json::array();
+  bool all_ok = true;
+  std::uint64_t versions = 0;
   {
     std::lock_guard lock(s.status_mutex);
+    versions = s.versions;
     for (const auto& u : s.recent) {
+      json answers = json::array();
+      std::string reason;
+      double slowest = 0;
+      for (const auto& a : u.ranks) {
+        answers.push_back({{"rank", a.rank},
+                           {"state", a.state},
+                           {"reason", a.reason},
+                           {"received_from", s.coordinator.empty() ? "http" : "coordinator"}});
+        if (reason.empty()) reason = a.reason;
+        slowest = std::max(slowest, a.seconds);
+      }
       updates.push_back({{"key", u.key},
                          {"weight_version", u.weight_version},
-                         {"phase", u.phase},
-                         {"reason", u.reason},
-                         {"commit_s", u.seconds},
-                         {"ranks", json::array({{{"rank", s.config.rank},
-                                                 {"state", u.rank_state},
-                                                 {"reason", u.reason},
-                                                 {"received_from", "http"}}})}});
+                         {"phase", u.phase()},
+                         {"reason", reason},
+                         {"commit_s", slowest},
+                         {"ranks", std::move(answers)}});
     }
-    if (!s.recent.empty()) rank_state = s.recent.back().rank_state;
+    for (const auto& slot : s.ranks) {
+      all_ok = all_ok && slot.state != "rejected";
+      ranks.push_back({{"rank", slot.rank},
+                       {"node", s.config.node},
+                       {"role", "consumer"},
+                       {"state", slot.state},
+                       {"active_weight_version", slot.active},
+                       {"received_from", slot.active == 0        ? json(nullptr)
+                                         : s.coordinator.empty() ? json("http")
+                                                                 : json("coordinator")}});
+    }
   }
   std::string phase_now;
   {
     std::lock_guard lock(s.phase_mutex);
-    phase_now = phase_name(s.current);
+    phase_now = s.coordinator.empty() ? phase_name(s.current) : "following " + s.coordinator;
   }
-  const auto active = s.active.load();
-  json ranks = json::array({{{"rank", s.config.rank},
-                             {"node", s.config.node},
-                             {"role", "consumer"},
-                             {"state", rank_state},
-                             {"active_weight_version", active},
-                             {"received_from", active ? json("http") : json(nullptr)}}});
-  return reply(200, {{"status", rank_state == "rejected" ? "fail" : "pass"},
-                     {"versions", s.committed.load()},
+  const auto active = active_version();
+  return reply(200, {{"status", all_ok ? "pass" : "fail"},
+                     {"versions", versions},
                      {"committed_version", active},
                      {"active_weight_version", active},
                      {"paused", s.generation.paused()},
@@ -492,13 +590,13 @@ std::string weight_transfer_service::metrics() const {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
         << name << " " << v << "\n";
   };
-  counter("wsync_updates_published_total", "updates offered to this rank (finish calls)",
+  counter("wsync_updates_published_total", "updates offered to this process's ranks, per rank",
           s.published.load());
   counter("wsync_updates_committed_total", "updates installed and made active", s.committed.load());
   counter("wsync_updates_rejected_total", "updates whose install failed", s.rejected.load());
   counter("wsync_bytes_moved_total", "tensor bytes of the updates installed", s.bytes_moved.load());
-  gauge("wsync_active_weight_version", "version generation reads now (0: none yet)",
-        static_cast<double>(s.active.load()));
+  gauge("wsync_active_weight_version", "lowest version a rank serves (0: none yet)",
+        static_cast<double>(active_version()));
   gauge("wsync_paused", "1 while generation is paused", s.generation.paused() ? 1 : 0);
   gauge("wsync_generations_in_flight", "generations running or held",
         static_cast<double>(s.generation.in_flight()));
@@ -515,7 +613,7 @@ std::string weight_transfer_service::metrics() const {
   std::map<std::string, int> states{{"acknowledged", 0}, {"rejected", 0}, {"joined", 0}};
   {
     std::lock_guard lock(s.status_mutex);
-    ++states[s.recent.empty() ? "joined" : s.recent.back().rank_state];
+    for (const auto& slot : s.ranks) ++states[slot.state];
   }
   out << "# HELP wsync_ranks rollout ranks in this process by the state of their latest update\n"
       << "# TYPE wsync_ranks gauge\n";
@@ -541,12 +639,30 @@ http_reply weight_transfer_service::generate(std::string_view body) {
     out = v.get<std::int64_t>();
     return true;
   };
-  std::int64_t steps = 0, step_ms = 0;
-  if (!number("steps", 8, 1, 100000, steps) || !number("step_ms", 5, 0, 10000, step_ms)) {
+  std::int64_t steps = 0, step_ms = 0, rank = -1;
+  if (!number("steps", 8, 1, 100000, steps) || !number("step_ms", 5, 0, 10000, step_ms) ||
+      !number("rank", -1, 0, INT32_MAX, rank)) {
     return error;
   }
   auto& s = *impl_;
   generation_scope g(s.generation);
+  // The runtime stays while this generation runs: detach_ranks() comes after the actors
+  // stopped, and the gateway stops before the runtimes go.
+  reference_runtime* runtime = nullptr;
+  {
+    std::lock_guard lock(s.status_mutex);
+    for (const auto& slot : s.ranks) {
+      if (rank < 0 || slot.rank == rank) {
+        runtime = slot.runtime;
+        break;
+      }
+    }
+  }
+  if (!runtime) {
+    return fail(rank < 0 ? 503 : 400,
+                rank < 0 ? "generate: no rank is serving"
+                         : "rank: " + std::to_string(rank) + " is not served here");
+  }
   json versions = json::array();
   std::int64_t done = 0;
   for (; done < steps; ++done) {
@@ -559,7 +675,7 @@ http_reply weight_transfer_service::generate(std::string_view body) {
                          {"weight_versions", versions}});
     }
     // One step reads one complete version: the install waits for it, it waits for the install.
-    auto v = s.runtime.generate([](const runtime_weights& w) { return w.weight_version; });
+    auto v = runtime->generate([](const runtime_weights& w) { return w.weight_version; });
     if (versions.empty() || versions.back() != v) versions.push_back(v);
     if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }

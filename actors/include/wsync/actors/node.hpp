@@ -38,6 +38,24 @@ struct coordinator_options {
 };
 int coordinator_run(const coordinator_options& options);
 
+class reference_runtime;
+struct rollout_report;
+
+/// Watches the ranks of a consumer process (the HTTP surface uses it for /status, /metrics and
+/// generation). Calls come from consumer_run's thread (rank_started, before the rank joins) and
+/// from each rank's actor (update_done); implementations must be thread-safe.
+class consumer_observer {
+ public:
+  virtual ~consumer_observer() = default;
+  /// `runtime` lives until consumer_run returns.
+  virtual void rank_started(std::int32_t rank, reference_runtime& runtime) = 0;
+  /// After each update the coordinator sent: what the rank did with it.
+  virtual void update_done(std::int32_t rank, const std::string& key, const rollout_report& report,
+                           std::uint64_t bytes) = 0;
+  /// The ranks stopped; their runtimes go once this returns.
+  virtual void stopping() = 0;
+};
+
 struct consumer_options {
   endpoint coordinator;
   std::int32_t rank = 0;
@@ -46,6 +64,7 @@ struct consumer_options {
   std::string model_id;
   bool verify = true;
   std::chrono::milliseconds heartbeat{200};
+  consumer_observer* observer = nullptr;  ///< optional; must outlive consumer_run
 };
 int consumer_run(const consumer_options& options);
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "wsync/actors/node.hpp"
 #include "wsync/cluster/weight_transfer.hpp"
 #include "wsync/manifest/result.hpp"
 
@@ -45,5 +46,10 @@ struct standalone_options {
   http_options http;
 };
 int standalone_consumer_run(const standalone_options& options);
+
+/// `wsync consumer --coordinator ... --enable-weight-transfer`: the coordinator-driven ranks
+/// of this process (consumer_run) plus the HTTP surface over them: /status, /metrics,
+/// /pause, /resume, /is_paused, /get_world_size and /generate; the four phases answer 409.
+int consumer_http_run(consumer_options options, const standalone_options& http);
 
 }  // namespace wsync

@@ -15,6 +15,9 @@
 
 namespace wsync {
 
+class reference_runtime;
+struct rollout_report;
+
 struct http_reply {
   int status = 200;
   std::string body;  ///< JSON
@@ -30,8 +33,20 @@ struct weight_transfer_config {
 
 class weight_transfer_service {
  public:
+  /// A standalone rank: it owns its runtime and the four phases install into it.
   explicit weight_transfer_service(weight_transfer_config config);
+  /// A coordinator-driven process: its ranks (add_rank) belong to the consumer actors, the four
+  /// phases answer 409 (updates come from the coordinator at `coordinator`), and status,
+  /// metrics, pause and generate work across the ranks.
+  weight_transfer_service(weight_transfer_config config, std::string coordinator);
   ~weight_transfer_service();
+
+  // Coordinator-driven mode; thread-safe.
+  void add_rank(std::int32_t rank, reference_runtime& runtime);
+  void record_update(std::int32_t rank, const std::string& key, const rollout_report& report,
+                     std::uint64_t bytes);
+  /// The ranks' runtimes are going away: /generate answers 503 from now on.
+  void detach_ranks();
   weight_transfer_service(const weight_transfer_service&) = delete;
   weight_transfer_service& operator=(const weight_transfer_service&) = delete;
 
@@ -50,12 +65,13 @@ class weight_transfer_service {
   http_reply status() const;
   /// Prometheus text exposition (version 0.0.4).
   std::string metrics() const;
-  /// POST /generate on the reference runtime: {"steps": n, "step_ms": t}. Each step reads the
+  /// POST /generate on the reference runtime: {"steps": n, "step_ms": t, "rank": r (default:
+  /// the first rank)}. Each step reads the
   /// active weights under the generation gate; the reply lists the versions the steps saw and
   /// says whether the generation completed or was aborted by a pause.
   http_reply generate(std::string_view body);
 
-  /// 0 before the first successful finish.
+  /// The lowest version any rank serves (0 before the first successful install).
   std::uint64_t active_version() const;
 
  private:
