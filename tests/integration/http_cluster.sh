@@ -2,17 +2,9 @@
 # The HTTP surface on coordinator-driven consumer ranks: /status and /metrics follow the
 # updates the coordinator sends, the four phases answer 409, and a generation held by
 # /pause?mode=keep across a cluster update sees the old version, then the new one, never a mix.
-set -uo pipefail
 wsync="$1"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "http_cluster: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+name=http_cluster
+source "$(dirname "$0")/processes.sh"
 export WSYNC_TOKEN=cluster-token
 layout=synthetic:2097152:4
 
@@ -63,5 +55,5 @@ kill -0 "$consumer" 2>/dev/null && fail "the consumer did not stop on SIGTERM"
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait 2>/dev/null
 pids=()
-ls /dev/shm | grep -q '^wsync-' && fail "a shared-memory segment was left behind"
+check_no_segments
 echo "http_cluster: pass"

@@ -3,17 +3,9 @@
 # contract (paths, query parameters, JSON bodies, bare POSTs): pause -> init -> start -> update
 # -> finish -> resume, then every bad request the contract names. The only wsync-specific part
 # is the backend info inside update_info: the manifest a standalone publisher wrote.
-set -uo pipefail
 wsync="$1"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "http_vllm_contract: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done; exit 1; }
+name=http_vllm_contract
+source "$(dirname "$0")/processes.sh"
 
 # post PATH [JSON] -> "<status> <body>" (a bare POST when no JSON is given, as vLLM's docs do)
 post() {
@@ -119,5 +111,5 @@ grep -q "enable-weight-transfer" "$work/off.log" || fail "the refusal does not s
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait 2>/dev/null
 pids=()
-ls /dev/shm | grep -q '^wsync-' && fail "a shared-memory segment was left behind: $(ls /dev/shm)"
+check_no_segments
 echo "http_vllm_contract: pass"

@@ -1,0 +1,26 @@
+# Sourced by the multi-process test scripts: a work folder, the processes started (stopped with
+# SIGTERM on exit, also on failure), fail() that shows every log, and wait_for_file().
+# Set `name` before sourcing: fail() prefixes its messages with it.
+set -uo pipefail
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "$name: $*"
+  for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done
+  exit 1
+}
+wait_for_file() {  # path: waits up to 10 s for it to exist and be non-empty
+  for _ in $(seq 200); do [ -s "$1" ] && return 0; sleep 0.05; done
+  return 1
+}
+# No shared-memory segment of ours may outlive the processes.
+check_no_segments() {
+  ls /dev/shm | grep -q '^wsync-' && fail "a shared-memory segment was left behind: $(ls /dev/shm | grep '^wsync-')"
+  return 0
+}
