@@ -44,11 +44,25 @@ weight_update_manifest shard(std::uint64_t version) {
 
 class coordinator_actor_test : public ::testing::Test {
  protected:
-  test_config cfg_;
-  caf::actor_system sys_{cfg_};
-  coordinator_actor coordinator_ = coordinator_spawn(sys_, token, book_config{});
+  void SetUp() override {
+#if defined(__SANITIZE_THREAD__)
+    // Debian's libcaf is not built with TSan: its scheduler's handover of a new actor is
+    // invisible to it and reported as a race (the cluster suites are skipped for the same reason).
+    GTEST_SKIP() << "CAF actors under tsan: libcaf is not instrumented";
+#endif
+    system_ = std::make_unique<caf::actor_system>(cfg_);
+    coordinator_ = coordinator_spawn(*system_, token, book_config{});
+  }
+  void TearDown() override {
+    if (system_) stop_guarded(coordinator_, caf::exit_reason::kill);
+  }
 
-  ~coordinator_actor_test() override { stop_guarded(coordinator_, caf::exit_reason::kill); }
+  test_config cfg_;
+  std::unique_ptr<caf::actor_system> system_;
+  coordinator_actor coordinator_;
+  caf::actor_system& sys() {
+    return *system_;
+  }
 
   // (reply token, refusal) of a join by `self`.
   std::pair<std::string, std::string> join(caf::scoped_actor& self, rank_hello hello) {
@@ -58,16 +72,16 @@ class coordinator_actor_test : public ::testing::Test {
             [&](const std::string& t, const std::string& r) {
               out = {t, r};
             },
-            [&](caf::error& e) { out.second = sys_.render(e); });
+            [&](caf::error& e) { out.second = sys().render(e); });
     return out;
   }
 
   json status() {
-    caf::scoped_actor self{sys_};
+    caf::scoped_actor self{sys()};
     json out;
     self->request(coordinator_, 5s, status_atom::value, token)
         .receive([&](const std::string& s) { out = json::parse(s); },
-                 [&](caf::error& e) { ADD_FAILURE() << sys_.render(e); });
+                 [&](caf::error& e) { ADD_FAILURE() << sys().render(e); });
     return out;
   }
 
@@ -77,7 +91,7 @@ class coordinator_actor_test : public ::testing::Test {
 };
 
 TEST_F(coordinator_actor_test, a_join_with_a_wrong_token_gets_no_token_back) {
-  caf::scoped_actor self{sys_};
+  caf::scoped_actor self{sys()};
   auto [t, refusal] = join(self, consumer_hello(3, "guess"));
   EXPECT_EQ(t, "");
   EXPECT_EQ(refusal, "join refused: token: wrong cluster token");
@@ -93,7 +107,7 @@ TEST_F(coordinator_actor_test, exits_and_errors_from_outside_do_not_stop_it) {
 }
 
 TEST_F(coordinator_actor_test, a_forged_down_message_does_not_evict_a_running_rank) {
-  caf::scoped_actor rank3{sys_};
+  caf::scoped_actor rank3{sys()};
   ASSERT_EQ(join(rank3, consumer_hello(3)), std::make_pair(token, std::string()));
   caf::anon_send(caf::actor_cast<caf::actor>(coordinator_),
                  caf::down_msg{rank3->address(), caf::exit_reason::kill});
@@ -104,11 +118,11 @@ TEST_F(coordinator_actor_test, a_forged_down_message_does_not_evict_a_running_ra
 
 TEST_F(coordinator_actor_test,
        only_reports_with_the_token_count_and_the_publisher_hears_the_table) {
-  caf::scoped_actor publisher{sys_};
+  caf::scoped_actor publisher{sys()};
   auto hello = hello_make(token, 0, "publisher", "n0", "m");
   hello.publisher_ranks = 1;
   ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
-  caf::scoped_actor consumer{sys_};
+  caf::scoped_actor consumer{sys()};
   ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
 
   // A plain send: the outcome comes back as an ordinary message once the update ends.
@@ -137,7 +151,7 @@ TEST_F(coordinator_actor_test,
 }
 
 TEST_F(coordinator_actor_test, this_process_can_stop_it) {
-  caf::scoped_actor self{sys_};
+  caf::scoped_actor self{sys()};
   self->monitor(coordinator_);
   stop_guarded(coordinator_);
   bool down = false;
