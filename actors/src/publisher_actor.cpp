@@ -111,6 +111,12 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   };
 }
 
+// The model id a publisher announces: --model, else what it publishes.
+std::string model_id_of(const publisher_options& o) {
+  if (!o.model_id.empty()) return o.model_id;
+  return o.safetensors.empty() ? o.layout : std::string("safetensors");
+}
+
 // This rank's tensors (every `ranks`-th of the layout), with generated contents.
 struct shard_tensors {
   std::vector<std::vector<std::byte>> storage;
@@ -293,9 +299,7 @@ int publisher_run(const publisher_options& o) {
   to.rank = o.rank;
   to.ranks = o.ranks;
   to.node = o.node;
-  to.model_id = !o.model_id.empty()      ? o.model_id
-                : !o.safetensors.empty() ? std::string("safetensors")
-                                         : o.layout;
+  to.model_id = model_id_of(o);
   to.outcome_timeout = o.outcome_timeout;
   to.heartbeat = o.heartbeat;
   auto trainer = trainer_rank::connect(to);
@@ -327,9 +331,7 @@ int publisher_standalone_run(const publisher_options& o, const std::string& mani
   auto pt = (*t)->make_publisher();
   if (!pt) return log_error(pt.error().message), 1;
   publisher_config cfg;
-  cfg.model_id = !o.model_id.empty()      ? o.model_id
-                 : !o.safetensors.empty() ? "safetensors"
-                                          : o.layout;
+  cfg.model_id = model_id_of(o);
   cfg.source_rank = o.rank;
   cfg.release_when_answered = false;  // held until this process stops
   weight_publisher publisher(std::move(*pt), "shared-memory", cfg);

@@ -162,6 +162,13 @@ struct weight_transfer_service::impl {
            "'" + (hint.empty() ? "" : " (" + std::string(hint) + ")");
   }
 
+  // update and finish need a started phase: say which call comes first.
+  std::string not_started(std::string_view call) const {
+    return conflict(call, current == phase::uninitialized
+                              ? "call /init_weight_transfer_engine first"
+                              : "call /start_weight_update first");
+  }
+
   std::optional<http_reply> refuse_when_following(std::string_view call) const {
     if (coordinator.empty()) return std::nullopt;
     return fail(409, std::string(call) +
@@ -389,9 +396,7 @@ http_reply weight_transfer_service::update(std::string_view body) {
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
   if (s.current != phase::started) {
-    return fail(409, s.conflict("update_weights", s.current == phase::uninitialized
-                                                      ? "call /init_weight_transfer_engine first"
-                                                      : "call /start_weight_update first"));
+    return fail(409, s.not_started("update_weights"));
   }
   // Check every chunk before keeping any: a refused request changes nothing.
   auto shards = s.shards;
@@ -460,10 +465,7 @@ http_reply weight_transfer_service::finish(std::string_view body) {
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
   if (s.current != phase::started) {
-    return fail(409,
-                s.conflict("finish_weight_update", s.current == phase::uninitialized
-                                                       ? "call /init_weight_transfer_engine first"
-                                                       : "call /start_weight_update first"));
+    return fail(409, s.not_started("finish_weight_update"));
   }
   if (s.shards.empty()) {
     return fail(
