@@ -91,6 +91,13 @@ bool parse_endpoint(const std::string& text, wsync::endpoint& ep) {
   return true;
 }
 
+// --coordinator host:port into `ep` (host and port only), or false after saying why.
+bool coordinator_from(const std::string& text, wsync::endpoint& ep) {
+  if (parse_endpoint(text, ep)) return true;
+  std::cerr << "wsync: --coordinator: expected host:port, got " << text << "\n";
+  return false;
+}
+
 // Slurm names ranks its own way; map it onto the variables the options read, unless a launcher
 // (torchrun, mpirun wrappers) already set them.
 void launcher_environment() {
@@ -355,12 +362,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (!need_token(cons_opt.coordinator.token)) return 2;
-    auto token = cons_opt.coordinator.token;
-    if (!parse_endpoint(cons_coord, cons_opt.coordinator)) {
-      std::cerr << "wsync: --coordinator: expected host:port, got " << cons_coord << "\n";
-      return 2;
-    }
-    cons_opt.coordinator.token = token;
+    if (!coordinator_from(cons_coord, cons_opt.coordinator)) return 2;
     if (enable_http) {
       http_opt.rank.node = cons_opt.node;
       return wsync::consumer_http_run(cons_opt, http_opt);
@@ -384,26 +386,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (!need_token(pub_opt.coordinator.token)) return 2;
-    auto token = pub_opt.coordinator.token;
-    if (!parse_endpoint(pub_coord, pub_opt.coordinator)) {
-      std::cerr << "wsync: --coordinator: expected host:port, got " << pub_coord << "\n";
-      return 2;
-    }
-    pub_opt.coordinator.token = token;
-    if (pub_opt.rank < 0 || pub_opt.rank >= pub_opt.ranks) {
-      std::cerr << "wsync: --rank: must be in [0, --ranks)\n";
-      return 2;
-    }
+    if (!coordinator_from(pub_coord, pub_opt.coordinator)) return 2;
     pub_opt.interval = std::chrono::milliseconds(interval_ms);
     return wsync::publisher_run(pub_opt);
   }
   if (app.got_subcommand("status")) {
     if (!need_token(status_token)) return 2;
     wsync::endpoint ep;
-    if (!parse_endpoint(status_coord, ep)) {
-      std::cerr << "wsync: --coordinator: expected host:port, got " << status_coord << "\n";
-      return 2;
-    }
+    if (!coordinator_from(status_coord, ep)) return 2;
     ep.token = status_token;
     ep.tls = status_tls;
     std::string err;

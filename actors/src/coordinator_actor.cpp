@@ -62,6 +62,15 @@ json outcome_json(const update_record& u) {
           {"reason", u.reason},   {"ranks", std::move(ranks)}};
 }
 
+// Sends to each of `ranks` still connected (a rank that left has no endpoint any more).
+template <class Endpoints, class... Ts>
+void send_to(coordinator_pointer self, const Endpoints& endpoints,
+             const std::vector<std::int32_t>& ranks, const Ts&... xs) {
+  for (auto rank : ranks) {
+    if (auto it = endpoints.find(rank); it != endpoints.end()) self->send(it->second, xs...);
+  }
+}
+
 void run_effects(coordinator_pointer self, const std::vector<book_effect>& effects) {
   auto& st = self->state;
   for (const auto& e : effects) {
@@ -74,19 +83,11 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
           from += (from.empty() ? "publisher:" : ",") + std::to_string(m.source_rank);
         }
         msg.received_from = from;
-        for (auto rank : e.ranks) {
-          if (auto it = st.consumers.find(rank); it != st.consumers.end()) {
-            self->send(it->second, update_atom::value, msg);
-          }
-        }
+        send_to(self, st.consumers, e.ranks, update_atom::value, msg);
         break;
       }
       case book_effect::kind::drop:
-        for (auto rank : e.ranks) {
-          if (auto it = st.consumers.find(rank); it != st.consumers.end()) {
-            self->send(it->second, drop_atom::value, st.token, e.key);
-          }
-        }
+        send_to(self, st.consumers, e.ranks, drop_atom::value, st.token, e.key);
         break;
       case book_effect::kind::outcome: {
         const auto* u = st.book.find(e.key);
@@ -100,11 +101,7 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         break;
       }
       case book_effect::kind::release_publisher:
-        for (auto rank : e.ranks) {
-          if (auto it = st.publishers.find(rank); it != st.publishers.end()) {
-            self->send(it->second, release_atom::value, st.token, e.key);
-          }
-        }
+        send_to(self, st.publishers, e.ranks, release_atom::value, st.token, e.key);
         break;
     }
   }

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # `wsync publisher --safetensors FILE`: two trainer ranks publish their shares of a checkpoint
 # file; a consumer installs both versions.
-set -uo pipefail
 wsync=$(readlink -f "$1")
-work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "cluster_safetensors: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 5 "$f"; done; exit 1; }
+name=cluster_safetensors
+source "$(dirname "$0")/processes.sh"
 header='{"__metadata__":{"format":"pt"},"a.weight":{"dtype":"BF16","shape":[64,32],"data_offsets":[0,4096]},"b.bias":{"dtype":"F32","shape":[100],"data_offsets":[4096,4496]}}'
 len=${#header}
 {
@@ -36,5 +33,4 @@ for r in 0 1; do wait "${pub[$r]}" || fail "publisher $r failed"; done
 grep -q "active version 2 (ckpt@2)" "$work/consumer.log" || fail "consumer not on version 2"
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait
-pids=()
 echo "cluster_safetensors: pass"

@@ -2,12 +2,9 @@
 # TLS between cluster processes (CAF's OpenSSL module): a coordinator, a consumer and a publisher
 # with certificates from a test CA commit a version; a peer without TLS cannot reach the
 # coordinator at all.
-set -uo pipefail
 wsync=$(readlink -f "$1")
-work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "cluster_tls: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 10 "$f"; done; exit 1; }
+name=cluster_tls
+source "$(dirname "$0")/processes.sh"
 command -v openssl >/dev/null || fail "openssl is not installed (scripts/bootstrap.sh installs it)"
 cd "$work"
 openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=wsync-test-ca" \
@@ -38,5 +35,4 @@ out=$(env -u WSYNC_TLS_CERT -u WSYNC_TLS_KEY -u WSYNC_TLS_CA timeout 20 \
   "$wsync" status --coordinator "$addr" --json 2>&1) && fail "a peer without TLS got an answer: $out"
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait
-pids=()
 echo "cluster_tls: pass"

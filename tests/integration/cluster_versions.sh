@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # 1 coordinator, 2 publisher ranks, 4 consumer ranks, 20 versions on loopback: every consumer
 # acknowledges every version, and the versions each consumer activates strictly increase.
-set -uo pipefail
 wsync="$1"
-work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "cluster_versions: $*"; exit 1; }
+name=cluster_versions
+source "$(dirname "$0")/processes.sh"
 export WSYNC_TOKEN=versions-token
 layout=synthetic:8388608:16
 "$wsync" coordinator --port 0 --port-file "$work/port" >"$work/coordinator.log" 2>&1 &
@@ -42,5 +39,4 @@ done
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait
 for p in "${pids[@]}"; do ls /dev/shm | grep -q "^wsync-$p-" && fail "segment of pid $p left"; done
-pids=()
 echo "cluster_versions: pass"

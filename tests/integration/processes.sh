@@ -1,11 +1,12 @@
-# Sourced by the multi-process test scripts: a work folder, the processes started (stopped with
-# SIGTERM on exit, also on failure), fail() that shows every log, and wait_for_file().
+# Sourced by the multi-process test scripts: a work folder, the processes started (killed on
+# exit, also on failure: a script that means to check a clean stop sends SIGTERM itself first),
+# fail() that shows every log, wait_for_file() and check_no_segments().
 # Set `name` before sourcing: fail() prefixes its messages with it.
 set -uo pipefail
 work=$(mktemp -d)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
   rm -rf "$work"
 }
