@@ -10,6 +10,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcaf-dev libcpp-httplib-dev
   # tests
   libgtest-dev libgmock-dev librapidcheck-dev curl
+  # the ucx transport and its benchmark baseline
+  libucx-dev ucx-utils
 )
 
 missing=()

@@ -2,6 +2,9 @@
 
 #include "local_clone/local_clone.hpp"
 #include "shared_memory/shared_memory.hpp"
+#if WSYNC_HAVE_UCX
+#include "ucx/ucx.hpp"
+#endif
 
 namespace wsync {
 
@@ -40,6 +43,9 @@ void register_builtin_transports(transport_registry& registry) {
   // One line per transport; adding a transport means adding its folder and a line here.
   (void)registry.add(local_clone_entry());
   (void)registry.add(shared_memory_entry());
+#if WSYNC_HAVE_UCX
+  (void)registry.add(ucx_entry());
+#endif
 }
 
 const transport_registry& builtin_transports() {

@@ -5,6 +5,12 @@
 
 namespace wsync {
 
+result<std::string> transport::handle_via_relay(const std::string& /*handle*/,
+                                                const std::string& /*relay_address*/) const {
+  return make_error(errc::invalid_argument,
+                    "transport " + std::string(name()) + " cannot relay updates between consumers");
+}
+
 result<std::uint64_t> options_reader::get_uint(const std::string& key, std::uint64_t fallback,
                                                std::uint64_t min, std::uint64_t max) {
   seen_.push_back(key);

@@ -63,6 +63,11 @@ class consumer_transport {
 
   /// Drops this process's hold on the update; its spans become invalid.
   virtual void release(const update_id& id) = 0;
+
+  /// Where other consumers reach this one to pull, chunk by chunk, the updates it imports (it
+  /// relays them while its own import is still running); empty when this transport cannot
+  /// relay. Valid for the consumer's lifetime.
+  virtual std::string relay_address() const { return {}; }
 };
 
 /// One configured transport: makes publisher and consumer halves that can talk to each other.
@@ -73,6 +78,12 @@ class transport {
   virtual transport_caps caps() const = 0;
   virtual result<std::unique_ptr<publisher_transport>> make_publisher() = 0;
   virtual result<std::unique_ptr<consumer_transport>> make_consumer() = 0;
+
+  /// The handle a consumer imports with to pull the update of `handle` from the relay at
+  /// `relay_address` (another consumer's relay_address()) instead of from its publisher.
+  /// errc::invalid_argument when this transport cannot relay.
+  virtual result<std::string> handle_via_relay(const std::string& handle,
+                                               const std::string& relay_address) const;
 };
 
 /// Reads transport_options strictly: typed getters with defaults, and finish() refuses any key

@@ -1,0 +1,19 @@
+#pragma once
+// What other modules may ask of the UCX transport without including UCX headers.
+
+#include <string>
+#include <string_view>
+
+namespace wsync {
+
+/// The UCX operation a consumer uses to pull chunks straight from a publisher when its option
+/// `op` is "auto", given the `tls` option (UCX_TLS): "get" (RMA) when every listed transport is
+/// a shared-memory one, where RMA measured fastest here; "tag" (request + tag-matched
+/// rendezvous reply) otherwise, since RMA over TCP is emulated and measured 3x slower. Pulls
+/// from a relay always use "tag".
+std::string ucx_auto_op(std::string_view tls);
+
+/// True when this build has the UCX transport (Debian's libucx-dev was found at configure time).
+bool ucx_compiled_in();
+
+}  // namespace wsync

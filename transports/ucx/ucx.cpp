@@ -1,0 +1,1258 @@
+#include "ucx/ucx.hpp"
+
+#include <sys/mman.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/log.hpp"
+
+namespace wsync {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+constexpr std::uint64_t page = 4096;
+constexpr std::uint64_t slot_quantum = std::uint64_t{2} << 20;
+// Active-message ids of our protocol: a consumer asks a source for one chunk, the source answers
+// with the bytes (tag-matched) or with a failure.
+constexpr unsigned am_fetch = 17;
+constexpr unsigned am_fail = 18;
+// Fetches a relay holds for updates it has not started importing yet; past this they are refused
+// with try_again rather than queued without bound.
+constexpr std::size_t max_early_fetches = 4096;
+
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+// --- settings: the option table of "ucx" -------------------------------------------------------
+
+struct ucx_settings {
+  std::string tls;          // UCX_TLS of this transport's context; empty: UCX's own choice
+  std::string devices;      // UCX_NET_DEVICES
+  std::string rndv_thresh;  // UCX_RNDV_THRESH
+  std::string op = "auto";  // auto | tag | get: how consumers pull from a publisher
+  std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
+  std::uint64_t window = 8;  // chunks in flight per import
+  std::uint64_t slots = 2;   // ring size, on each side
+  std::uint64_t timeout_ms = 60000;
+};
+
+// --- errors ------------------------------------------------------------------------------------
+
+errc status_code(ucs_status_t st) {
+  switch (st) {
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_UNSUPPORTED:
+      return errc::blocked;
+    case UCS_ERR_INVALID_PARAM:
+      return errc::invalid_argument;
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+      return errc::timeout;
+    default:
+      return errc::io_error;
+  }
+}
+
+error status_error(const char* call, ucs_status_t st, const std::string& context) {
+  errc code = status_code(st);
+  return make_error(code, std::string(code == errc::blocked ? "blocked: " : "") + "ucx: " + call +
+                              " failed: " + ucs_status_string(st) +
+                              (context.empty() ? "" : " (" + context + ")"));
+}
+
+// One checking macro for UCX calls: the failing call, UCX's status text and our context.
+#define WSYNC_UCX_CHECK(call, context)                    \
+  do {                                                    \
+    ucs_status_t wsync_status_ = (call);                  \
+    if (wsync_status_ != UCS_OK) {                        \
+      return status_error(#call, wsync_status_, context); \
+    }                                                     \
+  } while (0)
+
+// UCS_PTR_IS_ERR / UCS_PTR_STATUS without their C casts.
+bool ptr_is_error(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) >=
+         static_cast<std::uintptr_t>(static_cast<std::intptr_t>(UCS_ERR_LAST));
+}
+ucs_status_t ptr_status(const void* p) {
+  return static_cast<ucs_status_t>(reinterpret_cast<std::intptr_t>(p));
+}
+
+std::string hex_encode(const void* data, std::size_t n) {
+  static constexpr char digits[] = "0123456789abcdef";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string out(n * 2, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = digits[p[i] >> 4];
+    out[2 * i + 1] = digits[p[i] & 15];
+  }
+  return out;
+}
+
+std::optional<std::vector<unsigned char>> hex_decode(const std::string& text) {
+  if (text.empty() || text.size() % 2) return std::nullopt;
+  std::vector<unsigned char> out(text.size() / 2);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    auto [end, ec] = std::from_chars(text.data() + 2 * i, text.data() + 2 * i + 2, out[i], 16);
+    if (ec != std::errc{} || end != text.data() + 2 * i + 2) return std::nullopt;
+  }
+  return out;
+}
+
+std::uint64_t chunks_of(std::uint64_t nbytes, std::uint64_t chunk) {
+  return (nbytes + chunk - 1) / chunk;
+}
+
+// --- the handle: what a consumer needs to pull an update ---------------------------------------
+
+struct handle {
+  std::string address;                                // source worker address, hex
+  std::uint64_t chunk = 0;                            // chunk size of the pull
+  std::vector<std::vector<std::uint64_t>> checksums;  // XXH3 per chunk, per segment
+  std::string rkey;                                   // publisher sources only: packed rkey, hex
+  std::vector<std::uint64_t> bases;                   // ... and each segment's remote address
+};
+
+std::string handle_dump(const handle& h) {
+  nlohmann::json sums = nlohmann::json::array();
+  for (const auto& seg : h.checksums) {
+    nlohmann::json s = nlohmann::json::array();
+    for (auto c : seg) s.push_back(checksum_hex(c));
+    sums.push_back(std::move(s));
+  }
+  nlohmann::json j = {{"address", h.address}, {"chunk", h.chunk}, {"checksums", sums}};
+  if (!h.rkey.empty()) j["rkey"] = h.rkey, j["bases"] = h.bases;
+  return j.dump();
+}
+
+// Parses a handle written by handle_dump, checked against the manifest's segments when given.
+result<handle> handle_parse(const std::string& text, const weight_update_manifest* m) {
+  auto bad = [&](const std::string& why) -> error {
+    return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why +
+                                                  (m ? " (" + update_context(*m) + ")" : ""));
+  };
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a ucx handle");
+  handle h;
+  try {
+    h.address = j.at("address").get<std::string>();
+    h.chunk = j.at("chunk").get<std::uint64_t>();
+    for (const auto& seg : j.at("checksums")) {
+      std::vector<std::uint64_t> sums;
+      for (const auto& c : seg) {
+        auto s = c.get<std::string>();
+        std::uint64_t v = 0;
+        auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
+        if (ec != std::errc{} || end != s.data() + s.size() || s.size() != 16) {
+          return bad("chunk checksum \"" + s + "\" is not 16 hex digits");
+        }
+        sums.push_back(v);
+      }
+      h.checksums.push_back(std::move(sums));
+    }
+    if (j.contains("rkey")) {
+      h.rkey = j.at("rkey").get<std::string>();
+      h.bases = j.at("bases").get<std::vector<std::uint64_t>>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return bad(std::string("ucx handle field: ") + e.what());
+  }
+  if (!hex_decode(h.address)) return bad("address is not a hex UCX worker address");
+  if (!h.rkey.empty() && !hex_decode(h.rkey)) return bad("rkey is not hex");
+  if (h.chunk < page || h.chunk > (std::uint64_t{1} << 30)) {
+    return bad("chunk " + std::to_string(h.chunk) + " is outside [4096, 1 GiB]");
+  }
+  if (m) {
+    if (h.checksums.size() != m->segments.size()) {
+      return bad(std::to_string(h.checksums.size()) + " checksum lists for " +
+                 std::to_string(m->segments.size()) + " segments");
+    }
+    for (std::size_t i = 0; i < h.checksums.size(); ++i) {
+      if (h.checksums[i].size() != chunks_of(m->segments[i].nbytes, h.chunk)) {
+        return bad("segment " + std::to_string(i) + " has " +
+                   std::to_string(h.checksums[i].size()) + " chunk checksums, its " +
+                   std::to_string(m->segments[i].nbytes) + " bytes make " +
+                   std::to_string(chunks_of(m->segments[i].nbytes, h.chunk)) + " chunks");
+      }
+    }
+    if (!h.rkey.empty() && h.bases.size() != m->segments.size()) {
+      return bad(std::to_string(h.bases.size()) + " segment addresses for " +
+                 std::to_string(m->segments.size()) + " segments");
+    }
+  }
+  return h;
+}
+
+// --- the slot pool: pre-faulted memory registered once --------------------------------------
+
+struct slot {
+  std::byte* base = nullptr;
+  std::uint64_t capacity = 0;
+  ucp_mem_h memh = nullptr;
+  std::string rkey;           // packed once, hex
+  update_id holder;           // empty when free
+  std::uint64_t sending = 0;  // sends still reading from it; reused only at 0
+};
+
+class slot_pool {
+ public:
+  slot_pool(ucp_context_h ctx, std::string side, std::uint64_t max_slots)
+      : ctx_(ctx), side_(std::move(side)), max_slots_(max_slots) {}
+  ~slot_pool() {
+    for (auto& s : slots_) destroy(*s);
+  }
+
+  // A free slot of at least `need` bytes for `id`, created or grown on demand, waiting up to
+  // `wait` for one to come free.
+  result<slot*> acquire(const update_id& id, std::uint64_t need, std::chrono::milliseconds wait) {
+    need = std::max(need, page);
+    std::unique_lock lock(mutex_);
+    auto deadline = clock_type::now() + wait;
+    while (true) {
+      slot* fit = nullptr;
+      slot* small = nullptr;
+      for (auto& s : slots_) {
+        if (!s->holder.empty() || s->sending) continue;
+        if (s->capacity >= need && (!fit || s->capacity < fit->capacity)) fit = s.get();
+        if (s->capacity < need) small = s.get();
+      }
+      if (!fit && (slots_.size() < max_slots_ || small)) {
+        if (!small) small = slots_.emplace_back(std::make_unique<slot>()).get();
+        destroy(*small);
+        if (auto ok = create(*small, align_up(need + need / 8, slot_quantum)); !ok) {
+          return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
+        }
+        fit = small;
+      }
+      if (fit) {
+        fit->holder = id;
+        return fit;
+      }
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return make_error(errc::timeout, "ucx: no free " + side_ + " slot for update_id=" + id +
+                                             " after " + std::to_string(wait.count()) +
+                                             " ms: all " + std::to_string(slots_.size()) +
+                                             " slots hold updates not yet released (option "
+                                             "slots=" +
+                                             std::to_string(max_slots_) + ")");
+      }
+    }
+  }
+
+  void release(const update_id& id) {
+    std::lock_guard lock(mutex_);
+    for (auto& s : slots_) {
+      if (s->holder == id) s->holder.clear();
+    }
+    cv_.notify_all();
+  }
+
+  void send_started(slot* s) {
+    std::lock_guard lock(mutex_);
+    ++s->sending;
+  }
+  void send_finished(slot* s) {
+    std::lock_guard lock(mutex_);
+    if (--s->sending == 0) cv_.notify_all();
+  }
+
+ private:
+  // Maps, pre-faults and registers one slot: fresh pages cost ~0.3 GB/s to fault in here and a
+  // registration is not free either, so both happen once per slot, never per update.
+  result<void> create(slot& s, std::uint64_t capacity) {
+    void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return make_error(errc::io_error, "ucx: mmap of a " + std::to_string(capacity) + "-byte " +
+                                            side_ + " slot failed: " + std::strerror(errno));
+    }
+    s.base = static_cast<std::byte*>(p);
+    s.capacity = capacity;
+    if (::madvise(p, capacity, MADV_POPULATE_WRITE) != 0) {
+      for (std::uint64_t off = 0; off < capacity; off += page) {
+        static_cast<volatile std::byte*>(p)[off] = std::byte{0};
+      }
+    }
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = p;
+    mp.length = capacity;
+    auto fail = [&](result<void> r) {
+      destroy(s);
+      return r;
+    };
+    auto mapped = [&]() -> result<void> {
+      WSYNC_UCX_CHECK(ucp_mem_map(ctx_, &mp, &s.memh), side_ + " slot");
+      void* rkey = nullptr;
+      std::size_t rkey_bytes = 0;
+      WSYNC_UCX_CHECK(ucp_rkey_pack(ctx_, s.memh, &rkey, &rkey_bytes), side_ + " slot");
+      s.rkey = hex_encode(rkey, rkey_bytes);
+      ucp_rkey_buffer_release(rkey);
+      return {};
+    }();
+    return mapped ? mapped : fail(mapped);
+  }
+
+  void destroy(slot& s) {
+    if (s.memh) ucp_mem_unmap(ctx_, s.memh);
+    if (s.base) ::munmap(s.base, s.capacity);
+    s.memh = nullptr;
+    s.base = nullptr;
+    s.capacity = 0;
+    s.rkey.clear();
+  }
+
+  ucp_context_h ctx_;
+  std::string side_;
+  std::uint64_t max_slots_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<slot>> slots_;
+};
+
+// --- the node: one UCX worker, its progress thread, what it serves and what it pulls ---------
+
+// Header of an am_fetch: which chunk, and the tag the bytes must carry. The update id follows.
+struct fetch_header {
+  std::uint64_t tag;
+  std::uint64_t offset;
+  std::uint64_t length;
+  std::uint32_t segment;
+  std::uint32_t id_bytes;
+};
+// Header of an am_fail: the tag of the refused fetch, our error code; the message follows.
+struct fail_header {
+  std::uint64_t tag;
+  std::uint32_t code;
+  std::uint32_t text_bytes;
+};
+
+struct fetch_request {
+  update_id id;
+  std::uint32_t segment = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::uint64_t tag = 0;
+  ucp_ep_h reply_ep = nullptr;
+  clock_type::time_point deadline;
+};
+
+// An update this node serves: a publisher's exposed slot, or what a consumer is importing.
+struct served_update {
+  slot* s = nullptr;
+  std::vector<std::uint64_t> offsets;  // of each segment inside the slot
+  std::vector<std::uint64_t> nbytes;
+  std::uint64_t chunk = 0;
+  std::vector<std::vector<std::uint64_t>> checksums;
+  bool verify = false;  // relays check each chunk once, before its first forward
+  std::vector<std::vector<std::uint8_t>> landed, verified;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<fetch_request>> waiting;
+};
+
+struct pull_job;
+struct pull_op {
+  class node* owner = nullptr;
+  std::shared_ptr<pull_job> job;
+  std::uint32_t segment = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  std::uint64_t tag = 0;
+  void* request = nullptr;
+};
+
+struct pull_job {
+  update_id id;
+  std::string context;  // "update_id=... rank=..." for messages
+  std::string source;   // hex address
+  ucp_ep_h ep = nullptr;
+  bool get = false;
+  std::string rkey_hex;  // get only
+  ucp_rkey_h rkey = nullptr;
+  std::vector<std::uint64_t> bases;
+  slot* landing = nullptr;
+  std::vector<std::uint64_t> offsets, nbytes;
+  std::uint64_t chunk = 0;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> order;  // (segment, offset)
+  std::size_t next = 0, done = 0, inflight = 0;
+  std::uint64_t window = 1;
+  std::optional<error> failure;
+  std::vector<pull_op*> ops;
+  std::promise<result<void>> finished;
+};
+
+class node {
+ public:
+  static result<std::unique_ptr<node>> create(const ucx_settings& cfg, std::string side,
+                                              bool relay) {
+    std::unique_ptr<node> n(new node(cfg, std::move(side), relay));
+    if (auto ok = n->init(); !ok) return ok.error();
+    n->thread_ = std::thread([p = n.get()] { p->loop(); });
+    return n;
+  }
+
+  ~node() {
+    if (thread_.joinable()) {
+      {
+        std::lock_guard lock(tasks_mutex_);
+        stop_ = true;
+      }
+      tasks_cv_.notify_all();
+      thread_.join();
+    }
+    pool_.reset();  // unregisters slots while the context still exists
+    if (worker_) ucp_worker_destroy(worker_);
+    if (ctx_) ucp_cleanup(ctx_);
+  }
+
+  const std::string& address() const { return address_; }
+  slot_pool& pool() { return *pool_; }
+  const ucx_settings& settings() const { return cfg_; }
+
+  /// Runs `f` on the worker thread and returns its result; never call from that thread.
+  template <class F>
+  auto call(F&& f) -> decltype(f()) {
+    std::packaged_task<decltype(f())()> task(std::forward<F>(f));
+    auto done = task.get_future();
+    {
+      std::lock_guard lock(tasks_mutex_);
+      tasks_.emplace_back([&task] { task(); });
+    }
+    tasks_cv_.notify_all();
+    return done.get();
+  }
+
+  // --- worker-thread side: serving -----------------------------------------------------------
+
+  void serve_add(const update_id& id, served_update u) {
+    auto& entry = served_[id] = std::move(u);
+    for (auto it = early_.begin(); it != early_.end();) {
+      if (it->id == id) {
+        serve(entry, *it);
+        it = early_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void serve_remove(const update_id& id) {
+    auto it = served_.find(id);
+    if (it == served_.end()) return;
+    for (auto& [key, requests] : it->second.waiting) {
+      for (auto& r : requests) {
+        refuse(r, errc::unknown_update,
+               "unknown update_id: " + id + " was released by the " + side_ + " before chunk " +
+                   std::to_string(r.offset / it->second.chunk) + " of segment " +
+                   std::to_string(r.segment) + " arrived");
+      }
+    }
+    served_.erase(it);
+  }
+
+  // --- worker-thread side: pulling -----------------------------------------------------------
+
+  // Starts pulling `job`; its promise is set once every chunk landed or the job failed and no
+  // operation is left in flight.
+  void pull_start(const std::shared_ptr<pull_job>& job) {
+    auto ep = endpoint(job->source);
+    if (!ep) return job->finished.set_value(ep.error());
+    job->ep = *ep;
+    if (job->get) {
+      auto rkey = hex_decode(job->rkey_hex);
+      ucs_status_t st = ucp_ep_rkey_unpack(job->ep, rkey->data(), &job->rkey);
+      if (st != UCS_OK) {
+        return job->finished.set_value(status_error("ucp_ep_rkey_unpack", st, job->context));
+      }
+    }
+    jobs_.push_back(job);
+    pull_more(job);
+    pull_check_done(job);
+  }
+
+  // Fails a job from outside (its caller gave up); operations in flight are cancelled.
+  void pull_abort(const std::shared_ptr<pull_job>& job, error why) {
+    if (job->failure) return;
+    job->failure = std::move(why);
+    pull_cancel(*job, true);
+    pull_check_done(job);
+  }
+
+  // --- callbacks from UCX (worker thread) ----------------------------------------------------
+
+  static void on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                      void* user) {
+    auto* op = static_cast<pull_op*>(user);
+    bool short_read = status == UCS_OK && info->length != op->length;
+    ucp_request_free(request);
+    op->owner->op_done(op, short_read ? UCS_ERR_MESSAGE_TRUNCATED : status);
+  }
+
+  static void on_get(void* request, ucs_status_t status, void* user) {
+    auto* op = static_cast<pull_op*>(user);
+    ucp_request_free(request);
+    op->owner->op_done(op, status);
+  }
+
+  static ucs_status_t on_fetch(void* arg, const void* header, std::size_t header_bytes, void*,
+                               std::size_t, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<node*>(arg);
+    if (header_bytes < sizeof(fetch_header) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+      log_warn("ucx: " + self->side_ + " dropped a malformed fetch request");
+      return UCS_OK;
+    }
+    fetch_header h;
+    std::memcpy(&h, header, sizeof h);
+    if (header_bytes != sizeof h + h.id_bytes) {
+      log_warn("ucx: " + self->side_ + " dropped a fetch request of the wrong length");
+      return UCS_OK;
+    }
+    fetch_request r;
+    r.id.assign(static_cast<const char*>(header) + sizeof h, h.id_bytes);
+    r.segment = h.segment;
+    r.offset = h.offset;
+    r.length = h.length;
+    r.tag = h.tag;
+    r.reply_ep = param->reply_ep;
+    r.deadline = clock_type::now() + std::chrono::milliseconds(self->cfg_.timeout_ms);
+    self->serve(r);
+    return UCS_OK;
+  }
+
+  static ucs_status_t on_fail(void* arg, const void* header, std::size_t header_bytes, void*,
+                              std::size_t, const ucp_am_recv_param_t*) {
+    auto* self = static_cast<node*>(arg);
+    fail_header h;
+    if (header_bytes < sizeof h) return UCS_OK;
+    std::memcpy(&h, header, sizeof h);
+    if (header_bytes != sizeof h + h.text_bytes) return UCS_OK;
+    std::string text(static_cast<const char*>(header) + sizeof h, h.text_bytes);
+    auto it = self->ops_by_tag_.find(h.tag);
+    if (it == self->ops_by_tag_.end()) return UCS_OK;  // the job already gave up
+    auto job = it->second->job;
+    if (!job->failure) {
+      job->failure = make_error(static_cast<errc>(h.code), text + " (" + job->context + ")");
+      self->pull_cancel(*job, false);
+    }
+    return UCS_OK;
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* self = static_cast<node*>(arg);
+    for (auto it = self->eps_.begin(); it != self->eps_.end(); ++it) {
+      if (it->second != ep) continue;
+      std::string source = it->first;
+      self->eps_.erase(it);
+      self->closing_.push_back(ep);
+      for (auto& job : self->jobs_) {
+        if (job->ep != ep || job->failure) continue;
+        job->failure =
+            make_error(errc::io_error, "ucx: connection to the source of update_id " + job->id +
+                                           " failed: " + ucs_status_string(status) + " (" +
+                                           job->context + ")");
+        self->pull_cancel(*job, false);  // tag receives are the worker's, not the endpoint's
+      }
+      break;
+    }
+  }
+
+ private:
+  node(const ucx_settings& cfg, std::string side, bool relay)
+      : cfg_(cfg), side_(std::move(side)), relay_(relay) {}
+
+  result<void> init() {
+    ucp_config_t* config = nullptr;
+    WSYNC_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), side_);
+    auto modify = [&](const char* key, const std::string& value, const char* option) {
+      if (value.empty()) return result<void>{};
+      ucs_status_t st = ucp_config_modify(config, key, value.c_str());
+      if (st == UCS_OK) return result<void>{};
+      return result<void>(make_error(errc::invalid_argument, std::string("ucx option ") + option +
+                                                                 ": UCX refused \"" + value +
+                                                                 "\": " + ucs_status_string(st)));
+    };
+    auto configured = [&]() -> result<void> {
+      if (auto ok = modify("TLS", cfg_.tls, "tls"); !ok) return ok;
+      if (auto ok = modify("NET_DEVICES", cfg_.devices, "devices"); !ok) return ok;
+      return modify("RNDV_THRESH", cfg_.rndv_thresh, "rndv_thresh");
+    }();
+    if (!configured) {
+      ucp_config_release(config);
+      return configured;
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_RMA;
+    params.mt_workers_shared = 1;  // slots are registered from the caller's thread
+    ucs_status_t st = ucp_init(&params, config, &ctx_);
+    ucp_config_release(config);
+    if (st != UCS_OK) {
+      ctx_ = nullptr;
+      return status_error("ucp_init", st, side_ + ", tls=\"" + cfg_.tls + "\"");
+    }
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    WSYNC_UCX_CHECK(ucp_worker_create(ctx_, &wp, &worker_), side_);
+    ucp_address_t* addr = nullptr;
+    std::size_t addr_bytes = 0;
+    WSYNC_UCX_CHECK(ucp_worker_get_address(worker_, &addr, &addr_bytes), side_);
+    address_ = hex_encode(addr, addr_bytes);
+    ucp_worker_release_address(worker_, addr);
+    for (auto [id, cb] :
+         {std::pair{am_fetch, &node::on_fetch}, std::pair{am_fail, &node::on_fail}}) {
+      ucp_am_handler_param_t hp{};
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      hp.id = id;
+      hp.cb = cb;
+      hp.arg = this;
+      hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+      WSYNC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &hp), side_);
+    }
+    pool_ = std::make_unique<slot_pool>(ctx_, side_, cfg_.slots);
+    return {};
+  }
+
+  // The progress loop: spins while anything is in flight, then sleeps in 1 ms naps, so a fetch
+  // that arrives at an idle node waits at most that long.
+  void loop() {
+    auto busy_at = clock_type::now();
+    auto swept_at = busy_at;
+    while (true) {
+      std::deque<std::function<void()>> tasks;
+      bool stopping = false;
+      {
+        std::lock_guard lock(tasks_mutex_);
+        tasks.swap(tasks_);
+        stopping = stop_;
+      }
+      for (auto& t : tasks) t();
+      if (stopping) break;
+      unsigned events = 0;
+      while (ucp_worker_progress(worker_)) ++events;
+      close_failed_endpoints();
+      auto now = clock_type::now();
+      if (now - swept_at > std::chrono::milliseconds(100)) {
+        expire_early(now);
+        for (auto it = jobs_.begin(); it != jobs_.end();) {
+          auto job = *it++;
+          pull_check_done(job);
+        }
+        swept_at = now;
+      }
+      if (events || !tasks.empty() || !jobs_.empty() || sends_in_flight_) {
+        busy_at = now;
+        continue;
+      }
+      if (now - busy_at < std::chrono::microseconds(500)) continue;
+      std::unique_lock lock(tasks_mutex_);
+      tasks_cv_.wait_for(lock, std::chrono::milliseconds(1),
+                         [&] { return !tasks_.empty() || stop_; });
+    }
+    shutdown();
+  }
+
+  void shutdown() {
+    for (auto& job : jobs_) {
+      if (!job->failure) job->failure = make_error(errc::io_error, "ucx: " + side_ + " shut down");
+      pull_cancel(*job, true);
+    }
+    for (auto& [id, u] : served_) {
+      for (auto& [key, requests] : u.waiting) {
+        for (auto& r : requests)
+          refuse(r, errc::unknown_update,
+                 "unknown update_id: " + id + ": the " + side_ + " shut down");
+      }
+    }
+    served_.clear();
+    std::vector<ucp_ep_h> eps;
+    for (auto& [addr, ep] : eps_) eps.push_back(ep);
+    eps_.clear();
+    for (auto ep : eps) close_endpoint(ep, false);
+    // Give operations in flight a bounded time to finish now that their endpoints are gone.
+    auto deadline = clock_type::now() + std::chrono::seconds(2);
+    while ((!jobs_.empty() || sends_in_flight_) && clock_type::now() < deadline) {
+      ucp_worker_progress(worker_);
+      for (auto it = jobs_.begin(); it != jobs_.end();) pull_check_done(*it++);
+    }
+    close_failed_endpoints();
+  }
+
+  void close_endpoint(ucp_ep_h ep, bool force) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    if (req == nullptr || ptr_is_error(req)) return;
+    auto deadline = clock_type::now() + std::chrono::seconds(1);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_type::now() < deadline) {
+      ucp_worker_progress(worker_);
+    }
+    if (ucp_request_check_status(req) == UCS_INPROGRESS && !force) {
+      ucp_request_free(req);
+      return close_endpoint(ep, true);
+    }
+    ucp_request_free(req);
+  }
+
+  void close_failed_endpoints() {
+    while (!closing_.empty()) {
+      auto ep = closing_.back();
+      closing_.pop_back();
+      close_endpoint(ep, true);
+    }
+  }
+
+  result<ucp_ep_h> endpoint(const std::string& address) {
+    if (auto it = eps_.find(address); it != eps_.end()) return it->second;
+    auto bytes = hex_decode(address);
+    if (!bytes) return make_error(errc::invalid_argument, "ucx: source address is not hex");
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(bytes->data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &node::on_ep_error;
+    ep.err_handler.arg = this;
+    ucp_ep_h h = nullptr;
+    WSYNC_UCX_CHECK(ucp_ep_create(worker_, &ep, &h), side_ + " connecting to a source");
+    eps_[address] = h;
+    return h;
+  }
+
+  // Keeps `window` chunks of the job in flight.
+  void pull_more(const std::shared_ptr<pull_job>& shared) {
+    auto& job = *shared;
+    while (!job.failure && job.next < job.order.size() && job.inflight < job.window) {
+      auto [seg, off] = job.order[job.next++];
+      auto* op = new pull_op{
+          this, shared, seg, off, std::min(job.chunk, job.nbytes[seg] - off), next_tag_++, nullptr};
+      std::byte* dst = job.landing->base + job.offsets[seg] + off;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      p.user_data = op;
+      p.memh = job.landing->memh;
+      void* req = nullptr;
+      if (job.get) {
+        p.cb.send = &node::on_get;
+        req = ucp_get_nbx(job.ep, dst, op->length, job.bases[seg] + off, job.rkey, &p);
+      } else {
+        p.cb.recv = &node::on_recv;
+        req = ucp_tag_recv_nbx(worker_, dst, op->length, op->tag, ~ucp_tag_t{0}, &p);
+        if (!ptr_is_error(req)) {
+          ops_by_tag_[op->tag] = op;
+          if (auto ok = send_fetch(job, *op); !ok) {
+            job.failure = ok.error();
+          }
+        }
+      }
+      if (ptr_is_error(req)) {
+        if (!job.failure) {
+          job.failure = status_error(job.get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", ptr_status(req),
+                                     job.context);
+        }
+        ops_by_tag_.erase(op->tag);
+        delete op;
+        break;
+      }
+      op->request = req;
+      job.ops.push_back(op);
+      ++job.inflight;
+      if (job.failure) pull_cancel(job, false);
+    }
+  }
+
+  result<void> send_fetch(const pull_job& job, const pull_op& op) {
+    auto* buf = new std::string(sizeof(fetch_header) + job.id.size(), '\0');
+    fetch_header h{op.tag, op.offset, op.length, op.segment,
+                   static_cast<std::uint32_t>(job.id.size())};
+    std::memcpy(buf->data(), &h, sizeof h);
+    std::memcpy(buf->data() + sizeof h, job.id.data(), job.id.size());
+    return send_am(job.ep, am_fetch, buf, UCP_AM_SEND_FLAG_REPLY, job.context);
+  }
+
+  // Sends an active message whose header is `buf` (freed once UCX is done with it).
+  result<void> send_am(ucp_ep_h ep, unsigned id, std::string* buf, std::uint32_t flags,
+                       const std::string& context) {
+    ucp_request_param_t p{};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = flags;
+    p.user_data = buf;
+    p.cb.send = [](void* request, ucs_status_t, void* user) {
+      delete static_cast<std::string*>(user);
+      ucp_request_free(request);
+    };
+    void* req = ucp_am_send_nbx(ep, id, buf->data(), buf->size(), nullptr, 0, &p);
+    if (req == nullptr) {
+      delete buf;
+      return {};
+    }
+    if (ptr_is_error(req)) {
+      delete buf;
+      return status_error("ucp_am_send_nbx", ptr_status(req), context);
+    }
+    return {};
+  }
+
+  void op_done(pull_op* op, ucs_status_t status) {
+    auto job = op->job;
+    ops_by_tag_.erase(op->tag);
+    job->ops.erase(std::find(job->ops.begin(), job->ops.end(), op));
+    --job->inflight;
+    if (status == UCS_OK) {
+      ++job->done;
+      chunk_landed(job->id, op->segment, op->offset);
+    } else if (!job->failure && status != UCS_ERR_CANCELED) {
+      job->failure =
+          status_error(job->get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", status, job->context);
+      pull_cancel(*job, false);
+    }
+    delete op;
+    pull_more(job);
+    pull_check_done(job);
+  }
+
+  void pull_cancel(pull_job& job, bool force_endpoint) {
+    for (auto* op : job.ops) {
+      if (!job.get) ucp_request_cancel(worker_, op->request);
+    }
+    // RMA gets and rendezvous transfers already matched cannot be cancelled: closing the
+    // endpoint completes them with an error.
+    if (force_endpoint && job.inflight && job.ep) {
+      for (auto it = eps_.begin(); it != eps_.end(); ++it) {
+        if (it->second == job.ep) {
+          closing_.push_back(job.ep);
+          eps_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+
+  void pull_check_done(const std::shared_ptr<pull_job>& job) {
+    if (job->inflight) return;
+    if (!job->failure && job->done < job->order.size()) return;
+    auto it = std::find(jobs_.begin(), jobs_.end(), job);
+    if (it == jobs_.end()) return;
+    jobs_.erase(it);
+    if (job->rkey) ucp_rkey_destroy(job->rkey);
+    job->rkey = nullptr;
+    if (job->failure) {
+      job->finished.set_value(*job->failure);
+    } else {
+      job->finished.set_value(result<void>{});
+    }
+  }
+
+  void chunk_landed(const update_id& id, std::uint32_t segment, std::uint64_t offset) {
+    auto it = served_.find(id);
+    if (it == served_.end()) return;
+    auto& u = it->second;
+    u.landed[segment][offset / u.chunk] = 1;
+    auto w = u.waiting.find({segment, offset / u.chunk});
+    if (w == u.waiting.end()) return;
+    auto requests = std::move(w->second);
+    u.waiting.erase(w);
+    for (auto& r : requests) serve(u, r);
+  }
+
+  void serve(const fetch_request& r) {
+    auto it = served_.find(r.id);
+    if (it != served_.end()) return serve(it->second, r);
+    if (!relay_) {
+      return refuse(r, errc::unknown_update,
+                    "unknown update_id: " + r.id +
+                        " is not exposed by this publisher (released, "
+                        "or never published here)");
+    }
+    if (early_.size() >= max_early_fetches) {
+      return refuse(r, errc::try_again,
+                    "ucx: relay holds " + std::to_string(early_.size()) +
+                        " fetches for updates it has not started; retry");
+    }
+    early_.push_back(r);  // the relay has not started this import yet
+  }
+
+  void serve(served_update& u, const fetch_request& r) {
+    std::uint64_t index = r.offset / u.chunk;
+    if (r.segment >= u.nbytes.size() || r.offset % u.chunk || r.offset >= u.nbytes[r.segment] ||
+        r.length != std::min(u.chunk, u.nbytes[r.segment] - r.offset)) {
+      return refuse(r, errc::invalid_argument,
+                    "ucx: fetch of segment " + std::to_string(r.segment) + " bytes [" +
+                        std::to_string(r.offset) + ", +" + std::to_string(r.length) +
+                        ") does not name a chunk of update_id " + r.id);
+    }
+    if (!u.landed[r.segment][index]) {
+      u.waiting[{r.segment, index}].push_back(r);
+      return;
+    }
+    const std::byte* data = u.s->base + u.offsets[r.segment] + r.offset;
+    if (u.verify && !u.verified[r.segment][index]) {
+      std::uint64_t sum = checksum_compute(data, r.length);
+      if (sum != u.checksums[r.segment][index]) {
+        return refuse(r, errc::checksum_mismatch,
+                      "tensor checksum mismatch: chunk " + std::to_string(index) + " of segment " +
+                          std::to_string(r.segment) + " arrived at the relay as " +
+                          checksum_hex(sum) + ", the handle says " +
+                          checksum_hex(u.checksums[r.segment][index]) + "; not forwarded");
+      }
+      u.verified[r.segment][index] = 1;
+    }
+    struct send_ctx {
+      node* owner;
+      slot* s;
+    };
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.memh = u.s->memh;
+    p.user_data = new send_ctx{this, u.s};
+    p.cb.send = [](void* request, ucs_status_t, void* user) {
+      auto* c = static_cast<send_ctx*>(user);
+      --c->owner->sends_in_flight_;
+      c->owner->pool_->send_finished(c->s);
+      delete c;
+      ucp_request_free(request);
+    };
+    pool_->send_started(u.s);
+    ++sends_in_flight_;
+    void* req = ucp_tag_send_nbx(r.reply_ep, data, r.length, r.tag, &p);
+    if (ptr_is_error(req)) {
+      --sends_in_flight_;
+      pool_->send_finished(u.s);
+      delete static_cast<send_ctx*>(p.user_data);
+      log_warn("ucx: " + side_ + " could not send chunk " + std::to_string(index) + " of " + r.id +
+               ": " + ucs_status_string(ptr_status(req)));
+    }
+  }
+
+  void refuse(const fetch_request& r, errc code, const std::string& text) {
+    auto* buf = new std::string(sizeof(fail_header) + text.size(), '\0');
+    fail_header h{r.tag, static_cast<std::uint32_t>(code), static_cast<std::uint32_t>(text.size())};
+    std::memcpy(buf->data(), &h, sizeof h);
+    std::memcpy(buf->data() + sizeof h, text.data(), text.size());
+    if (auto ok = send_am(r.reply_ep, am_fail, buf, 0, r.id); !ok) {
+      log_warn("ucx: " + side_ + " could not refuse a fetch: " + ok.error().message);
+    }
+  }
+
+  void expire_early(clock_type::time_point now) {
+    for (auto it = early_.begin(); it != early_.end();) {
+      if (it->deadline > now) {
+        ++it;
+        continue;
+      }
+      refuse(*it, errc::timeout,
+             "ucx: the relay did not start importing update_id " + it->id + " within " +
+                 std::to_string(cfg_.timeout_ms) + " ms");
+      it = early_.erase(it);
+    }
+  }
+
+  ucx_settings cfg_;
+  std::string side_;
+  bool relay_;
+  ucp_context_h ctx_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  std::unique_ptr<slot_pool> pool_;
+
+  std::thread thread_;
+  std::mutex tasks_mutex_;
+  std::condition_variable tasks_cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+
+  // Worker thread only, from here on.
+  std::map<std::string, ucp_ep_h> eps_;
+  std::vector<ucp_ep_h> closing_;
+  std::map<update_id, served_update> served_;
+  std::deque<fetch_request> early_;
+  std::vector<std::shared_ptr<pull_job>> jobs_;
+  std::unordered_map<std::uint64_t, pull_op*> ops_by_tag_;
+  std::uint64_t next_tag_ = 1;
+  std::uint64_t sends_in_flight_ = 0;
+};
+
+served_update served_from(slot* s, std::vector<std::uint64_t> offsets,
+                          std::vector<std::uint64_t> nbytes, std::uint64_t chunk,
+                          std::vector<std::vector<std::uint64_t>> checksums, bool landed) {
+  served_update u;
+  u.s = s;
+  u.offsets = std::move(offsets);
+  u.nbytes = std::move(nbytes);
+  u.chunk = chunk;
+  u.checksums = std::move(checksums);
+  u.verify = !landed;
+  for (auto n : u.nbytes) {
+    u.landed.emplace_back(chunks_of(n, chunk), landed ? 1 : 0);
+    u.verified.emplace_back(chunks_of(n, chunk), landed ? 1 : 0);
+  }
+  return u;
+}
+
+std::vector<std::uint64_t> page_offsets(std::span<const std::uint64_t> sizes,
+                                        std::uint64_t* total) {
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t at = 0;
+  for (auto n : sizes) {
+    offsets.push_back(at);
+    at = align_up(at + n, page);
+  }
+  *total = at;
+  return offsets;
+}
+
+// --- publisher half -----------------------------------------------------------------------------
+
+class ucx_publisher final : public publisher_transport {
+ public:
+  explicit ucx_publisher(std::unique_ptr<node> n) : node_(std::move(n)) {}
+
+  result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
+                                                    std::span<const std::uint64_t> sizes,
+                                                    std::chrono::milliseconds wait) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (updates_.count(id)) {
+        return make_error(errc::invalid_argument,
+                          "ucx: update_id " + id + " acquired twice (field update_id)");
+      }
+    }
+    std::uint64_t need = 0;
+    auto offsets = page_offsets(sizes, &need);
+    auto s = node_->pool().acquire(id, need, wait);
+    if (!s) return s.error();
+    std::vector<std::span<std::byte>> spans;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      spans.emplace_back((*s)->base + offsets[i], sizes[i]);
+    }
+    std::lock_guard lock(mutex_);
+    updates_[id] = {*s, std::move(offsets), {sizes.begin(), sizes.end()}};
+    return spans;
+  }
+
+  result<std::string> expose(const update_id& id) override {
+    std::unique_lock lock(mutex_);
+    auto it = updates_.find(id);
+    if (it == updates_.end()) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id + " was not acquired from ucx");
+    }
+    auto u = it->second;
+    lock.unlock();
+    // Chunk checksums let a relay verify each chunk before it forwards it, long before the
+    // whole update has arrived and its tensor checksums can be checked.
+    handle h;
+    h.address = node_->address();
+    h.chunk = node_->settings().chunk_bytes;
+    h.rkey = u.s->rkey;
+    for (std::size_t i = 0; i < u.nbytes.size(); ++i) {
+      std::vector<std::uint64_t> sums;
+      for (std::uint64_t off = 0; off < u.nbytes[i]; off += h.chunk) {
+        sums.push_back(
+            checksum_compute(u.s->base + u.offsets[i] + off, std::min(h.chunk, u.nbytes[i] - off)));
+      }
+      h.checksums.push_back(std::move(sums));
+      h.bases.push_back(reinterpret_cast<std::uintptr_t>(u.s->base + u.offsets[i]));
+    }
+    node_->call([&] {
+      node_->serve_add(id, served_from(u.s, u.offsets, u.nbytes, h.chunk, h.checksums, true));
+    });
+    return handle_dump(h);
+  }
+
+  void release(const update_id& id) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (!updates_.erase(id)) return;
+    }
+    node_->call([&] { node_->serve_remove(id); });
+    node_->pool().release(id);  // the slot is reused once the sends reading it are done
+  }
+
+ private:
+  struct held {
+    slot* s;
+    std::vector<std::uint64_t> offsets, nbytes;
+  };
+  std::unique_ptr<node> node_;
+  std::mutex mutex_;
+  std::map<update_id, held> updates_;
+};
+
+// --- consumer half ------------------------------------------------------------------------------
+
+class ucx_consumer final : public consumer_transport {
+ public:
+  explicit ucx_consumer(std::unique_ptr<node> n) : node_(std::move(n)) {}
+
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    auto h = handle_parse(m.transport_handle, &m);
+    if (!h) return h.error();
+    const auto& cfg = node_->settings();
+    std::vector<std::uint64_t> sizes;
+    for (const auto& s : m.segments) sizes.push_back(s.nbytes);
+    std::uint64_t need = 0;
+    auto offsets = page_offsets(sizes, &need);
+    auto timeout = std::chrono::milliseconds(cfg.timeout_ms);
+    auto landing = node_->pool().acquire(m.update_id, need, timeout);
+    if (!landing) return landing.error();
+
+    auto job = std::make_shared<pull_job>();
+    job->id = m.update_id;
+    job->context = update_context(m);
+    job->source = h->address;
+    std::string op = cfg.op == "auto" ? ucx_auto_op(cfg.tls) : cfg.op;
+    job->get = op == "get" && !h->rkey.empty();
+    job->bases = h->bases;
+    job->rkey_hex = h->rkey;
+    job->landing = *landing;
+    job->offsets = offsets;
+    job->nbytes = sizes;
+    job->chunk = h->chunk;
+    job->window = cfg.window;
+    for (std::uint32_t i = 0; i < sizes.size(); ++i) {
+      for (std::uint64_t off = 0; off < sizes[i]; off += h->chunk) job->order.emplace_back(i, off);
+    }
+    auto finished = job->finished.get_future();
+    node_->call([&] {
+      // Serve the update to children from the first chunk on: the relay is pipelined.
+      node_->serve_add(m.update_id,
+                       served_from(*landing, offsets, sizes, h->chunk, h->checksums, false));
+      node_->pull_start(job);
+    });
+    if (finished.wait_for(timeout) != std::future_status::ready) {
+      node_->call([&] {
+        node_->pull_abort(
+            job,
+            make_error(errc::timeout, "ucx: import of update_id " + m.update_id + " took over " +
+                                          std::to_string(cfg.timeout_ms) +
+                                          " ms (option timeout_ms; " + update_context(m) + ")"));
+      });
+    }
+    auto pulled = finished.get();
+    if (!pulled) {
+      drop(m.update_id);
+      return pulled.error();
+    }
+    std::vector<std::span<const std::byte>> spans;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      spans.emplace_back((*landing)->base + offsets[i], sizes[i]);
+    }
+    return spans;
+  }
+
+  void release(const update_id& id) override { drop(id); }
+
+  std::string relay_address() const override { return node_->address(); }
+
+ private:
+  void drop(const update_id& id) {
+    node_->call([&] { node_->serve_remove(id); });
+    node_->pool().release(id);
+  }
+
+  std::unique_ptr<node> node_;
+};
+
+// --- the transport and its registry entry -----------------------------------------------------
+
+constexpr transport_caps ucx_caps{.cpu_memory = true,
+                                  .gpu_memory = false,  // Debian's UCX has no CUDA transports
+                                  .cross_process = true,
+                                  .cross_node = true,
+                                  .zero_copy_import = false};
+
+class ucx_transport final : public transport {
+ public:
+  explicit ucx_transport(ucx_settings cfg) : cfg_(std::move(cfg)) {}
+  std::string_view name() const override { return "ucx"; }
+  transport_caps caps() const override { return ucx_caps; }
+
+  result<std::unique_ptr<publisher_transport>> make_publisher() override {
+    auto n = node::create(cfg_, "publisher", false);
+    if (!n) return n.error();
+    return std::unique_ptr<publisher_transport>(std::make_unique<ucx_publisher>(std::move(*n)));
+  }
+
+  result<std::unique_ptr<consumer_transport>> make_consumer() override {
+    auto n = node::create(cfg_, "consumer", true);
+    if (!n) return n.error();
+    return std::unique_ptr<consumer_transport>(std::make_unique<ucx_consumer>(std::move(*n)));
+  }
+
+  result<std::string> handle_via_relay(const std::string& text,
+                                       const std::string& relay_address) const override {
+    auto h = handle_parse(text, nullptr);
+    if (!h) return h.error();
+    if (!hex_decode(relay_address)) {
+      return make_error(errc::invalid_argument,
+                        "ucx: relay address \"" + relay_address.substr(0, 32) +
+                            "\" is not a UCX worker address (field relay_address)");
+    }
+    h->address = relay_address;
+    h->rkey.clear();  // a relay serves by request; the publisher's memory keys mean nothing there
+    h->bases.clear();
+    return handle_dump(*h);
+  }
+
+ private:
+  ucx_settings cfg_;
+};
+
+}  // namespace
+
+transport_entry ucx_entry() {
+  return {"ucx", "cluster; pooled slots registered once, chunked pulls, relays between consumers",
+          ucx_caps, [](const transport_options& options) -> result<std::unique_ptr<transport>> {
+            options_reader reader("ucx", options);
+            ucx_settings cfg;
+            cfg.tls = reader.get_string("tls", "");
+            cfg.devices = reader.get_string("devices", "");
+            cfg.rndv_thresh = reader.get_string("rndv_thresh", "");
+            cfg.op = reader.get_string("op", "auto");
+            if (cfg.op != "auto" && cfg.op != "tag" && cfg.op != "get") {
+              return make_error(errc::invalid_argument,
+                                "ucx option op: expected auto, tag or get, got \"" + cfg.op + "\"");
+            }
+            auto chunk =
+                reader.get_uint("chunk_bytes", cfg.chunk_bytes, page, std::uint64_t{1} << 30);
+            if (!chunk) return chunk.error();
+            auto window = reader.get_uint("window", cfg.window, 1, 256);
+            if (!window) return window.error();
+            auto slots = reader.get_uint("slots", cfg.slots, 1, 64);
+            if (!slots) return slots.error();
+            auto timeout = reader.get_uint("timeout_ms", cfg.timeout_ms, 1, 3600000);
+            if (!timeout) return timeout.error();
+            cfg.chunk_bytes = *chunk;
+            cfg.window = *window;
+            cfg.slots = *slots;
+            cfg.timeout_ms = *timeout;
+            if (auto ok = reader.finish(); !ok) return ok.error();
+            return std::unique_ptr<transport>(std::make_unique<ucx_transport>(cfg));
+          }};
+}
+
+}  // namespace wsync
