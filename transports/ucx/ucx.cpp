@@ -71,10 +71,12 @@ errc status_code(ucs_status_t st) {
   }
 }
 
-error status_error(const char* call, ucs_status_t st, const std::string& context) {
+// `call` is the call's text as the macro saw it; messages name only the function.
+error status_error(std::string_view call, ucs_status_t st, const std::string& context) {
   errc code = status_code(st);
-  return make_error(code, std::string(code == errc::blocked ? "blocked: " : "") + "ucx: " + call +
-                              " failed: " + ucs_status_string(st) +
+  call = call.substr(0, call.find('('));
+  return make_error(code, std::string(code == errc::blocked ? "blocked: " : "") +
+                              "ucx: " + std::string(call) + " failed: " + ucs_status_string(st) +
                               (context.empty() ? "" : " (" + context + ")"));
 }
 
@@ -471,7 +473,7 @@ class node {
   // Starts pulling `job`; its promise is set once every chunk landed or the job failed and no
   // operation is left in flight.
   void pull_start(const std::shared_ptr<pull_job>& job) {
-    auto ep = endpoint(job->source);
+    auto ep = endpoint(job->source, job->context);
     if (!ep) return job->finished.set_value(ep.error());
     job->ep = *ep;
     if (job->get) {
@@ -721,7 +723,7 @@ class node {
     }
   }
 
-  result<ucp_ep_h> endpoint(const std::string& address) {
+  result<ucp_ep_h> endpoint(const std::string& address, const std::string& context) {
     if (auto it = eps_.find(address); it != eps_.end()) return it->second;
     auto bytes = hex_decode(address);
     if (!bytes) return make_error(errc::invalid_argument, "ucx: source address is not hex");
@@ -733,7 +735,8 @@ class node {
     ep.err_handler.cb = &node::on_ep_error;
     ep.err_handler.arg = this;
     ucp_ep_h h = nullptr;
-    WSYNC_UCX_CHECK(ucp_ep_create(worker_, &ep, &h), side_ + " connecting to a source");
+    WSYNC_UCX_CHECK(ucp_ep_create(worker_, &ep, &h),
+                    side_ + " connecting to its source, " + context);
     eps_[address] = h;
     return h;
   }
