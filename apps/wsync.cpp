@@ -35,8 +35,10 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
       ->add_option("--mode", opt.mode,
                    "local: publisher and consumer in one process over local-clone; "
                    "shared-memory: the consumer is a separate process importing zero-copy; "
+                   "ucx: the consumer is a separate process pulling over UCX on loopback, "
+                   "against ucx_perftest with the same transports and message size; "
                    "cluster: control-plane overhead per update for each --consumers count")
-      ->check(CLI::IsMember({"local", "shared-memory", "cluster"}))
+      ->check(CLI::IsMember({"local", "shared-memory", "ucx", "cluster"}))
       ->capture_default_str();
   bench->add_flag("--smoke", opt.smoke,
                   "quick run for tests: 8 MiB in 16 tensors (unless --layout/--bytes), at most "
@@ -74,6 +76,13 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
                    "shared-memory ring size (at least 2: the active version and the incoming one)")
       ->check(CLI::Range(2u, 64u))
       ->capture_default_str();
+  bench->add_option("--ucx-tls", opt.ucx_tls,
+                    "ucx mode: UCX_TLS for both processes and the baseline, e.g. tcp, sm, "
+                    "posix,cma (default: one row for tcp, one for sm)");
+  bench
+      ->add_option("--ucx-chunk-bytes", opt.ucx_chunk_bytes,
+                   "ucx mode: bytes per pulled chunk (default: the transport's, 4 MiB)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30));
 }
 
 // "host:port" -> endpoint; the token comes from --token or WSYNC_TOKEN.

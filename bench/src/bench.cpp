@@ -1,5 +1,8 @@
 #include "wsync/bench/bench.hpp"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -12,6 +15,8 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "wsync/bench/layouts.hpp"
@@ -22,6 +27,7 @@
 #include "wsync/runtime/rollout_executor.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/shared_memory.hpp"
+#include "wsync/transports/ucx.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync {
@@ -188,10 +194,11 @@ class consumer_side {
   rollout_executor executor_;
 };
 
-[[noreturn]] void consumer_process(int fd, bool verify) {
+[[noreturn]] void consumer_process(int fd, bool verify, const std::string& transport_name,
+                                   const transport_options& options) {
   int code = 0;
   {
-    auto t = make_transport("shared-memory");
+    auto t = make_transport(transport_name, options);
     auto c = t ? (*t)->make_consumer() : result<std::unique_ptr<consumer_transport>>(t.error());
     if (!c) {
       send_message(fd, {{"type", "error"}, {"reason", c.error().message}});
@@ -237,9 +244,118 @@ double gbps(std::uint64_t bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / 1e9 : 0;
 }
 
+// --- the ucx baseline: ucx_perftest between two processes on loopback -------------------------
+
+// A TCP port on loopback that was free a moment ago.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Runs ucx_perftest with `args` and UCX_TLS=tls; returns its pid, stdout read through *out_fd
+// when out_fd is given (else discarded).
+pid_t perftest_spawn(const std::string& tls, const std::vector<std::string>& args, int* out_fd) {
+  int p[2] = {-1, -1};
+  if (out_fd && ::pipe2(p, O_CLOEXEC) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int sink = out_fd ? p[1] : ::open("/dev/null", O_WRONLY);
+    ::dup2(sink, STDOUT_FILENO);
+    ::dup2(sink, STDERR_FILENO);
+    ::setenv("UCX_TLS", tls.c_str(), 1);
+    std::vector<char*> argv = {const_cast<char*>("ucx_perftest")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp("ucx_perftest", argv.data());
+    ::_exit(127);
+  }
+  if (out_fd) {
+    ::close(p[1]);
+    *out_fd = pid > 0 ? p[0] : (::close(p[0]), -1);
+  }
+  return pid;
+}
+
+// The bandwidth ucx_perftest reports for `test` ("tag_bw", "ucp_get") between two processes on
+// loopback, in GB/s; nullopt with the reason in *why when it could not be measured.
+std::optional<double> perftest_gbps(const std::string& tls, const std::string& test,
+                                    std::uint64_t message_bytes, std::string* why) {
+  std::uint64_t iterations =
+      std::clamp<std::uint64_t>((std::uint64_t{4} << 30) / message_bytes, 5, 1000);
+  int port = free_port();
+  std::vector<std::string> args = {"-t", test,
+                                   "-s", std::to_string(message_bytes),
+                                   "-n", std::to_string(iterations),
+                                   "-p", std::to_string(port)};
+  pid_t server = perftest_spawn(tls, args, nullptr);
+  if (server < 0) return *why = "could not start ucx_perftest", std::nullopt;
+  std::string text;
+  // The server needs a moment to listen: a refused client is retried.
+  for (int attempt = 0; attempt < 50 && text.find("Final:") == std::string::npos; ++attempt) {
+    if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int fd = -1;
+    auto client_args = args;
+    client_args.insert(client_args.begin(), "127.0.0.1");
+    pid_t client = perftest_spawn(tls, client_args, &fd);
+    if (client < 0) break;
+    text.clear();
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, n);
+    ::close(fd);
+    int status = 0;
+    ::waitpid(client, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+      ::kill(server, SIGKILL);
+      ::waitpid(server, nullptr, 0);
+      return *why = "ucx_perftest is not installed (Debian package ucx-utils)", std::nullopt;
+    }
+  }
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  // "Final: <iters> <lat 50%> <lat avg> <lat overall> <bw avg> <bw overall> <rate avg> ..."
+  auto at = text.find("Final:");
+  if (at == std::string::npos) {
+    *why = "ucx_perftest printed no result: " + text.substr(0, 300);
+    return std::nullopt;
+  }
+  std::istringstream fields(text.substr(at + 6));
+  double v[6] = {};
+  for (auto& x : v) fields >> x;
+  if (!fields) return *why = "cannot read ucx_perftest's result line", std::nullopt;
+  return v[5] * 1048576.0 / 1e9;  // perftest's MB is 2^20 bytes
+}
+
+int bench_one(const bench_options& opt, std::ostream& out);
+
 }  // namespace
 
 int bench_run(const bench_options& opt, std::ostream& out) {
+  if (opt.mode != "ucx" || !opt.ucx_tls.empty()) return bench_one(opt, out);
+  // One row over TCP, one over shared memory; the worst outcome is the run's.
+  int worst = 0;
+  for (const char* tls : {"tcp", "sm"}) {
+    auto o = opt;
+    o.ucx_tls = tls;
+    int rc = bench_one(o, out);
+    if (rc == 1 || (rc == 2 && worst == 0)) worst = rc;
+  }
+  return worst;
+}
+
+namespace {
+
+int bench_one(const bench_options& opt, std::ostream& out) {
   json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
   auto finish = [&](const std::string& status, const std::string& why) {
     row["status"] = status;
@@ -248,9 +364,19 @@ int bench_run(const bench_options& opt, std::ostream& out) {
     out << row.dump() << std::endl;
     return status == "pass" ? 0 : status == "fail" ? 1 : 2;
   };
-  if (opt.mode != "local" && opt.mode != "shared-memory") {
-    return finish("fail", "unknown mode \"" + opt.mode + "\" (known: local, shared-memory)");
+  if (opt.mode != "local" && opt.mode != "shared-memory" && opt.mode != "ucx") {
+    return finish("fail", "unknown mode \"" + opt.mode + "\" (known: local, shared-memory, ucx)");
   }
+  const bool ucx = opt.mode == "ucx";
+  const bool two_processes = opt.mode != "local";
+  if (ucx && !transport_known("ucx")) {
+    return finish("blocked",
+                  "blocked: this build has no ucx transport (libucx-dev was not found "
+                  "when it was configured)");
+  }
+  const std::string transport_name = ucx                   ? "ucx"
+                                     : opt.mode == "local" ? "local-clone"
+                                                           : "shared-memory";
 
   install_interrupt_handlers();
 
@@ -278,8 +404,17 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   row["repeat"] = repeat;
   row["verify"] = opt.verify;
 
-  // Source tensors + a memcpy destination + every slot of the ring must fit in memory.
-  std::uint64_t need = bytes * (2 + slots);
+  transport_options topts;
+  if (two_processes) topts["slots"] = std::to_string(slots);
+  if (ucx) {
+    topts["tls"] = opt.ucx_tls;
+    if (opt.ucx_chunk_bytes) topts["chunk_bytes"] = std::to_string(opt.ucx_chunk_bytes);
+    row["ucx_tls"] = opt.ucx_tls;
+    row["op"] = ucx_auto_op(opt.ucx_tls);
+  }
+
+  // Source tensors + a memcpy destination + every slot of the ring (ucx: on both sides) must fit.
+  std::uint64_t need = bytes * (2 + slots * (ucx ? 2 : 1));
   std::uint64_t avail = mem_available();
   if (avail && need > avail / 10 * 9) {
     return finish("blocked", "blocked: layout " + layout.name + " needs about " +
@@ -292,7 +427,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   // Fork the consumer before anything else exists in this process: no threads, no mappings.
   int fds[2] = {-1, -1};
   pid_t child = -1;
-  if (opt.mode == "shared-memory") {
+  if (two_processes) {
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
       return finish("fail", std::string("socketpair: ") + std::strerror(errno));
     }
@@ -303,7 +438,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
       // A terminal's Ctrl-C reaches the whole group: the parent stops the consumer itself.
       ::signal(SIGINT, SIG_IGN);
       ::close(fds[0]);
-      consumer_process(fds[1], opt.verify);
+      consumer_process(fds[1], opt.verify, transport_name, topts);
     }
     ::close(fds[1]);
   }
@@ -341,9 +476,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
   const double memcpy_gbps = gbps(src_bytes, median(memcpy_s));
   const double hash_gbps = gbps(src_bytes, median(hash_s));
 
-  transport_options topts;
-  if (opt.mode == "shared-memory") topts["slots"] = std::to_string(slots);
-  auto t = make_transport(opt.mode == "local" ? "local-clone" : "shared-memory", topts);
+  auto t = make_transport(transport_name, topts);
   if (!t) return finish("fail", t.error().message);
   auto pt = (*t)->make_publisher();
   if (!pt) return finish("fail", pt.error().message);
@@ -363,6 +496,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
 
   samples s;
   run_result rr;
+  std::uint64_t largest_segment = 0;
   // One update end to end; `timed` updates are recorded after the warm-up ones (one per slot,
   // so every slot and every consumer mapping is faulted in before timing starts).
   auto one_update = [&](std::uint64_t version, bool timed) -> bool {
@@ -371,6 +505,7 @@ int bench_run(const bench_options& opt, std::ostream& out) {
     auto m = publisher->publish(tensors, version, {consumer_rank}, {{"bench", "true"}});
     double t1 = now_s();
     if (!m) return rr.error = m.error().message, false;
+    for (const auto& seg : m->segments) largest_segment = std::max(largest_segment, seg.nbytes);
     json report;
     if (local) {
       report = local->handle(*m, 0);
@@ -470,20 +605,44 @@ int bench_run(const bench_options& opt, std::ostream& out) {
                       {"total", median(s.total)}, {"decode", median(s.decode)}};
   row["baseline"] = {{"name", "memcpy"}, {"gbps", memcpy_gbps}};
   row["ratio_to_baseline"] = memcpy_gbps > 0 ? gbps(bytes, publish) / memcpy_gbps : 0;
+  if (ucx && ok) {
+    // Point to point: our import against ucx_perftest moving messages of our largest segment with
+    // the same transports and the operation our consumer used, measured now.
+    std::string test = row["op"] == "get" ? "ucp_get" : "tag_bw";
+    std::string why;
+    auto base = perftest_gbps(opt.ucx_tls, test, largest_segment, &why);
+    if (!base) {
+      ok = false, rr.error = why;
+    } else {
+      double ours = gbps(bytes, median(s.import));
+      row["import_gbps"] = ours;
+      row["memcpy_baseline"] = row["baseline"];
+      row["baseline"] = {{"name", "ucx_perftest"},
+                         {"gbps", *base},
+                         {"test", test},
+                         {"message_bytes", largest_segment}};
+      row["ratio_to_baseline"] = *base > 0 ? ours / *base : 0;
+    }
+  }
   row["publish_gbps"] = gbps(bytes, publish);
   row["verify_gbps"] = opt.verify ? gbps(bytes, verify) : 0;
   row["hash_baseline"] = {{"name", "xxh3-1thread"}, {"gbps", hash_gbps}};
   row["verify_ratio"] = opt.verify && hash_gbps > 0 ? gbps(bytes, verify) / hash_gbps : 0;
   row["copy_threads"] = pcfg.copy_threads;
+  std::string transport_notes =
+      opt.mode == "local"
+          ? "local-clone: publisher and consumer in one process; import copies"
+          : opt.mode + ": " + std::to_string(slots) +
+                "-slot pooled ring; consumer is a separate process (pid " + std::to_string(child) +
+                ")" +
+                (ucx ? ", pulls chunks over UCX_TLS=" + opt.ucx_tls + " with " +
+                           row["op"].get<std::string>() + " into its own registered slots"
+                     : ", maps each slot once, zero-copy import");
   row["env"] = {{"host", host_name()},
                 {"cores", std::thread::hardware_concurrency()},
-                {"transport_notes",
-                 opt.mode == "local"
-                     ? "local-clone: publisher and consumer in one process; import copies"
-                     : "shared-memory: " + std::to_string(slots) +
-                           "-slot pooled ring; consumer is a separate process (pid " +
-                           std::to_string(child) + "), maps each slot once, zero-copy import"}};
+                {"transport_notes", transport_notes}};
   return ok ? finish("pass", "") : finish("fail", rr.error);
 }
 
+}  // namespace
 }  // namespace wsync

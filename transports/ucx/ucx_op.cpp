@@ -6,19 +6,23 @@
 
 namespace wsync {
 
-std::string ucx_auto_op(std::string_view tls) {
+bool ucx_tls_shared_memory_only(std::string_view tls) {
   static constexpr std::array<std::string_view, 8> shared_memory = {
       "posix", "sysv", "cma", "sm", "shm", "knem", "xpmem", "self"};
-  if (tls.empty()) return "tag";
+  if (tls.empty()) return false;
   while (true) {
     auto comma = tls.find(',');
     if (std::find(shared_memory.begin(), shared_memory.end(), tls.substr(0, comma)) ==
         shared_memory.end()) {
-      return "tag";
+      return false;
     }
-    if (comma == std::string_view::npos) return "get";
+    if (comma == std::string_view::npos) return true;
     tls.remove_prefix(comma + 1);
   }
+}
+
+std::string ucx_auto_op(std::string_view tls) {
+  return ucx_tls_shared_memory_only(tls) ? "get" : "tag";
 }
 
 bool ucx_compiled_in() {

@@ -9,7 +9,7 @@
 namespace wsync {
 
 struct bench_options {
-  std::string mode = "shared-memory";  ///< "local" or "shared-memory"
+  std::string mode = "shared-memory";  ///< "local", "shared-memory" or "ucx"
   bool smoke = false;                  ///< small and quick: 8 MiB in 16 tensors, 3 repeats
   std::string layout;                  ///< model layout name; empty: qwen2.5-0.5b or --bytes
   std::uint64_t bytes = 0;             ///< synthetic layout size (with `tensors`)
@@ -18,6 +18,10 @@ struct bench_options {
   bool verify = true;
   unsigned copy_threads = 2;
   unsigned slots = 2;
+  /// ucx mode: UCX_TLS of both processes and of the ucx_perftest baseline; empty runs two rows,
+  /// "tcp" and "sm" (shared memory).
+  std::string ucx_tls;
+  std::uint64_t ucx_chunk_bytes = 0;  ///< ucx mode: pull chunk size; 0 = the transport's default
 };
 
 /// Runs the benchmark; prints one JSON row per timed update and the result row last.
