@@ -127,6 +127,7 @@ std::uint64_t chunks_of(std::uint64_t nbytes, std::uint64_t chunk) {
 
 struct handle {
   std::string address;                                // source worker address, hex
+  std::vector<std::string> fallbacks;                 // sources to pull from if it fails
   std::uint64_t chunk = 0;                            // chunk size of the pull
   std::vector<std::vector<std::uint64_t>> checksums;  // XXH3 per chunk, per segment
   std::string rkey;                                   // publisher sources only: packed rkey, hex
@@ -141,6 +142,7 @@ std::string handle_dump(const handle& h) {
     sums.push_back(std::move(s));
   }
   nlohmann::json j = {{"address", h.address}, {"chunk", h.chunk}, {"checksums", sums}};
+  if (!h.fallbacks.empty()) j["fallbacks"] = h.fallbacks;
   if (!h.rkey.empty()) j["rkey"] = h.rkey, j["bases"] = h.bases;
   return j.dump();
 }
@@ -170,6 +172,7 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
       }
       h.checksums.push_back(std::move(sums));
     }
+    if (j.contains("fallbacks")) h.fallbacks = j.at("fallbacks").get<std::vector<std::string>>();
     if (j.contains("rkey")) {
       h.rkey = j.at("rkey").get<std::string>();
       h.bases = j.at("bases").get<std::vector<std::uint64_t>>();
@@ -178,6 +181,9 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
     return bad(std::string("ucx handle field: ") + e.what());
   }
   if (!hex_decode(h.address)) return bad("address is not a hex UCX worker address");
+  for (const auto& f : h.fallbacks) {
+    if (!hex_decode(f)) return bad("a fallback is not a hex UCX worker address");
+  }
   if (!h.rkey.empty() && !hex_decode(h.rkey)) return bad("rkey is not hex");
   if (h.chunk < page || h.chunk > (std::uint64_t{1} << 30)) {
     return bad("chunk " + std::to_string(h.chunk) + " is outside [4096, 1 GiB]");
@@ -386,8 +392,11 @@ struct pull_op {
 
 struct pull_job {
   update_id id;
-  std::string context;  // "update_id=... rank=..." for messages
-  std::string source;   // hex address
+  std::string context;               // "update_id=... rank=..." for messages
+  std::vector<std::string> sources;  // hex addresses: the source, then its fallbacks
+  std::size_t source = 0;            // the one pulled from now
+  bool switching = false;            // waiting for the old source's operations to end
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> retry;  // chunks to pull again
   ucp_ep_h ep = nullptr;
   bool get = false;
   std::string rkey_hex;  // get only
@@ -478,17 +487,35 @@ class node {
   // Starts pulling `job`; its promise is set once every chunk landed or the job failed and no
   // operation is left in flight.
   void pull_start(const std::shared_ptr<pull_job>& job) {
-    auto ep = endpoint(job->source, job->context);
-    if (!ep) return job->finished.set_value(ep.error());
-    job->ep = *ep;
-    if (job->get) {
-      auto rkey = remote_key(job->ep, job->rkey_hex, job->context);
-      if (!rkey) return job->finished.set_value(rkey.error());
-      job->rkey = *rkey;
-    }
     jobs_.push_back(job);
+    if (auto ep = endpoint(job->sources[0], job->context); !ep) {
+      source_failed(*job, ep.error());
+    } else {
+      job->ep = *ep;
+      if (job->get) {
+        auto rkey = remote_key(job->ep, job->rkey_hex, job->context);
+        if (!rkey) job->failure = rkey.error();
+        if (rkey) job->rkey = *rkey;
+      }
+    }
     pull_more(job);
     pull_check_done(job);
+  }
+
+  // The source the job pulls from failed (refused a chunk, went away, could not be reached):
+  // the job goes on from the next source, keeping every chunk that already landed, or fails
+  // with `why` when this was the last one.
+  void source_failed(pull_job& job, error why) {
+    if (job.failure || job.switching) return;
+    if (job.source + 1 >= job.sources.size()) {
+      job.failure = std::move(why);
+    } else {
+      log_warn("ucx: " + side_ + ": source " + std::to_string(job.source) + " of update_id " +
+               job.id + " failed (" + why.message + "); pulling the remaining chunks from source " +
+               std::to_string(job.source + 1));
+      job.switching = true;
+    }
+    pull_cancel(job, false);
   }
 
   // Fails a job from outside (its caller gave up); operations in flight are cancelled.
@@ -559,10 +586,8 @@ class node {
     auto it = self->ops_by_tag_.find(h.tag);
     if (it == self->ops_by_tag_.end()) return UCS_OK;  // the job already gave up
     auto job = it->second->job;
-    if (!job->failure) {
-      job->failure = make_error(static_cast<errc>(h.code), text + " (" + job->context + ")");
-      self->pull_cancel(*job, false);
-    }
+    self->source_failed(*job,
+                        make_error(static_cast<errc>(h.code), text + " (" + job->context + ")"));
     return UCS_OK;
   }
 
@@ -574,12 +599,12 @@ class node {
       self->eps_.erase(it);
       self->closing_.push_back(ep);
       for (auto& job : self->jobs_) {
-        if (job->ep != ep || job->failure) continue;
-        job->failure =
-            make_error(errc::io_error, "ucx: connection to the source of update_id " + job->id +
-                                           " failed: " + ucs_status_string(status) + " (" +
-                                           job->context + ")");
-        self->pull_cancel(*job, false);  // tag receives are the worker's, not the endpoint's
+        if (job->ep != ep) continue;
+        // Tag receives are the worker's, not the endpoint's: source_failed cancels them.
+        self->source_failed(
+            *job, make_error(errc::io_error, "ucx: connection to the source of update_id " +
+                                                 job->id + " failed: " + ucs_status_string(status) +
+                                                 " (" + job->context + ")"));
       }
       break;
     }
@@ -661,6 +686,7 @@ class node {
       unsigned events = 0;
       while (ucp_worker_progress(worker_)) ++events;
       close_failed_endpoints();
+      switch_sources();
       auto now = clock_type::now();
       if (now - swept_at > std::chrono::milliseconds(100)) {
         expire_early(now);
@@ -695,6 +721,11 @@ class node {
       }
     }
     served_.clear();
+    for (auto& r : early_) {
+      refuse(r, errc::unknown_update,
+             "unknown update_id: " + r.id + ": the " + side_ + " shut down before importing it");
+    }
+    early_.clear();
     std::vector<ucp_ep_h> eps;
     for (auto& [addr, ep] : eps_) eps.push_back(ep);
     eps_.clear();
@@ -793,11 +824,36 @@ class node {
     }
   }
 
+  // Moves jobs whose source failed to their next source, once nothing is in flight to the old
+  // one. Runs from the loop, outside UCX callbacks: UCX must not be asked for a new endpoint
+  // while it is still failing the old one.
+  void switch_sources() {
+    for (std::size_t i = 0; i < jobs_.size(); ++i) {
+      auto job = jobs_[i];
+      if (!job->switching || job->inflight || job->failure) continue;
+      job->switching = false;
+      job->get = false;  // fallbacks are relays, or publishers reached through relay handles
+      auto ep = endpoint(job->sources[++job->source], job->context);
+      job->ep = ep ? *ep : nullptr;
+      if (!ep) source_failed(*job, ep.error());
+      pull_more(job);
+      pull_check_done(job);
+    }
+  }
+
   // Keeps `window` chunks of the job in flight.
   void pull_more(const std::shared_ptr<pull_job>& shared) {
     auto& job = *shared;
-    while (!job.failure && job.next < job.order.size() && job.inflight < job.window) {
-      auto [seg, off] = job.order[job.next++];
+    while (!job.failure && !job.switching && job.inflight < job.window &&
+           (!job.retry.empty() || job.next < job.order.size())) {
+      std::pair<std::uint32_t, std::uint64_t> chunk;
+      if (job.retry.empty()) {
+        chunk = job.order[job.next++];
+      } else {
+        chunk = job.retry.back();
+        job.retry.pop_back();
+      }
+      auto [seg, off] = chunk;
       auto* op = new pull_op{
           this,        shared,  seg,   off,         std::min(job.chunk, job.nbytes[seg] - off),
           next_tag_++, nullptr, false, std::nullopt};
@@ -817,61 +873,61 @@ class node {
       } else {
         p.cb.recv = &node::on_recv;
         req = ucp_tag_recv_nbx(worker_, dst, op->length, op->tag, ~ucp_tag_t{0}, &p);
-        if (!ptr_is_error(req)) {
-          ops_by_tag_[op->tag] = op;
-          if (auto ok = send_fetch(job, *op); !ok) {
-            job.failure = ok.error();
-          }
-        }
       }
       op->issuing = false;
       if (ptr_is_error(req)) {
-        if (!job.failure) {
-          job.failure = status_error(job.get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", ptr_status(req),
-                                     job.context);
-        }
+        source_failed(job, status_error(job.get ? "ucp_get_nbx" : "ucp_tag_recv_nbx",
+                                        ptr_status(req), job.context));
         op_account(op, UCS_ERR_CANCELED);
-        break;
+        continue;
       }
       if (op->inline_status) {
         op_account(op, *op->inline_status);
         continue;
       }
       op->request = req;
-      if (job.failure) pull_cancel(job, false);
+      if (!job.get) {
+        // The receive is posted before the fetch goes out, so the bytes never wait unexpected.
+        ops_by_tag_[op->tag] = op;
+        if (auto ok = send_fetch(job, *op); !ok) source_failed(job, ok.error());
+      }
     }
   }
 
   result<void> send_fetch(const pull_job& job, const pull_op& op) {
-    auto* buf = new std::string(sizeof(fetch_header) + job.id.size(), '\0');
     fetch_header h{op.tag, op.offset, op.length, op.segment,
                    static_cast<std::uint32_t>(job.id.size())};
-    std::memcpy(buf->data(), &h, sizeof h);
-    std::memcpy(buf->data() + sizeof h, job.id.data(), job.id.size());
-    return send_am(job.ep, am_fetch, buf, UCP_AM_SEND_FLAG_REPLY, job.context);
+    std::string buf(reinterpret_cast<const char*>(&h), sizeof h);
+    return send_am(job.ep, am_fetch, buf + job.id, UCP_AM_SEND_FLAG_REPLY, job.context);
   }
 
   // Sends an active message whose header is `buf` (freed once UCX is done with it).
-  result<void> send_am(ucp_ep_h ep, unsigned id, std::string* buf, std::uint32_t flags,
+  // Sends an active message made of `header` alone; UCX reads it until the send completes.
+  result<void> send_am(ucp_ep_h ep, unsigned id, std::string header, std::uint32_t flags,
                        const std::string& context) {
+    struct am_send {
+      node* owner;
+      std::string header;
+    };
+    auto* ctx = new am_send{this, std::move(header)};
     ucp_request_param_t p{};
     p.op_attr_mask =
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = flags;
-    p.user_data = buf;
+    p.user_data = ctx;
     p.cb.send = [](void* request, ucs_status_t, void* user) {
-      delete static_cast<std::string*>(user);
+      auto* c = static_cast<am_send*>(user);
+      --c->owner->sends_in_flight_;
+      delete c;
       ucp_request_free(request);
     };
-    void* req = ucp_am_send_nbx(ep, id, buf->data(), buf->size(), nullptr, 0, &p);
-    if (req == nullptr) {
-      delete buf;
-      return {};
+    ++sends_in_flight_;
+    void* req = ucp_am_send_nbx(ep, id, ctx->header.data(), ctx->header.size(), nullptr, 0, &p);
+    if (req == nullptr || ptr_is_error(req)) {
+      --sends_in_flight_;
+      delete ctx;
     }
-    if (ptr_is_error(req)) {
-      delete buf;
-      return status_error("ucp_am_send_nbx", ptr_status(req), context);
-    }
+    if (ptr_is_error(req)) return status_error("ucp_am_send_nbx", ptr_status(req), context);
     return {};
   }
 
@@ -891,10 +947,12 @@ class node {
     if (status == UCS_OK) {
       ++job->done;
       chunk_landed(job->id, op->segment, op->offset);
-    } else if (!job->failure && status != UCS_ERR_CANCELED) {
-      job->failure =
-          status_error(job->get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", status, job->context);
-      pull_cancel(*job, false);
+    } else {
+      if (status != UCS_ERR_CANCELED) {
+        source_failed(*job, status_error(job->get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", status,
+                                         job->context));
+      }
+      if (job->switching) job->retry.emplace_back(op->segment, op->offset);
     }
     delete op;
   }
@@ -1012,11 +1070,9 @@ class node {
   }
 
   void refuse(const fetch_request& r, errc code, const std::string& text) {
-    auto* buf = new std::string(sizeof(fail_header) + text.size(), '\0');
     fail_header h{r.tag, static_cast<std::uint32_t>(code), static_cast<std::uint32_t>(text.size())};
-    std::memcpy(buf->data(), &h, sizeof h);
-    std::memcpy(buf->data() + sizeof h, text.data(), text.size());
-    if (auto ok = send_am(r.reply_ep, am_fail, buf, 0, r.id); !ok) {
+    std::string buf(reinterpret_cast<const char*>(&h), sizeof h);
+    if (auto ok = send_am(r.reply_ep, am_fail, buf + text, 0, r.id); !ok) {
       log_warn("ucx: " + side_ + " could not refuse a fetch: " + ok.error().message);
     }
   }
@@ -1195,7 +1251,8 @@ class ucx_consumer final : public consumer_transport {
     auto job = std::make_shared<pull_job>();
     job->id = m.update_id;
     job->context = update_context(m);
-    job->source = h->address;
+    job->sources = h->fallbacks;
+    job->sources.insert(job->sources.begin(), h->address);
     std::string op = cfg.op == "auto" ? ucx_auto_op(cfg.tls) : cfg.op;
     job->get = op == "get" && !h->rkey.empty();
     job->bases = h->bases;
@@ -1284,6 +1341,8 @@ class ucx_transport final : public transport {
                         "ucx: relay address \"" + relay_address.substr(0, 32) +
                             "\" is not a UCX worker address (field relay_address)");
     }
+    // The relay first; should it fail, what it pulls from, and so on up to the publisher.
+    h->fallbacks.insert(h->fallbacks.begin(), h->address);
     h->address = relay_address;
     h->rkey.clear();  // a relay serves by request; the publisher's memory keys mean nothing there
     h->bases.clear();

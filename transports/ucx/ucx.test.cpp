@@ -2,10 +2,17 @@
 // failures and options. Publisher, relay and child are three UCX workers in this process.
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 
+#include "wsync/manifest/codec.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/ucx.hpp"
 
@@ -125,30 +132,156 @@ TEST_F(ucx_test, a_relay_serves_a_child_that_asked_before_the_relay_started) {
   (*p)->release(m.update_id);
 }
 
-TEST_F(ucx_test, a_relay_refuses_to_forward_a_chunk_whose_checksum_differs) {
+// A handle as it would be without fallbacks: only its first source.
+std::string without_fallbacks(const std::string& handle) {
+  auto at = handle.find(",\"fallbacks\":[");
+  if (at == std::string::npos) return handle;
+  return handle.substr(0, at) + handle.substr(handle.find(']', at) + 1);
+}
+
+TEST_F(ucx_test, a_corrupt_chunk_at_a_relay_is_not_forwarded_and_the_child_falls_back) {
   auto t = make();
   auto p = t->make_publisher();
   auto relay = t->make_consumer();
   auto child = t->make_consumer();
   ASSERT_TRUE(p && relay && child);
   auto m = publish(**p, "u-corrupt", {200000}, 3);
-  // Bytes change after the publisher computed its chunk checksums: chunk 1 is now corrupt.
-  spans_[0][65536 + 10] ^= std::byte{0xff};
   auto relay_got = (*relay)->import_segments(m);
-  ASSERT_TRUE(relay_got) << relay_got.error().message;  // leaves check tensors, later
+  ASSERT_TRUE(relay_got) << relay_got.error().message;
+  // The relay's copy of chunk 1 goes bad after landing (a flipped bit in its memory).
+  const_cast<std::byte&>((*relay_got)[0][65536 + 10]) ^= std::byte{0xff};
 
+  auto child_manifest = m;
+  auto via = t->handle_via_relay(m.transport_handle, (*relay)->relay_address());
+  ASSERT_TRUE(via) << via.error().message;
+  child_manifest.transport_handle = without_fallbacks(*via);
+  auto refused = (*child)->import_segments(child_manifest);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::checksum_mismatch);
+  EXPECT_TRUE(contains(refused.error().message, "tensor checksum mismatch: chunk 1 of segment 0"))
+      << refused.error().message;
+  EXPECT_TRUE(contains(refused.error().message, "update_id=u-corrupt")) << refused.error().message;
+
+  // With the publisher as fallback the child takes the refused chunk (and the rest) from there.
+  child_manifest.transport_handle = *via;
+  auto got = (*child)->import_segments(child_manifest);
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, m, 3);
+  (*child)->release(m.update_id);
+  (*relay)->release(m.update_id);
+  (*p)->release(m.update_id);
+}
+
+TEST_F(ucx_test, a_relay_that_shuts_down_hands_its_children_to_its_source) {
+  auto t = make();
+  auto p = t->make_publisher();
+  auto relay = t->make_consumer();
+  auto child = t->make_consumer();
+  ASSERT_TRUE(p && relay && child);
+  auto m = publish(**p, "u-orphan", {1 << 20}, 4);
   auto child_manifest = m;
   child_manifest.transport_handle =
       *t->handle_via_relay(m.transport_handle, (*relay)->relay_address());
-  auto child_got = (*child)->import_segments(child_manifest);
-  ASSERT_FALSE(child_got);
-  EXPECT_EQ(child_got.error().code, errc::checksum_mismatch);
-  EXPECT_TRUE(contains(child_got.error().message, "tensor checksum mismatch: chunk 1 of segment 0"))
-      << child_got.error().message;
-  EXPECT_TRUE(contains(child_got.error().message, "update_id=u-corrupt"))
-      << child_got.error().message;
-  (*relay)->release(m.update_id);
+  // The relay never imports: the child's fetches wait there until it goes away.
+  auto child_done =
+      std::async(std::launch::async, [&] { return (*child)->import_segments(child_manifest); });
+  relay->reset();
+  auto got = child_done.get();
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, m, 4);
+  (*child)->release(m.update_id);
   (*p)->release(m.update_id);
+}
+
+// --- a relay in another process, killed mid-update ------------------------------------------
+
+bool write_line(int fd, const std::string& text) {
+  std::string line = text + "\n";
+  return ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+}
+
+std::string read_line(int fd) {
+  std::string line;
+  char c = 0;
+  while (::read(fd, &c, 1) == 1 && c != '\n') line += c;
+  return line;
+}
+
+// Not a test of its own: the relay process of the test below, which runs this binary again
+// with WSYNC_UCX_RELAY_FDS="<in>,<out>". It prints its relay address, imports each manifest it
+// reads, says "ok", and runs until killed.
+TEST_F(ucx_test, relay_process) {
+  const char* fds = std::getenv("WSYNC_UCX_RELAY_FDS");
+  if (!fds) GTEST_SKIP() << "runs only as the relay process of a_killed_relay_hands_...";
+  int in = std::atoi(fds), out = std::atoi(std::strchr(fds, ',') + 1);
+  auto t = make({{"tls", "tcp"}});
+  auto c = t->make_consumer();
+  ASSERT_TRUE(c);
+  write_line(out, (*c)->relay_address());
+  for (std::string line; !(line = read_line(in)).empty();) {
+    auto m = manifest_from_json(line);
+    ASSERT_TRUE(m);
+    auto got = (*c)->import_segments(*m);
+    write_line(out, got ? "ok" : got.error().message);
+  }
+}
+
+TEST_F(ucx_test, a_killed_relay_hands_its_children_to_its_source) {
+  // Over TCP, where UCX reports a dead peer: the child's endpoint to the relay fails and the
+  // child goes on from the publisher, keeping the chunks it already has.
+  int to_relay[2], from_relay[2];
+  ASSERT_EQ(::pipe(to_relay), 0);
+  ASSERT_EQ(::pipe(from_relay), 0);
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe");
+  pid_t relay = ::fork();
+  ASSERT_GE(relay, 0);
+  if (relay == 0) {
+    ::close(to_relay[1]);
+    ::close(from_relay[0]);
+    std::string fds = std::to_string(to_relay[0]) + "," + std::to_string(from_relay[1]);
+    ::setenv("WSYNC_UCX_RELAY_FDS", fds.c_str(), 1);
+    ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=ucx_test.relay_process", nullptr);
+    ::_exit(127);
+  }
+  ::close(to_relay[0]);
+  ::close(from_relay[1]);
+  std::string relay_address = read_line(from_relay[0]);
+  ASSERT_FALSE(relay_address.empty()) << "the relay process did not start";
+
+  auto t = make({{"tls", "tcp"}});
+  auto p = t->make_publisher();
+  auto child = t->make_consumer();
+  ASSERT_TRUE(p && child);
+  auto via_relay = [&](weight_update_manifest m) {
+    m.transport_handle = *t->handle_via_relay(m.transport_handle, relay_address);
+    return m;
+  };
+  // Update a goes through the relay as planned, and leaves the child connected to it.
+  auto a = publish(**p, "u-a", {1 << 20}, 1);
+  auto child_a =
+      std::async(std::launch::async, [&] { return (*child)->import_segments(via_relay(a)); });
+  ASSERT_TRUE(write_line(to_relay[1], manifest_to_json(a)));
+  EXPECT_EQ(read_line(from_relay[0]), "ok");
+  auto got_a = child_a.get();
+  ASSERT_TRUE(got_a) << got_a.error().message;
+  expect_pattern(*got_a, a, 1);
+
+  // Update b: the child asks the relay, which dies before it ever imports b.
+  auto b = publish(**p, "u-b", {1 << 20}, 2);
+  auto child_b =
+      std::async(std::launch::async, [&] { return (*child)->import_segments(via_relay(b)); });
+  ::kill(relay, SIGKILL);
+  ::waitpid(relay, nullptr, 0);
+  auto got_b = child_b.get();
+  ASSERT_TRUE(got_b) << got_b.error().message;
+  expect_pattern(*got_b, b, 2);
+
+  ::close(to_relay[1]);
+  ::close(from_relay[0]);
+  (*child)->release(a.update_id);
+  (*child)->release(b.update_id);
+  (*p)->release(a.update_id);
+  (*p)->release(b.update_id);
 }
 
 TEST_F(ucx_test, a_released_update_is_unknown_to_its_publisher) {
