@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "wsync/bench/layouts.hpp"
+#include "wsync/bench/rank_process.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
@@ -53,7 +54,6 @@ void install_interrupt_handlers() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }
-constexpr auto reply_timeout = std::chrono::seconds(120);
 
 double now_s() {
   return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
@@ -111,119 +111,6 @@ void fill_random(std::byte* p, std::uint64_t n, std::uint64_t seed) {
     std::memcpy(p + i, &x, 8);
   }
   for (; i < n; ++i) p[i] = std::byte(i);
-}
-
-// --- the control channel between the benchmark's publisher and consumer processes ----------
-
-bool write_all(int fd, const void* data, std::size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w, n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* data, std::size_t n, clock_type::time_point deadline) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-    if (left.count() <= 0) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR && !interrupted) continue;
-    if (r <= 0) return false;
-    ssize_t got = ::read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got, n -= static_cast<std::size_t>(got);
-  }
-  return true;
-}
-
-bool send_message(int fd, const json& j) {
-  std::string text = j.dump();
-  std::uint32_t len = static_cast<std::uint32_t>(text.size());
-  return write_all(fd, &len, sizeof len) && write_all(fd, text.data(), text.size());
-}
-
-std::optional<json> receive_message(int fd) {
-  auto deadline = clock_type::now() + reply_timeout;
-  std::uint32_t len = 0;
-  if (!read_all(fd, &len, sizeof len, deadline)) return std::nullopt;
-  std::string text(len, '\0');
-  if (!read_all(fd, text.data(), len, deadline)) return std::nullopt;
-  auto j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) return std::nullopt;
-  return j;
-}
-
-// --- the consumer side: a reference runtime behind the rollout executor ----------------------
-
-class consumer_side {
- public:
-  consumer_side(std::unique_ptr<consumer_transport> t, bool verify)
-      : consumer_(std::move(t), consumer_config{consumer_rank, 2}),
-        executor_(consumer_, runtime_, runtime_.gate(), executor_config{verify}) {}
-
-  json handle(const weight_update_manifest& m, double decode_s) {
-    auto r = executor_.update_weights(m);
-    double ack_sent = now_s();
-    json timings = {{"import", r.timings.import},   {"verify", r.timings.verify},
-                    {"install", r.timings.install}, {"ack", r.timings.ack},
-                    {"release", r.timings.release}, {"decode", decode_s}};
-    return {{"type", "report"},
-            {"update_id", r.id},
-            {"acknowledged", r.acknowledged},
-            {"reason", r.failure ? r.failure->message : ""},
-            {"released", r.released},
-            {"released_self", r.released_self},
-            {"active_weight_version", runtime_.active_version()},
-            {"ack_sent_s", ack_sent},
-            {"timings", timings}};
-  }
-
-  // Releases what the active weights still hold; returns the ids.
-  std::vector<update_id> shutdown() { return executor_.release_active(); }
-
- private:
-  weight_consumer consumer_;
-  reference_runtime runtime_;
-  rollout_executor executor_;
-};
-
-[[noreturn]] void consumer_process(int fd, bool verify, const std::string& transport_name,
-                                   const transport_options& options) {
-  int code = 0;
-  {
-    auto t = make_transport(transport_name, options);
-    auto c = t ? (*t)->make_consumer() : result<std::unique_ptr<consumer_transport>>(t.error());
-    if (!c) {
-      send_message(fd, {{"type", "error"}, {"reason", c.error().message}});
-      ::_exit(1);
-    }
-    consumer_side side(std::move(*c), verify);
-    while (auto msg = receive_message(fd)) {
-      if ((*msg)["type"] == "update") {
-        auto t0 = now_s();
-        auto m = manifest_from_json((*msg)["manifest"].get<std::string>());
-        double decode_s = now_s() - t0;
-        if (!m) {
-          send_message(
-              fd, {{"type", "report"}, {"acknowledged", false}, {"reason", m.error().message}});
-          continue;
-        }
-        if (!send_message(fd, side.handle(*m, decode_s))) break;
-      } else if ((*msg)["type"] == "stop") {
-        send_message(fd, {{"type", "released"}, {"update_ids", side.shutdown()}});
-        break;
-      }
-    }
-  }
-  ::close(fd);
-  ::_exit(code);
 }
 
 // --- the publisher side and the run -----------------------------------------------------------
@@ -438,9 +325,16 @@ int bench_one(const bench_options& opt, std::ostream& out) {
       // A terminal's Ctrl-C reaches the whole group: the parent stops the consumer itself.
       ::signal(SIGINT, SIG_IGN);
       ::close(fds[0]);
-      consumer_process(fds[1], opt.verify, transport_name, topts);
+      bench_consumer_process(fds[1], opt.verify, transport_name, topts, consumer_rank);
     }
     ::close(fds[1]);
+    auto ready = channel_receive(fds[0], std::chrono::seconds(60), &interrupted);
+    if (!ready || (*ready)["type"] != "ready") {
+      ::close(fds[0]);
+      ::waitpid(child, nullptr, 0);
+      return finish("fail", "the consumer process did not start: " +
+                                (ready ? ready->value("reason", ready->dump()) : "no answer"));
+    }
   }
 
   // Source tensors, packed back to back with the publisher's alignment.
@@ -487,11 +381,11 @@ int bench_one(const bench_options& opt, std::ostream& out) {
   auto publisher =
       std::make_unique<weight_publisher>(std::move(*pt), std::string((*t)->name()), pcfg);
 
-  std::unique_ptr<consumer_side> local;
+  std::unique_ptr<bench_consumer> local;
   if (opt.mode == "local") {
     auto ct = (*t)->make_consumer();
     if (!ct) return finish("fail", ct.error().message);
-    local = std::make_unique<consumer_side>(std::move(*ct), opt.verify);
+    local = std::make_unique<bench_consumer>(std::move(*ct), opt.verify, consumer_rank);
   }
 
   samples s;
@@ -510,10 +404,10 @@ int bench_one(const bench_options& opt, std::ostream& out) {
     if (local) {
       report = local->handle(*m, 0);
     } else {
-      if (!send_message(fds[0], {{"type", "update"}, {"manifest", manifest_to_json(*m)}})) {
+      if (!channel_send(fds[0], {{"type", "update"}, {"manifest", manifest_to_json(*m)}})) {
         return rr.error = "consumer process went away", false;
       }
-      auto r = receive_message(fds[0]);
+      auto r = channel_receive(fds[0], std::chrono::seconds(120), &interrupted);
       if (!r) return rr.error = "no report from the consumer process within 120 s", false;
       report = *r;
     }
@@ -575,8 +469,9 @@ int bench_one(const bench_options& opt, std::ostream& out) {
     last_held = local->shutdown();
     local.reset();
   } else {
-    send_message(fds[0], {{"type", "stop"}});
-    if (auto r = receive_message(fds[0]); r && (*r)["update_ids"].is_array()) {
+    channel_send(fds[0], {{"type", "stop"}});
+    if (auto r = channel_receive(fds[0], std::chrono::seconds(120), &interrupted);
+        r && (*r)["update_ids"].is_array()) {
       last_held = (*r)["update_ids"].get<std::vector<std::string>>();
     }
     ::close(fds[0]);
