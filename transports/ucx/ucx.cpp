@@ -668,8 +668,8 @@ class node {
     return {};
   }
 
-  // The progress loop: spins while anything is in flight, then sleeps in 1 ms naps, so a fetch
-  // that arrives at an idle node waits at most that long.
+  // The progress loop: spins while UCX reports progress, then naps: 50 us while transfers are in
+  // flight, 1 ms when idle, so a fetch that arrives at an idle node waits at most that long.
   void loop() {
     auto busy_at = clock_type::now();
     auto swept_at = busy_at;
@@ -696,13 +696,17 @@ class node {
         }
         swept_at = now;
       }
-      if (events || !tasks.empty() || !jobs_.empty() || sends_in_flight_) {
+      if (events || !tasks.empty()) {
         busy_at = now;
         continue;
       }
-      if (now - busy_at < std::chrono::microseconds(500)) continue;
+      if (now - busy_at < std::chrono::microseconds(200)) continue;
+      // Quiet for a while: nap, briefly while transfers are in flight (a slow link, or many
+      // ranks sharing two cores, must not be starved by a spinning thread), longer when idle.
+      bool active = !jobs_.empty() || sends_in_flight_;
       std::unique_lock lock(tasks_mutex_);
-      tasks_cv_.wait_for(lock, std::chrono::milliseconds(1),
+      tasks_cv_.wait_for(lock,
+                         active ? std::chrono::microseconds(50) : std::chrono::milliseconds(1),
                          [&] { return !tasks_.empty() || stop_; });
     }
     shutdown();
