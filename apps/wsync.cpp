@@ -12,6 +12,7 @@
 #include "wsync/bench/layouts.hpp"
 #include "wsync/cluster/cluster_bench.hpp"
 #include "wsync/cluster/demo.hpp"
+#include "wsync/cluster/fanout_bench.hpp"
 #include "wsync/cluster/http_gateway.hpp"
 #include "wsync/cluster/status.hpp"
 #include "wsync/transports/registry.hpp"
@@ -25,7 +26,7 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
-               std::vector<int>& consumers) {
+               std::vector<int>& consumers, wsync::fanout_bench_options& fanout) {
   auto* bench = app.add_subcommand(
       "bench",
       "Time one weight update end to end (publish, import, verify, install, ack, release) and "
@@ -37,8 +38,10 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
                    "shared-memory: the consumer is a separate process importing zero-copy; "
                    "ucx: the consumer is a separate process pulling over UCX on loopback, "
                    "against ucx_perftest with the same transports and message size; "
-                   "cluster: control-plane overhead per update for each --consumers count")
-      ->check(CLI::IsMember({"local", "shared-memory", "ucx", "cluster"}))
+                   "cluster: control-plane overhead per update for each --consumers count; "
+                   "fanout: time to commit across emulated nodes (network namespaces with "
+                   "rate-limited links, root only) for each --plan, against one consumer")
+      ->check(CLI::IsMember({"local", "shared-memory", "ucx", "cluster", "fanout"}))
       ->capture_default_str();
   bench->add_flag("--smoke", opt.smoke,
                   "quick run for tests: 8 MiB in 16 tensors (unless --layout/--bytes), at most "
@@ -79,6 +82,30 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
   bench->add_option("--ucx-tls", opt.ucx_tls,
                     "ucx mode: UCX_TLS for both processes and the baseline, e.g. tcp, sm, "
                     "posix,cma (default: one row for tcp, one for sm)");
+  bench->add_option("--nodes", fanout.nodes, "fanout mode: consumer nodes")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  bench
+      ->add_option("--ranks-per-node", fanout.ranks_per_node,
+                   "fanout mode: consumer ranks per node")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  bench
+      ->add_option("--plan", fanout.plans,
+                   "fanout mode: plans to measure, one row each: tree, chain (degree 1), star "
+                   "(publisher to every node)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"tree", "chain", "star"}))
+      ->capture_default_str();
+  bench->add_option("--degree", fanout.degree, "fanout mode: children per leader in a tree")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  bench->add_option("--rate-mbit", fanout.rate_mbit, "fanout mode: each node's link, each way")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{100000}))
+      ->capture_default_str();
+  bench->add_flag("--kill-leader", fanout.kill_leader,
+                  "fanout mode: then one more update during which a top leader is SIGKILLed; "
+                  "its subtree must still commit");
   bench
       ->add_option("--ucx-chunk-bytes", opt.ucx_chunk_bytes,
                    "ucx mode: bytes per pulled chunk (default: the transport's, 4 MiB)")
@@ -162,7 +189,8 @@ int main(int argc, char** argv) {
   wsync::bench_options bench_opt;
   std::string verify = "on";
   std::vector<int> bench_consumers = {1, 8, 64};
-  add_bench(app, bench_opt, verify, bench_consumers);
+  wsync::fanout_bench_options fanout_opt;
+  add_bench(app, bench_opt, verify, bench_consumers, fanout_opt);
 
   const std::string token_help =
       "cluster token (default: $WSYNC_TOKEN); ranks without it are refused";
@@ -425,6 +453,13 @@ int main(int argc, char** argv) {
     cb.repeat = bench_opt.smoke ? 3 : bench_opt.repeat;
     if (!bench_opt.layout.empty()) cb.layout = bench_opt.layout;
     return wsync::cluster_bench_run(cb, std::cout);
+  }
+  if (app.got_subcommand("bench") && bench_opt.mode == "fanout") {
+    if (bench_opt.bytes) fanout_opt.bytes = bench_opt.bytes;
+    if (bench_opt.ucx_chunk_bytes) fanout_opt.chunk_bytes = bench_opt.ucx_chunk_bytes;
+    fanout_opt.repeat = bench_opt.smoke ? 1 : bench_opt.repeat;
+    if (bench_opt.smoke && !bench_opt.bytes) fanout_opt.bytes = std::uint64_t{8} << 20;
+    return wsync::fanout_bench_run(fanout_opt, std::cout);
   }
   if (app.got_subcommand("bench")) {
     bench_opt.verify = verify == "on";

@@ -388,6 +388,9 @@ struct pull_op {
   // records the status here, and the issuing code finishes the op after the call returns.
   bool issuing = false;
   std::optional<ucs_status_t> inline_status;
+  // Given up on (its source died with it matched, and UCX never ends it): its chunk was pulled
+  // again elsewhere, and the callback, should it ever come, only frees it.
+  bool abandoned = false;
 };
 
 struct pull_job {
@@ -396,6 +399,7 @@ struct pull_job {
   std::vector<std::string> sources;  // hex addresses: the source, then its fallbacks
   std::size_t source = 0;            // the one pulled from now
   bool switching = false;            // waiting for the old source's operations to end
+  clock_type::time_point switching_since;
   std::vector<std::pair<std::uint32_t, std::uint64_t>> retry;  // chunks to pull again
   ucp_ep_h ep = nullptr;
   bool get = false;
@@ -510,6 +514,7 @@ class node {
     if (job.source + 1 >= job.sources.size()) {
       job.failure = std::move(why);
     } else {
+      job.switching_since = clock_type::now();
       log_warn("ucx: " + side_ + ": source " + std::to_string(job.source) + " of update_id " +
                job.id + " failed (" + why.message + "); pulling the remaining chunks from source " +
                std::to_string(job.source + 1));
@@ -542,7 +547,9 @@ class node {
   }
 
   static void op_completed(pull_op* op, ucs_status_t status) {
-    if (op->issuing) {
+    if (op->abandoned) {
+      delete op;
+    } else if (op->issuing) {
       op->inline_status = status;
     } else {
       op->owner->op_done(op, status);
@@ -834,7 +841,20 @@ class node {
   void switch_sources() {
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
       auto job = jobs_[i];
-      if (!job->switching || job->inflight || job->failure) continue;
+      if (!job->switching || job->failure) continue;
+      if (job->inflight) {
+        // A receive matched to a source that then died is not always ended by UCX: after a
+        // grace period, pull those chunks again from the next source. The bytes are the same
+        // whoever sends them, so a late arrival cannot change what lands.
+        if (clock_type::now() - job->switching_since < std::chrono::seconds(1)) continue;
+        for (auto* op : job->ops) {
+          op->abandoned = true;
+          ops_by_tag_.erase(op->tag);
+          job->retry.emplace_back(op->segment, op->offset);
+        }
+        job->ops.clear();
+        job->inflight = 0;
+      }
       job->switching = false;
       job->get = false;  // fallbacks are relays, or publishers reached through relay handles
       auto ep = endpoint(job->sources[++job->source], job->context);
