@@ -11,6 +11,11 @@ result<std::string> transport::handle_via_relay(const std::string& /*handle*/,
                     "transport " + std::string(name()) + " cannot relay updates between consumers");
 }
 
+result<std::string> transport::handle_striped(const std::vector<std::string>& /*handles*/) const {
+  return make_error(errc::invalid_argument,
+                    "transport " + std::string(name()) + " cannot stripe an update over relays");
+}
+
 result<std::uint64_t> options_reader::get_uint(const std::string& key, std::uint64_t fallback,
                                                std::uint64_t min, std::uint64_t max) {
   seen_.push_back(key);

@@ -126,9 +126,14 @@ std::uint64_t chunks_of(std::uint64_t nbytes, std::uint64_t chunk) {
 // --- the handle: what a consumer needs to pull an update ---------------------------------------
 
 struct handle {
-  std::string address;                                // source worker address, hex
-  std::vector<std::string> fallbacks;                 // sources to pull from if it fails
-  std::uint64_t chunk = 0;                            // chunk size of the pull
+  std::string address;                 // source worker address, hex
+  std::vector<std::string> fallbacks;  // sources to pull from if it fails
+  struct path {
+    std::string address;
+    std::vector<std::string> fallbacks;
+  };
+  std::vector<path> stripes;  // when set, chunk i comes from stripes[i % size] instead
+  std::uint64_t chunk = 0;    // chunk size of the pull
   std::vector<std::vector<std::uint64_t>> checksums;  // XXH3 per chunk, per segment
   std::string rkey;                                   // publisher sources only: packed rkey, hex
   std::vector<std::uint64_t> bases;                   // ... and each segment's remote address
@@ -143,6 +148,9 @@ std::string handle_dump(const handle& h) {
   }
   nlohmann::json j = {{"address", h.address}, {"chunk", h.chunk}, {"checksums", sums}};
   if (!h.fallbacks.empty()) j["fallbacks"] = h.fallbacks;
+  for (const auto& p : h.stripes) {
+    j["stripes"].push_back({{"address", p.address}, {"fallbacks", p.fallbacks}});
+  }
   if (!h.rkey.empty()) j["rkey"] = h.rkey, j["bases"] = h.bases;
   return j.dump();
 }
@@ -173,6 +181,12 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
       h.checksums.push_back(std::move(sums));
     }
     if (j.contains("fallbacks")) h.fallbacks = j.at("fallbacks").get<std::vector<std::string>>();
+    if (j.contains("stripes")) {
+      for (const auto& p : j.at("stripes")) {
+        h.stripes.push_back({p.at("address").get<std::string>(),
+                             p.at("fallbacks").get<std::vector<std::string>>()});
+      }
+    }
     if (j.contains("rkey")) {
       h.rkey = j.at("rkey").get<std::string>();
       h.bases = j.at("bases").get<std::vector<std::uint64_t>>();
@@ -183,6 +197,11 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
   if (!hex_decode(h.address)) return bad("address is not a hex UCX worker address");
   for (const auto& f : h.fallbacks) {
     if (!hex_decode(f)) return bad("a fallback is not a hex UCX worker address");
+  }
+  for (const auto& p : h.stripes) {
+    bool ok = hex_decode(p.address).has_value();
+    for (const auto& f : p.fallbacks) ok = ok && hex_decode(f).has_value();
+    if (!ok) return bad("a stripe's source is not a hex UCX worker address");
   }
   if (!h.rkey.empty() && !hex_decode(h.rkey)) return bad("rkey is not hex");
   if (h.chunk < page || h.chunk > (std::uint64_t{1} << 30)) {
@@ -379,6 +398,7 @@ struct pull_job;
 struct pull_op {
   class node* owner = nullptr;
   std::shared_ptr<pull_job> job;
+  std::size_t lane = 0;
   std::uint32_t segment = 0;
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
@@ -393,28 +413,41 @@ struct pull_op {
   bool abandoned = false;
 };
 
-struct pull_job {
-  update_id id;
-  std::string context;               // "update_id=... rank=..." for messages
+using chunk_ref = std::pair<std::uint32_t, std::uint64_t>;  // (segment, offset)
+
+// One stripe of an import: the chunks it pulls from one source (and that source's fallbacks).
+struct pull_lane {
   std::vector<std::string> sources;  // hex addresses: the source, then its fallbacks
   std::size_t source = 0;            // the one pulled from now
   bool switching = false;            // waiting for the old source's operations to end
   clock_type::time_point switching_since;
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> retry;  // chunks to pull again
   ucp_ep_h ep = nullptr;
   bool get = false;
   std::string rkey_hex;  // get only
   ucp_rkey_h rkey = nullptr;
   std::vector<std::uint64_t> bases;
+  std::vector<chunk_ref> order, retry;  // its chunks; those to pull again after a switch
+  std::size_t next = 0, inflight = 0;
+  std::vector<pull_op*> ops;
+};
+
+struct pull_job {
+  update_id id;
+  std::string context;  // "update_id=... rank=..." for messages
   slot* landing = nullptr;
   std::vector<std::uint64_t> offsets, nbytes;
   std::uint64_t chunk = 0;
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> order;  // (segment, offset)
-  std::size_t next = 0, done = 0, inflight = 0;
-  std::uint64_t window = 1;
+  std::vector<pull_lane> lanes;  // one per stripe; chunk i of the update is lane i % lanes
+  std::size_t total = 0, done = 0;
+  std::uint64_t window = 1;  // chunks in flight per lane
   std::optional<error> failure;
-  std::vector<pull_op*> ops;
   std::promise<result<void>> finished;
+
+  std::size_t inflight() const {
+    std::size_t n = 0;
+    for (const auto& l : lanes) n += l.inflight;
+    return n;
+  }
 };
 
 class node {
@@ -492,42 +525,48 @@ class node {
   // operation is left in flight.
   void pull_start(const std::shared_ptr<pull_job>& job) {
     jobs_.push_back(job);
-    if (auto ep = endpoint(job->sources[0], job->context); !ep) {
-      source_failed(*job, ep.error());
-    } else {
-      job->ep = *ep;
-      if (job->get) {
-        auto rkey = remote_key(job->ep, job->rkey_hex, job->context);
-        if (!rkey) job->failure = rkey.error();
-        if (rkey) job->rkey = *rkey;
+    for (std::size_t i = 0; i < job->lanes.size(); ++i) {
+      auto& lane = job->lanes[i];
+      if (auto ep = endpoint(lane.sources[0], job->context); !ep) {
+        source_failed(*job, i, ep.error());
+      } else {
+        lane.ep = *ep;
+        if (lane.get) {
+          auto rkey = remote_key(lane.ep, lane.rkey_hex, job->context);
+          if (!rkey) job->failure = rkey.error();
+          if (rkey) lane.rkey = *rkey;
+        }
       }
     }
     pull_more(job);
     pull_check_done(job);
   }
 
-  // The source the job pulls from failed (refused a chunk, went away, could not be reached):
-  // the job goes on from the next source, keeping every chunk that already landed, or fails
-  // with `why` when this was the last one.
-  void source_failed(pull_job& job, error why) {
-    if (job.failure || job.switching) return;
-    if (job.source + 1 >= job.sources.size()) {
+  // The source a lane pulls from failed (refused a chunk, went away, could not be reached):
+  // the lane goes on from its next source, keeping every chunk that already landed, or the
+  // job fails with `why` when this was the last one.
+  void source_failed(pull_job& job, std::size_t i, error why) {
+    auto& lane = job.lanes[i];
+    if (job.failure || lane.switching) return;
+    if (lane.source + 1 >= lane.sources.size()) {
       job.failure = std::move(why);
-    } else {
-      job.switching_since = clock_type::now();
-      log_warn("ucx: " + side_ + ": source " + std::to_string(job.source) + " of update_id " +
-               job.id + " failed (" + why.message + "); pulling the remaining chunks from source " +
-               std::to_string(job.source + 1));
-      job.switching = true;
+      for (std::size_t k = 0; k < job.lanes.size(); ++k) pull_cancel(job, k, false);
+      return;
     }
-    pull_cancel(job, false);
+    lane.switching_since = clock_type::now();
+    log_warn("ucx: " + side_ + ": source " + std::to_string(lane.source) + " of update_id " +
+             job.id + (job.lanes.size() > 1 ? " stripe " + std::to_string(i) : "") + " failed (" +
+             why.message + "); pulling the remaining chunks from source " +
+             std::to_string(lane.source + 1));
+    lane.switching = true;
+    pull_cancel(job, i, false);
   }
 
   // Fails a job from outside (its caller gave up); operations in flight are cancelled.
   void pull_abort(const std::shared_ptr<pull_job>& job, error why) {
     if (job->failure) return;
     job->failure = std::move(why);
-    pull_cancel(*job, true);
+    for (std::size_t k = 0; k < job->lanes.size(); ++k) pull_cancel(*job, k, true);
     pull_check_done(job);
   }
 
@@ -593,7 +632,7 @@ class node {
     auto it = self->ops_by_tag_.find(h.tag);
     if (it == self->ops_by_tag_.end()) return UCS_OK;  // the job already gave up
     auto job = it->second->job;
-    self->source_failed(*job,
+    self->source_failed(*job, it->second->lane,
                         make_error(static_cast<errc>(h.code), text + " (" + job->context + ")"));
     return UCS_OK;
   }
@@ -606,12 +645,15 @@ class node {
       self->eps_.erase(it);
       self->closing_.push_back(ep);
       for (auto& job : self->jobs_) {
-        if (job->ep != ep) continue;
-        // Tag receives are the worker's, not the endpoint's: source_failed cancels them.
-        self->source_failed(
-            *job, make_error(errc::io_error, "ucx: connection to the source of update_id " +
-                                                 job->id + " failed: " + ucs_status_string(status) +
-                                                 " (" + job->context + ")"));
+        for (std::size_t i = 0; i < job->lanes.size(); ++i) {
+          if (job->lanes[i].ep != ep) continue;
+          // Tag receives are the worker's, not the endpoint's: source_failed cancels them.
+          self->source_failed(
+              *job, i,
+              make_error(errc::io_error, "ucx: connection to the source of update_id " + job->id +
+                                             " failed: " + ucs_status_string(status) + " (" +
+                                             job->context + ")"));
+        }
       }
       break;
     }
@@ -722,7 +764,7 @@ class node {
   void shutdown() {
     for (auto& job : jobs_) {
       if (!job->failure) job->failure = make_error(errc::io_error, "ucx: " + side_ + " shut down");
-      pull_cancel(*job, true);
+      for (std::size_t k = 0; k < job->lanes.size(); ++k) pull_cancel(*job, k, true);
     }
     for (auto& [id, u] : served_) {
       for (auto& [key, requests] : u.waiting) {
@@ -812,8 +854,10 @@ class node {
     rkeys_.push_back({ep, packed, rkey});
     // A publisher reuses a ring of a few slots; far more keys than that are stale ones.
     for (auto it = rkeys_.begin(); rkeys_.size() > max_rkeys && it != rkeys_.end();) {
-      bool in_use =
-          std::any_of(jobs_.begin(), jobs_.end(), [&](auto& j) { return j->rkey == it->rkey; });
+      bool in_use = std::any_of(jobs_.begin(), jobs_.end(), [&](auto& j) {
+        return std::any_of(j->lanes.begin(), j->lanes.end(),
+                           [&](const pull_lane& l) { return l.rkey == it->rkey; });
+      });
       if (in_use || it->rkey == rkey) {
         ++it;
         continue;
@@ -839,93 +883,103 @@ class node {
   // one. Runs from the loop, outside UCX callbacks: UCX must not be asked for a new endpoint
   // while it is still failing the old one.
   void switch_sources() {
-    for (std::size_t i = 0; i < jobs_.size(); ++i) {
-      auto job = jobs_[i];
-      if (!job->switching || job->failure) continue;
-      if (job->inflight) {
-        // A receive matched to a source that then died is not always ended by UCX: after a
-        // grace period, pull those chunks again from the next source. The bytes are the same
-        // whoever sends them, so a late arrival cannot change what lands.
-        if (clock_type::now() - job->switching_since < std::chrono::seconds(1)) continue;
-        for (auto* op : job->ops) {
-          op->abandoned = true;
-          ops_by_tag_.erase(op->tag);
-          job->retry.emplace_back(op->segment, op->offset);
+    for (std::size_t j = 0; j < jobs_.size(); ++j) {
+      auto job = jobs_[j];
+      bool switched = false;
+      for (auto& lane : job->lanes) {
+        if (!lane.switching || job->failure) continue;
+        if (lane.inflight) {
+          // A receive matched to a source that then died is not always ended by UCX: after a
+          // grace period, pull those chunks again from the next source. The bytes are the same
+          // whoever sends them, so a late arrival cannot change what lands.
+          if (clock_type::now() - lane.switching_since < std::chrono::seconds(1)) continue;
+          for (auto* op : lane.ops) {
+            op->abandoned = true;
+            ops_by_tag_.erase(op->tag);
+            lane.retry.emplace_back(op->segment, op->offset);
+          }
+          lane.ops.clear();
+          lane.inflight = 0;
         }
-        job->ops.clear();
-        job->inflight = 0;
+        lane.switching = false;
+        lane.get = false;  // fallbacks are relays, or publishers reached through relay handles
+        auto ep = endpoint(lane.sources[++lane.source], job->context);
+        lane.ep = ep ? *ep : nullptr;
+        if (!ep)
+          source_failed(*job, static_cast<std::size_t>(&lane - job->lanes.data()), ep.error());
+        switched = true;
       }
-      job->switching = false;
-      job->get = false;  // fallbacks are relays, or publishers reached through relay handles
-      auto ep = endpoint(job->sources[++job->source], job->context);
-      job->ep = ep ? *ep : nullptr;
-      if (!ep) source_failed(*job, ep.error());
+      if (!switched) continue;
       pull_more(job);
       pull_check_done(job);
     }
   }
 
-  // Keeps `window` chunks of the job in flight.
+  // Keeps `window` chunks of every lane of the job in flight.
   void pull_more(const std::shared_ptr<pull_job>& shared) {
     auto& job = *shared;
-    while (!job.failure && !job.switching && job.inflight < job.window &&
-           (!job.retry.empty() || job.next < job.order.size())) {
-      std::pair<std::uint32_t, std::uint64_t> chunk;
-      if (job.retry.empty()) {
-        chunk = job.order[job.next++];
-      } else {
-        chunk = job.retry.back();
-        job.retry.pop_back();
-      }
-      auto [seg, off] = chunk;
-      auto* op = new pull_op{
-          this,        shared,  seg,   off,         std::min(job.chunk, job.nbytes[seg] - off),
-          next_tag_++, nullptr, false, std::nullopt};
-      job.ops.push_back(op);
-      ++job.inflight;
-      op->issuing = true;
-      std::byte* dst = job.landing->base + job.offsets[seg] + off;
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-      p.user_data = op;
-      p.memh = job.landing->memh;
-      void* req = nullptr;
-      if (job.get) {
-        p.cb.send = &node::on_get;
-        req = ucp_get_nbx(job.ep, dst, op->length, job.bases[seg] + off, job.rkey, &p);
-      } else {
-        p.cb.recv = &node::on_recv;
-        req = ucp_tag_recv_nbx(worker_, dst, op->length, op->tag, ~ucp_tag_t{0}, &p);
-      }
-      op->issuing = false;
-      if (ptr_is_error(req)) {
-        source_failed(job, status_error(job.get ? "ucp_get_nbx" : "ucp_tag_recv_nbx",
-                                        ptr_status(req), job.context));
-        op_account(op, UCS_ERR_CANCELED);
-        continue;
-      }
-      if (op->inline_status) {
-        op_account(op, *op->inline_status);
-        continue;
-      }
-      op->request = req;
-      if (!job.get) {
-        // The receive is posted before the fetch goes out, so the bytes never wait unexpected.
-        ops_by_tag_[op->tag] = op;
-        if (auto ok = send_fetch(job, *op); !ok) source_failed(job, ok.error());
+    for (std::size_t i = 0; i < job.lanes.size(); ++i) {
+      auto& lane = job.lanes[i];
+      while (!job.failure && !lane.switching && lane.inflight < job.window &&
+             (!lane.retry.empty() || lane.next < lane.order.size())) {
+        chunk_ref chunk;
+        if (lane.retry.empty()) {
+          chunk = lane.order[lane.next++];
+        } else {
+          chunk = lane.retry.back();
+          lane.retry.pop_back();
+        }
+        auto [seg, off] = chunk;
+        auto* op = new pull_op{this,        shared,  i,
+                               seg,         off,     std::min(job.chunk, job.nbytes[seg] - off),
+                               next_tag_++, nullptr, false,
+                               std::nullopt};
+        lane.ops.push_back(op);
+        ++lane.inflight;
+        op->issuing = true;
+        std::byte* dst = job.landing->base + job.offsets[seg] + off;
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                         UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        p.user_data = op;
+        p.memh = job.landing->memh;
+        void* req = nullptr;
+        if (lane.get) {
+          p.cb.send = &node::on_get;
+          req = ucp_get_nbx(lane.ep, dst, op->length, lane.bases[seg] + off, lane.rkey, &p);
+        } else {
+          p.cb.recv = &node::on_recv;
+          req = ucp_tag_recv_nbx(worker_, dst, op->length, op->tag, ~ucp_tag_t{0}, &p);
+        }
+        op->issuing = false;
+        if (ptr_is_error(req)) {
+          source_failed(job, i,
+                        status_error(lane.get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", ptr_status(req),
+                                     job.context));
+          op_account(op, UCS_ERR_CANCELED);
+          continue;
+        }
+        if (op->inline_status) {
+          op_account(op, *op->inline_status);
+          continue;
+        }
+        op->request = req;
+        if (!lane.get) {
+          // The receive is posted before the fetch goes out, so the bytes never wait unexpected.
+          ops_by_tag_[op->tag] = op;
+          if (auto ok = send_fetch(job, lane, *op); !ok) source_failed(job, i, ok.error());
+        }
       }
     }
   }
 
-  result<void> send_fetch(const pull_job& job, const pull_op& op) {
+  result<void> send_fetch(const pull_job& job, const pull_lane& lane, const pull_op& op) {
     fetch_header h{op.tag, op.offset, op.length, op.segment,
                    static_cast<std::uint32_t>(job.id.size())};
     std::string buf(reinterpret_cast<const char*>(&h), sizeof h);
-    return send_am(job.ep, am_fetch, buf + job.id, UCP_AM_SEND_FLAG_REPLY, job.context);
+    return send_am(lane.ep, am_fetch, buf + job.id, UCP_AM_SEND_FLAG_REPLY, job.context);
   }
 
-  // Sends an active message whose header is `buf` (freed once UCX is done with it).
   // Sends an active message made of `header` alone; UCX reads it until the send completes.
   result<void> send_am(ucp_ep_h ep, unsigned id, std::string header, std::uint32_t flags,
                        const std::string& context) {
@@ -965,32 +1019,35 @@ class node {
   // Books a finished operation on its job (and deletes it); starts nothing new.
   void op_account(pull_op* op, ucs_status_t status) {
     auto job = op->job;
+    auto& lane = job->lanes[op->lane];
     ops_by_tag_.erase(op->tag);
-    job->ops.erase(std::find(job->ops.begin(), job->ops.end(), op));
-    --job->inflight;
+    lane.ops.erase(std::find(lane.ops.begin(), lane.ops.end(), op));
+    --lane.inflight;
     if (status == UCS_OK) {
       ++job->done;
       chunk_landed(job->id, op->segment, op->offset);
     } else {
       if (status != UCS_ERR_CANCELED) {
-        source_failed(*job, status_error(job->get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", status,
-                                         job->context));
+        source_failed(
+            *job, op->lane,
+            status_error(lane.get ? "ucp_get_nbx" : "ucp_tag_recv_nbx", status, job->context));
       }
-      if (job->switching) job->retry.emplace_back(op->segment, op->offset);
+      if (lane.switching) lane.retry.emplace_back(op->segment, op->offset);
     }
     delete op;
   }
 
-  void pull_cancel(pull_job& job, bool force_endpoint) {
-    for (auto* op : job.ops) {
-      if (!job.get) ucp_request_cancel(worker_, op->request);
+  void pull_cancel(pull_job& job, std::size_t i, bool force_endpoint) {
+    auto& lane = job.lanes[i];
+    for (auto* op : lane.ops) {
+      if (!lane.get) ucp_request_cancel(worker_, op->request);
     }
     // RMA gets and rendezvous transfers already matched cannot be cancelled: closing the
     // endpoint completes them with an error.
-    if (force_endpoint && job.inflight && job.ep) {
+    if (force_endpoint && lane.inflight && lane.ep) {
       for (auto it = eps_.begin(); it != eps_.end(); ++it) {
-        if (it->second == job.ep) {
-          closing_.push_back(job.ep);
+        if (it->second == lane.ep) {
+          closing_.push_back(lane.ep);
           eps_.erase(it);
           break;
         }
@@ -999,8 +1056,8 @@ class node {
   }
 
   void pull_check_done(const std::shared_ptr<pull_job>& job) {
-    if (job->inflight) return;
-    if (!job->failure && job->done < job->order.size()) return;
+    if (job->inflight()) return;
+    if (!job->failure && job->done < job->total) return;
     auto it = std::find(jobs_.begin(), jobs_.end(), job);
     if (it == jobs_.end()) return;
     jobs_.erase(it);
@@ -1275,19 +1332,31 @@ class ucx_consumer final : public consumer_transport {
     auto job = std::make_shared<pull_job>();
     job->id = m.update_id;
     job->context = update_context(m);
-    job->sources = h->fallbacks;
-    job->sources.insert(job->sources.begin(), h->address);
-    std::string op = cfg.op == "auto" ? ucx_auto_op(cfg.tls) : cfg.op;
-    job->get = op == "get" && !h->rkey.empty();
-    job->bases = h->bases;
-    job->rkey_hex = h->rkey;
+    if (h->stripes.empty()) {
+      pull_lane lane;
+      lane.sources = h->fallbacks;
+      lane.sources.insert(lane.sources.begin(), h->address);
+      std::string op = cfg.op == "auto" ? ucx_auto_op(cfg.tls) : cfg.op;
+      lane.get = op == "get" && !h->rkey.empty();
+      lane.bases = h->bases;
+      lane.rkey_hex = h->rkey;
+      job->lanes.push_back(std::move(lane));
+    }
+    for (const auto& stripe : h->stripes) {
+      pull_lane lane;
+      lane.sources = stripe.fallbacks;
+      lane.sources.insert(lane.sources.begin(), stripe.address);
+      job->lanes.push_back(std::move(lane));
+    }
     job->landing = *landing;
     job->offsets = offsets;
     job->nbytes = sizes;
     job->chunk = h->chunk;
     job->window = cfg.window;
     for (std::uint32_t i = 0; i < sizes.size(); ++i) {
-      for (std::uint64_t off = 0; off < sizes[i]; off += h->chunk) job->order.emplace_back(i, off);
+      for (std::uint64_t off = 0; off < sizes[i]; off += h->chunk) {
+        job->lanes[job->total++ % job->lanes.size()].order.emplace_back(i, off);
+      }
     }
     auto finished = job->finished.get_future();
     node_->call([&] {
@@ -1365,12 +1434,43 @@ class ucx_transport final : public transport {
                         "ucx: relay address \"" + relay_address.substr(0, 32) +
                             "\" is not a UCX worker address (field relay_address)");
     }
-    // The relay first; should it fail, what it pulls from, and so on up to the publisher.
+    // The relay first; should it fail, what it pulls from, and so on up to the publisher. A
+    // relay serves every chunk, whichever stripe brought it: the child pulls them all there.
+    if (!h->stripes.empty()) {
+      h->address = h->stripes[0].address;
+      h->fallbacks = h->stripes[0].fallbacks;
+      h->stripes.clear();
+    }
     h->fallbacks.insert(h->fallbacks.begin(), h->address);
     h->address = relay_address;
     h->rkey.clear();  // a relay serves by request; the publisher's memory keys mean nothing there
     h->bases.clear();
     return handle_dump(*h);
+  }
+
+  result<std::string> handle_striped(const std::vector<std::string>& texts) const override {
+    if (texts.empty()) {
+      return make_error(errc::invalid_argument, "ucx: no handle to stripe (field handles)");
+    }
+    if (texts.size() == 1) return texts[0];
+    std::optional<handle> out;
+    for (const auto& text : texts) {
+      auto h = handle_parse(text, nullptr);
+      if (!h) return h.error();
+      if (!h->stripes.empty()) {
+        return make_error(errc::invalid_argument,
+                          "ucx: a handle given to stripe is striped itself");
+      }
+      if (out && (h->chunk != out->chunk || h->checksums != out->checksums)) {
+        return make_error(errc::invalid_argument,
+                          "ucx: handles to stripe describe different updates (chunk, checksums)");
+      }
+      if (!out) out = *h;
+      out->stripes.push_back({h->address, h->fallbacks});
+    }
+    out->rkey.clear();  // stripes pull by request
+    out->bases.clear();
+    return handle_dump(*out);
   }
 
  private:

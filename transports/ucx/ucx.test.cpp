@@ -193,6 +193,49 @@ TEST_F(ucx_test, a_relay_that_shuts_down_hands_its_children_to_its_source) {
   (*p)->release(m.update_id);
 }
 
+TEST_F(ucx_test, a_striped_handle_pulls_each_stripe_from_its_own_relay) {
+  auto t = make();
+  auto p = t->make_publisher();
+  auto r1 = t->make_consumer();
+  auto r2 = t->make_consumer();
+  auto child = t->make_consumer();
+  ASSERT_TRUE(p && r1 && r2 && child);
+  auto m = publish(**p, "u-striped", {1 << 20, 300000}, 6);
+  auto via1 = t->handle_via_relay(m.transport_handle, (*r1)->relay_address());
+  auto via2 = t->handle_via_relay(m.transport_handle, (*r2)->relay_address());
+  ASSERT_TRUE(via1 && via2);
+  auto striped = t->handle_striped({*via1, *via2});
+  ASSERT_TRUE(striped) << striped.error().message;
+  auto child_manifest = m;
+  child_manifest.transport_handle = *striped;
+  // Both relays import while the child pulls even chunks through one, odd through the other;
+  // then the second relay goes away before a second child asks, whose odd chunks fall back
+  // to the publisher.
+  auto child_done =
+      std::async(std::launch::async, [&] { return (*child)->import_segments(child_manifest); });
+  auto g1 = std::async(std::launch::async, [&] { return (*r1)->import_segments(m); });
+  auto g2 = (*r2)->import_segments(m);
+  ASSERT_TRUE(g2) << g2.error().message;
+  ASSERT_TRUE(g1.get());
+  auto got = child_done.get();
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, m, 6);
+
+  r2->reset();
+  auto second = t->make_consumer();
+  ASSERT_TRUE(second);
+  auto again = (*second)->import_segments(child_manifest);
+  ASSERT_TRUE(again) << again.error().message;
+  expect_pattern(*again, m, 6);
+
+  auto refused = t->handle_striped({*striped, *via1});
+  EXPECT_FALSE(refused) << "a striped handle is not striped again";
+  (*second)->release(m.update_id);
+  (*child)->release(m.update_id);
+  (*r1)->release(m.update_id);
+  (*p)->release(m.update_id);
+}
+
 // --- a relay in another process, killed mid-update ------------------------------------------
 
 bool write_line(int fd, const std::string& text) {

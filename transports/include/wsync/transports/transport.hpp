@@ -84,6 +84,11 @@ class transport {
   /// errc::invalid_argument when this transport cannot relay.
   virtual result<std::string> handle_via_relay(const std::string& handle,
                                                const std::string& relay_address) const;
+
+  /// One handle that pulls chunk i of the update from the source of handles[i % n] (each
+  /// handle of the same update, pointed at a different relay): how a striped plan spreads the
+  /// relaying over several trees. errc::invalid_argument when this transport cannot.
+  virtual result<std::string> handle_striped(const std::vector<std::string>& handles) const;
 };
 
 /// Reads transport_options strictly: typed getters with defaults, and finish() refuses any key
