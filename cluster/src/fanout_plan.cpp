@@ -47,6 +47,27 @@ void settle_depths(fanout_plan& plan, std::int32_t rank) {
   }
 }
 
+// The stripes of a tree plan: stripe s lays the leaders out in a rotated order and builds a
+// complete d-ary tree over it, position 0 fed by the publishers and position j by position
+// (j-1)/d. A tree's relays are its first k = ceil((n-1)/d) positions; rotating stripe s by s*k
+// gives each stripe its own block of relays, disjoint whenever d*k <= n (else each leader
+// relays in at most two stripes).
+std::vector<std::map<std::int32_t, std::int32_t>> stripe_trees(
+    const std::vector<std::int32_t>& leaders, std::uint32_t degree) {
+  const std::size_t n = leaders.size();
+  const std::size_t relays = (n - 1 + degree - 1) / degree;
+  std::vector<std::map<std::int32_t, std::int32_t>> stripes(degree);
+  for (std::size_t s = 0; s < degree; ++s) {
+    const std::size_t rotation = s * relays % n;
+    auto at = [&](std::size_t position) {
+      return leaders[(rotation + position) % n];
+    };
+    stripes[s][at(0)] = -1;
+    for (std::size_t j = 1; j < n; ++j) stripes[s][at(j)] = at((j - 1) / degree);
+  }
+  return stripes;
+}
+
 }  // namespace
 
 result<plan_shape> plan_shape_parse(const std::string& text) {
@@ -88,6 +109,16 @@ std::string fanout_plan::received_from(std::int32_t rank) const {
   auto it = hops.find(rank);
   if (it == hops.end()) return "";
   const auto& h = it->second;
+  if (h.leader && !stripes.empty()) {
+    std::string out = "stripes:";
+    for (std::size_t s = 0; s < stripes.size(); ++s) {
+      auto from = stripes[s].at(rank);
+      out += std::string(s ? " |" : "") + " " +
+             (from < 0 ? "publisher:" + std::to_string(request.publishers[0].rank)
+                       : "rank:" + std::to_string(from) + " (network)");
+    }
+    return out;
+  }
   if (h.from_publishers) {
     std::string out = "publisher:";
     for (std::size_t i = 0; i < request.publishers.size(); ++i) {
@@ -155,6 +186,9 @@ result<fanout_plan> plan_fanout(const plan_request& request) {
       plan.children[leader].push_back(member);
     }
   }
+  if (request.shape == plan_shape::tree && degree >= 2 && leaders.size() >= 2) {
+    plan.stripes = stripe_trees(leaders, degree);
+  }
   return plan;
 }
 
@@ -187,6 +221,17 @@ result<fanout_plan> replan(const fanout_plan& plan, std::int32_t failed) {
       heir = r;
     }
   }
+  // Stripes: the heir takes the dead leader's place in every stripe; without one, its stripe
+  // children take stripe s from its own stripe-s source.
+  for (auto& stripe : next.stripes) {
+    auto source = stripe.at(failed);
+    stripe.erase(failed);
+    if (heir >= 0) stripe[heir] = source;
+    for (auto& [leader, from] : stripe) {
+      if (from == failed) from = heir >= 0 ? heir : source;
+    }
+  }
+  if (next.stripes.size() && next.leader_of.size() - (heir >= 0 ? 0 : 1) < 2) next.stripes.clear();
   if (heir >= 0) {
     plan_hop hop = gone;
     next.hops[heir] = hop;

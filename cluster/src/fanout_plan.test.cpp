@@ -83,12 +83,67 @@ void check_leaders(const fanout_plan& plan) {
   }
 }
 
+// Every stripe is a tree over exactly the live leaders, rooted at the publishers: following a
+// leader's sources reaches the publishers without a cycle, so each leader gets every stripe,
+// hence every chunk, exactly once and over the network once.
+void check_stripes(const fanout_plan& plan) {
+  if (plan.stripes.empty()) return;
+  RC_ASSERT(plan.request.shape == plan_shape::tree);
+  RC_ASSERT(plan.stripes.size() == plan.request.degree);
+  std::set<std::int32_t> leaders;
+  for (const auto& [node, rank] : plan.leader_of) leaders.insert(rank);
+  for (const auto& stripe : plan.stripes) {
+    std::set<std::int32_t> keys;
+    for (const auto& [leader, from] : stripe) keys.insert(leader);
+    RC_ASSERT(keys == leaders);
+    for (const auto& [leader, from] : stripe) {
+      auto at = leader;
+      for (std::size_t steps = 0; at >= 0; ++steps) {
+        RC_ASSERT(steps <= stripe.size());
+        RC_ASSERT(stripe.count(at) == 1u);
+        at = stripe.at(at);
+      }
+    }
+  }
+}
+
+// What striping is for: the publishers send each stripe once, no stripe is deeper than a
+// d-ary tree, and each leader relays at most d stripe-children in all, i.e. its uplink carries
+// the update about once (each stripe is 1/d of it) — at most twice where the leaders are too
+// few for every stripe to have relays of its own (d * ceil((n-1)/d) > n).
+void check_stripe_load(const fanout_plan& plan) {
+  const auto d = plan.request.degree;
+  std::map<std::int32_t, std::uint32_t> children;
+  const double nodes = static_cast<double>(plan.leader_of.size());
+  const auto bound =
+      static_cast<std::uint32_t>(std::ceil(std::log(nodes) / std::log(d) - 1e-9)) + 1;
+  for (const auto& stripe : plan.stripes) {
+    int roots = 0;
+    for (const auto& [leader, from] : stripe) {
+      if (from < 0) ++roots;
+      if (from >= 0) ++children[from];
+      std::uint32_t depth = 1;
+      for (auto at = from; at >= 0; at = stripe.at(at)) ++depth;
+      RC_ASSERT(depth <= bound);
+    }
+    RC_ASSERT(roots == 1);
+  }
+  const auto relays = (plan.leader_of.size() - 1 + d - 1) / d;
+  const auto most = d * relays <= plan.leader_of.size() ? d : 2 * d;
+  for (const auto& [leader, n] : children) RC_ASSERT(n <= most);
+}
+
 RC_GTEST_PROP(fanout_plan, every_consumer_gets_every_segment_exactly_once, ()) {
   auto req = random_request();
   auto plan = plan_fanout(req);
   RC_ASSERT(bool(plan));
   check_delivery(*plan);
   check_leaders(*plan);
+  check_stripes(*plan);
+  check_stripe_load(*plan);
+  const bool striped =
+      req.shape == plan_shape::tree && req.degree >= 2 && plan->leader_of.size() >= 2;
+  RC_ASSERT(striped == !plan->stripes.empty());
 }
 
 RC_GTEST_PROP(fanout_plan, depth_is_logarithmic_in_the_nodes, ()) {
@@ -120,6 +175,7 @@ RC_GTEST_PROP(fanout_plan, a_dead_leader_only_re_sources_its_subtree, ()) {
   }
   check_delivery(*next);
   check_leaders(*next);
+  check_stripes(*next);
 }
 
 TEST(fanout_plan, shapes_of_a_small_cluster) {
@@ -158,6 +214,21 @@ TEST(fanout_plan, shapes_of_a_small_cluster) {
   EXPECT_EQ(next->hops.at(8).from, 1);
   EXPECT_EQ(next->hops.at(2).from, 1);
   EXPECT_EQ(next->hops.at(4), tree->hops.at(4));  // n1 untouched
+
+  // The tree is striped: stripe 0 relays through n0 and n1, stripe 1 through n2 and n3.
+  ASSERT_EQ(tree->stripes.size(), 2u);
+  EXPECT_EQ(tree->stripes[0],
+            (std::map<std::int32_t, std::int32_t>{{0, -1}, {4, 0}, {8, 0}, {12, 4}}));
+  EXPECT_EQ(tree->stripes[1],
+            (std::map<std::int32_t, std::int32_t>{{8, -1}, {12, 8}, {0, 8}, {4, 12}}));
+  EXPECT_EQ(tree->received_from(12), "stripes: rank:4 (network) | rank:8 (network)");
+  EXPECT_EQ(tree->received_from(13), "rank:12 (shared memory)");
+  // Rank 1 inherits rank 0's places in both stripes.
+  EXPECT_EQ(next->stripes[0].at(1), -1);
+  EXPECT_EQ(next->stripes[0].at(4), 1);
+  EXPECT_EQ(next->stripes[1].at(1), 8);
+  EXPECT_TRUE(chain->stripes.empty());
+  EXPECT_TRUE(star->stripes.empty());
 }
 
 TEST(fanout_plan, bad_requests_name_the_field) {

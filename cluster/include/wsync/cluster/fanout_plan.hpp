@@ -55,10 +55,20 @@ struct fanout_plan {
   std::map<std::int32_t, plan_hop> hops;                       ///< consumer rank -> its source
   std::map<std::int32_t, std::vector<std::int32_t>> children;  ///< relay rank -> who it feeds
   std::map<std::string, std::int32_t> leader_of;               ///< node -> its leader rank
+  /// Tree plans of degree d >= 2 over two or more nodes are striped: chunk i of the update
+  /// travels in stripe i % d, and each stripe has its own tree over the leaders, rooted at one
+  /// leader fed by the publishers, in which a different group of leaders relays. So every
+  /// leader forwards about 1/d of the update to about d children, and every uplink (the
+  /// publishers' too) carries the update about once, where one d-ary tree would make each relay
+  /// send it d times. stripes[s]: leader rank -> the leader it takes stripe s from, -1 for the
+  /// publishers. Empty for chains, stars and single nodes: `hops` is then the whole route.
+  /// Members of a node take every stripe from their leader, as `hops` says.
+  std::vector<std::map<std::int32_t, std::int32_t>> stripes;
 
   /// The ranks `rank` feeds, directly or through others.
   std::set<std::int32_t> subtree(std::int32_t rank) const;
-  /// "received_from" as DESIGN §11 shows it: "publisher:0,1" or "rank:5 (network)".
+  /// "received_from" as DESIGN §11 shows it: "publisher:0,1" or "rank:5 (network)"; a striped
+  /// leader lists its stripes' sources: "stripes: publisher:0 | rank:4 (network)".
   std::string received_from(std::int32_t rank) const;
 };
 
