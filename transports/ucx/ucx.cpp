@@ -364,6 +364,8 @@ struct fetch_header {
   std::uint64_t length;
   std::uint32_t segment;
   std::uint32_t id_bytes;
+  std::uint32_t address_bytes;  // the requester's worker address follows the id
+  std::uint32_t reserved;
 };
 // Header of an am_fail: the tag of the refused fetch, our error code; the message follows.
 struct fail_header {
@@ -374,6 +376,7 @@ struct fail_header {
 
 struct fetch_request {
   update_id id;
+  std::string requester;  // its worker address, hex
   std::uint32_t segment = 0;
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
@@ -598,26 +601,30 @@ class node {
   static ucs_status_t on_fetch(void* arg, const void* header, std::size_t header_bytes, void*,
                                std::size_t, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<node*>(arg);
-    if (header_bytes < sizeof(fetch_header) ||
-        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    fetch_header h;
+    if (header_bytes < sizeof h) {
       log_warn("ucx: " + self->side_ + " dropped a malformed fetch request");
       return UCS_OK;
     }
-    fetch_header h;
     std::memcpy(&h, header, sizeof h);
-    if (header_bytes != sizeof h + h.id_bytes) {
+    if (header_bytes != sizeof h + h.id_bytes + h.address_bytes) {
       log_warn("ucx: " + self->side_ + " dropped a fetch request of the wrong length");
       return UCS_OK;
     }
+    // Answered from the loop, outside this callback, through an endpoint of our own to the
+    // requester: UCX's reply endpoint is freed when the requester dies, and a relay may hold
+    // a fetch for a long time before the chunk lands.
+    const char* text = static_cast<const char*>(header) + sizeof h;
     fetch_request r;
-    r.id.assign(static_cast<const char*>(header) + sizeof h, h.id_bytes);
+    r.id.assign(text, h.id_bytes);
+    r.requester = hex_encode(text + h.id_bytes, h.address_bytes);
     r.segment = h.segment;
     r.offset = h.offset;
     r.length = h.length;
     r.tag = h.tag;
-    r.reply_ep = param->reply_ep;
     r.deadline = clock_type::now() + std::chrono::milliseconds(self->cfg_.timeout_ms);
-    self->serve(r);
+    self->incoming_.push_back(std::move(r));
+    (void)param;
     return UCS_OK;
   }
 
@@ -641,9 +648,9 @@ class node {
     auto* self = static_cast<node*>(arg);
     for (auto it = self->eps_.begin(); it != self->eps_.end(); ++it) {
       if (it->second != ep) continue;
-      std::string source = it->first;
       self->eps_.erase(it);
       self->closing_.push_back(ep);
+      self->forget_requests_of(ep);
       for (auto& job : self->jobs_) {
         for (std::size_t i = 0; i < job->lanes.size(); ++i) {
           if (job->lanes[i].ep != ep) continue;
@@ -701,6 +708,7 @@ class node {
     std::size_t addr_bytes = 0;
     WSYNC_UCX_CHECK(ucp_worker_get_address(worker_, &addr, &addr_bytes), side_);
     address_ = hex_encode(addr, addr_bytes);
+    address_bytes_.assign(reinterpret_cast<const char*>(addr), addr_bytes);
     ucp_worker_release_address(worker_, addr);
     for (auto [id, cb] :
          {std::pair{am_fetch, &node::on_fetch}, std::pair{am_fail, &node::on_fail}}) {
@@ -735,6 +743,7 @@ class node {
       unsigned events = 0;
       while (ucp_worker_progress(worker_)) ++events;
       close_failed_endpoints();
+      answer_fetches();
       switch_sources();
       auto now = clock_type::now();
       if (now - swept_at > std::chrono::milliseconds(100)) {
@@ -794,6 +803,7 @@ class node {
 
   void close_endpoint(ucp_ep_h ep, bool force) {
     forget_rkeys(ep);
+    forget_requests_of(ep);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -915,6 +925,34 @@ class node {
     }
   }
 
+  // Serves the fetches received since the last turn of the loop.
+  void answer_fetches() {
+    auto fetches = std::move(incoming_);
+    incoming_.clear();
+    for (auto& r : fetches) {
+      auto ep = endpoint(r.requester, "answering a fetch of update_id " + r.id);
+      if (!ep) {
+        log_warn("ucx: " + side_ + " cannot answer a fetch: " + ep.error().message);
+        continue;
+      }
+      r.reply_ep = *ep;
+      serve(r);
+    }
+  }
+
+  // Forgets the fetches a dead peer was waiting for.
+  void forget_requests_of(ucp_ep_h ep) {
+    auto of = [&](const fetch_request& r) {
+      return r.reply_ep == ep;
+    };
+    for (auto& [id, u] : served_) {
+      for (auto& [key, requests] : u.waiting) {
+        requests.erase(std::remove_if(requests.begin(), requests.end(), of), requests.end());
+      }
+    }
+    early_.erase(std::remove_if(early_.begin(), early_.end(), of), early_.end());
+  }
+
   // Keeps `window` chunks of every lane of the job in flight.
   void pull_more(const std::shared_ptr<pull_job>& shared) {
     auto& job = *shared;
@@ -974,10 +1012,15 @@ class node {
   }
 
   result<void> send_fetch(const pull_job& job, const pull_lane& lane, const pull_op& op) {
-    fetch_header h{op.tag, op.offset, op.length, op.segment,
-                   static_cast<std::uint32_t>(job.id.size())};
+    fetch_header h{op.tag,
+                   op.offset,
+                   op.length,
+                   op.segment,
+                   static_cast<std::uint32_t>(job.id.size()),
+                   static_cast<std::uint32_t>(address_bytes_.size()),
+                   0};
     std::string buf(reinterpret_cast<const char*>(&h), sizeof h);
-    return send_am(lane.ep, am_fetch, buf + job.id, UCP_AM_SEND_FLAG_REPLY, job.context);
+    return send_am(lane.ep, am_fetch, buf + job.id + address_bytes_, 0, job.context);
   }
 
   // Sends an active message made of `header` alone; UCX reads it until the send completes.
@@ -1177,6 +1220,7 @@ class node {
   ucp_context_h ctx_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
+  std::string address_bytes_;  // the same, binary, as fetches carry it
   std::unique_ptr<slot_pool> pool_;
 
   std::thread thread_;
@@ -1190,6 +1234,7 @@ class node {
   std::vector<ucp_ep_h> closing_;
   std::map<update_id, served_update> served_;
   std::deque<fetch_request> early_;
+  std::vector<fetch_request> incoming_;  // fetches received, answered from the loop
   std::vector<std::shared_ptr<pull_job>> jobs_;
   std::unordered_map<std::uint64_t, pull_op*> ops_by_tag_;
   struct cached_rkey {
