@@ -108,7 +108,8 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
                   "its subtree must still commit");
   bench
       ->add_option("--ucx-chunk-bytes", opt.ucx_chunk_bytes,
-                   "ucx mode: bytes per pulled chunk (default: the transport's, 4 MiB)")
+                   "ucx and fanout modes: bytes per pulled chunk (default 4 MiB for ucx, 256 KiB "
+                   "for fanout)")
       ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30));
 }
 
