@@ -13,6 +13,7 @@
 #include "wsync/cluster/cluster_bench.hpp"
 #include "wsync/cluster/demo.hpp"
 #include "wsync/cluster/fanout_bench.hpp"
+#include "wsync/cluster/fanout_router.hpp"
 #include "wsync/cluster/http_gateway.hpp"
 #include "wsync/cluster/status.hpp"
 #include "wsync/transports/registry.hpp"
@@ -111,6 +112,31 @@ void add_bench(CLI::App& app, wsync::bench_options& opt, std::string& verify,
                    "ucx and fanout modes: bytes per pulled chunk (default 4 MiB for ucx, 256 KiB "
                    "for fanout)")
       ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30));
+}
+
+// --transport NAME and --transport-option KEY=VALUE (repeatable), e.g. ucx with tls=tcp.
+void add_transport(CLI::App* cmd, std::string& transport, std::vector<std::string>& settings) {
+  cmd->add_option("--transport", transport,
+                  "data plane: shared-memory (one node) or ucx (across nodes; consumers relay "
+                  "along the coordinator's --plan)")
+      ->check(CLI::IsMember(wsync::builtin_transports().names()))
+      ->capture_default_str();
+  cmd->add_option("--transport-option", settings,
+                  "KEY=VALUE for the transport, repeatable (ucx: tls=tcp, devices=eth0, "
+                  "chunk_bytes=..., see docs/transports.md)");
+}
+
+// KEY=VALUE strings -> transport options; false (with a message) on a malformed one.
+bool transport_settings_from(const std::vector<std::string>& items, wsync::transport_options& out) {
+  for (const auto& item : items) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "wsync: --transport-option " << item << ": expected KEY=VALUE\n";
+      return false;
+    }
+    out[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return true;
 }
 
 // "host:port" -> endpoint; the token comes from --token or WSYNC_TOKEN.
@@ -213,6 +239,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
 
+  std::string coord_plan = "tree";
+  unsigned coord_degree = 2;
+  coord
+      ->add_option("--plan", coord_plan,
+                   "how updates cross nodes when the consumers' transport relays (ucx): tree "
+                   "(striped), chain or star; one leader per node either way")
+      ->check(CLI::IsMember({"tree", "chain", "star"}))
+      ->capture_default_str();
+  coord->add_option("--degree", coord_degree, "children per leader in a tree plan")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
   add_tls(coord, coord_opt.listen.tls);
 
   wsync::consumer_options cons_opt;
@@ -230,6 +267,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cons->add_option("--node", cons_opt.node, "node name shown in status")->capture_default_str();
+  std::vector<std::string> cons_transport_settings;
+  add_transport(cons, cons_opt.transport, cons_transport_settings);
   cons->add_option("--model", cons_opt.model_id, "model id to follow (not with --standalone)");
   cons->add_option("--token", cons_opt.coordinator.token, token_help)
       ->envname("WSYNC_TOKEN")
@@ -288,6 +327,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   pub->add_option("--node", pub_opt.node, "node name shown in status")->capture_default_str();
+  std::vector<std::string> pub_transport_settings;
+  add_transport(pub, pub_opt.transport, pub_transport_settings);
   pub->add_option(
          "--layout", pub_opt.layout,
          "model layout (" + join(wsync::layout_names()) + ") or synthetic:<bytes>:<tensors>")
@@ -374,6 +415,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("coordinator")) {
     if (!need_token(coord_opt.listen.token)) return 2;
     coord_opt.update_deadline = std::chrono::milliseconds(deadline_ms);
+    coord_opt.router = wsync::fanout_router(*wsync::plan_shape_parse(coord_plan), coord_degree);
     return wsync::coordinator_run(coord_opt);
   }
   if (app.got_subcommand("consumer")) {
@@ -401,6 +443,7 @@ int main(int argc, char** argv) {
     }
     if (!need_token(cons_opt.coordinator.token)) return 2;
     if (!coordinator_from(cons_coord, cons_opt.coordinator)) return 2;
+    if (!transport_settings_from(cons_transport_settings, cons_opt.transport_settings)) return 2;
     if (enable_http) {
       http_opt.rank.node = cons_opt.node;
       return wsync::consumer_http_run(cons_opt, http_opt);
@@ -424,6 +467,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (!need_token(pub_opt.coordinator.token)) return 2;
+    if (!transport_settings_from(pub_transport_settings, pub_opt.transport_settings)) return 2;
     if (!coordinator_from(pub_coord, pub_opt.coordinator)) return 2;
     pub_opt.interval = std::chrono::milliseconds(interval_ms);
     return wsync::publisher_run(pub_opt);

@@ -20,12 +20,15 @@ using namespace proto;
 
 // The rollout side of one rank; touched only by its (detached) actor's thread.
 struct rollout_side {
+  std::string relay_address;  ///< where other consumers pull from this rank (first: taken
+                              ///< from the transport before the consumer owns it)
   weight_consumer consumer;
   reference_runtime runtime;
   rollout_executor executor;
   std::map<update_id, std::string> key_of;  ///< shard id -> update key, for release reports
   rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify)
-      : consumer(std::move(t), consumer_config{rank, 2}),
+      : relay_address(t->relay_address()),
+        consumer(std::move(t), consumer_config{rank, 2}),
         executor(consumer, runtime, runtime.gate(), executor_config{verify}) {}
 };
 
@@ -185,7 +188,7 @@ int consumer_run(const consumer_options& options) {
   std::vector<caf::actor> endpoints;
   std::vector<std::shared_ptr<rollout_side>> sides;  // outlive the actors, for the observer
   for (std::int32_t k = 0; k < options.count; ++k) {
-    auto t = make_transport("shared-memory");
+    auto t = make_transport(options.transport, options.transport_settings);
     if (!t) return log_error(t.error().message), 1;
     auto c = (*t)->make_consumer();
     if (!c) return log_error(c.error().message), 1;
@@ -193,7 +196,8 @@ int consumer_run(const consumer_options& options) {
     if (options.observer) options.observer->rank_started(options.rank + k, side->runtime);
     sides.push_back(side);
     auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
-                            options.model_id);
+                            options.model_id, options.transport);
+    hello.address = side->relay_address;
     auto who = "consumer rank " + std::to_string(options.rank + k);
     endpoints.push_back(caf::actor_cast<caf::actor>(sys.get().spawn<guarded<consumer_actor::base>>(
         who, [=, c = *coordinator, where = options.coordinator,

@@ -39,6 +39,7 @@ struct coordinator_state {
   /// Updates from before a coordinator restart (unknown to the book) and the consumer ranks
   /// that said they still hold them; when the last one lets go, the publishers are told.
   std::map<std::string, std::set<std::int32_t>> orphan_holds;
+  update_router router;  ///< how updates cross nodes; empty: from the publishers
   static inline const char* name = "wsync.coordinator";
 };
 
@@ -71,6 +72,35 @@ void send_to(coordinator_pointer self, const Endpoints& endpoints,
   }
 }
 
+// Each consumer's part of the plan for a distributed update, from the router; empty (everyone
+// from the publishers) without one or when it fails.
+std::map<std::int32_t, routed_update> route(coordinator_state& st, const book_effect& e) {
+  if (!st.router) return {};
+  std::vector<route_member> consumers, publishers;
+  for (auto rank : e.ranks) {
+    if (auto it = st.book.consumers().find(rank); it != st.book.consumers().end()) {
+      consumers.push_back({rank, it->second.node, it->second.address});
+    }
+  }
+  for (const auto& m : e.manifests) {
+    auto it = st.book.publishers().find(m.source_rank);
+    // A publisher that left since publishing still has its node's name in no table: its shard
+    // comes from its own "node".
+    publishers.push_back({m.source_rank,
+                          it != st.book.publishers().end()
+                              ? it->second.node
+                              : "publisher-" + std::to_string(m.source_rank),
+                          ""});
+  }
+  auto routes = st.router(e.manifests, consumers, publishers);
+  if (!routes) {
+    log_warn("coordinator: update " + e.key +
+             " goes from the publishers to every rank: " + routes.error().message);
+    return {};
+  }
+  return std::move(*routes);
+}
+
 void run_effects(coordinator_pointer self, const std::vector<book_effect>& effects) {
   auto& st = self->state;
   for (const auto& e : effects) {
@@ -83,7 +113,17 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
           from += (from.empty() ? "publisher:" : ",") + std::to_string(m.source_rank);
         }
         msg.received_from = from;
-        send_to(self, st.consumers, e.ranks, update_atom::value, msg);
+        auto routes = route(st, e);
+        for (auto rank : e.ranks) {
+          auto it = routes.find(rank);
+          if (it == routes.end()) {
+            send_to(self, st.consumers, {rank}, update_atom::value, msg);
+            continue;
+          }
+          update_available mine{st.token, e.key, {}, it->second.received_from};
+          for (const auto& m : it->second.manifests) mine.manifests.push_back(manifest_to_json(m));
+          send_to(self, st.consumers, {rank}, update_atom::value, mine);
+        }
         break;
       }
       case book_effect::kind::drop:
@@ -176,8 +216,9 @@ const member* sender_member(coordinator_pointer self) {
 }
 
 coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std::string token,
-                                                  book_config config) {
+                                                  book_config config, update_router router) {
   self->state.token = std::move(token);
+  self->state.router = std::move(router);
   self->state.book = coordinator_book(config);
   self->set_down_handler([=](caf::down_msg& msg) {
     auto& st = self->state;
@@ -225,7 +266,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                        hello.node,
                        hello.model_id,
                        hello.transports,
-                       "",
+                       hello.address,
                        hello.publisher_ranks,
                        hello.active_weight_version};
         auto sender = self->current_sender();
@@ -328,10 +369,11 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
 }  // namespace
 
 proto::coordinator_actor coordinator_spawn(caf::actor_system& sys, std::string token,
-                                           book_config config) {
+                                           book_config config, update_router router) {
   return sys.spawn<guarded<coordinator_base>>(
-      "coordinator", [token = std::move(token), config](coordinator_base* self) {
-        return coordinator_impl(self, token, config);
+      "coordinator",
+      [token = std::move(token), config, router = std::move(router)](coordinator_base* self) {
+        return coordinator_impl(self, token, config, router);
       });
 }
 
@@ -339,7 +381,7 @@ int coordinator_run(const coordinator_options& options) {
   cluster_system sys(options.heartbeat, options.listen.tls);
   book_config config;
   config.update_deadline = options.update_deadline;
-  auto coordinator = coordinator_spawn(sys.get(), options.listen.token, config);
+  auto coordinator = coordinator_spawn(sys.get(), options.listen.token, config, options.router);
   auto port = sys.publish(coordinator, options.listen);
   if (!port) {
     log_error("coordinator: cannot listen on " + options.listen.host + ":" +

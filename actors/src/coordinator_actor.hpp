@@ -6,11 +6,13 @@
 
 #include "protocol.hpp"
 #include "wsync/actors/coordinator_book.hpp"
+#include "wsync/actors/node.hpp"
 
 namespace wsync {
 
-/// Spawns a guarded coordinator (guard.hpp) that admits ranks holding `token`.
+/// Spawns a guarded coordinator (guard.hpp) that admits ranks holding `token` and routes each
+/// update with `router` (empty: every consumer from the publishers).
 proto::coordinator_actor coordinator_spawn(caf::actor_system& sys, std::string token,
-                                           book_config config);
+                                           book_config config, update_router router = {});
 
 }  // namespace wsync

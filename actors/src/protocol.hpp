@@ -27,23 +27,27 @@ struct rank_hello {
   /// consumers: update keys whose memory it still holds (a restarted coordinator passes their
   /// releases on to the publishers once every holder let go)
   std::vector<std::string> held;
+  /// consumers: where other consumers pull what it imports (its relay address); empty when its
+  /// transport cannot relay
+  std::string address;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_hello& x) {
   return f(caf::meta::type_name("rank_hello"), x.token, x.rank, x.role, x.node, x.model_id,
-           x.transports, x.publisher_ranks, x.active_weight_version, x.held);
+           x.transports, x.publisher_ranks, x.active_weight_version, x.held, x.address);
 }
 
-/// A hello for a rank on the shared-memory data plane.
+/// A hello for a rank on the data plane `transport`.
 inline rank_hello hello_make(std::string token, std::int32_t rank, std::string role,
-                             std::string node, std::string model_id) {
+                             std::string node, std::string model_id,
+                             std::string transport = "shared-memory") {
   rank_hello h;
   h.token = std::move(token);
   h.rank = rank;
   h.role = std::move(role);
   h.node = std::move(node);
   h.model_id = std::move(model_id);
-  h.transports = {"shared-memory"};
+  h.transports = {std::move(transport)};
   return h;
 }
 

@@ -210,7 +210,7 @@ struct trainer_rank::impl {
     retire_endpoint();
     side->coordinator_lost = false;
     auto hello = hello_make(options.coordinator.token, options.rank, "publisher", options.node,
-                            options.model_id);
+                            options.model_id, options.transport);
     hello.publisher_ranks = options.ranks;
     endpoint = system.spawn<guarded<publisher_actor::base>>(
         "publisher rank " + std::to_string(options.rank),
@@ -239,7 +239,7 @@ trainer_rank::~trainer_rank() = default;
 result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_options& o) {
   auto p = std::make_unique<impl>(o.heartbeat, o.coordinator.tls);
   p->options = o;
-  auto t = make_transport("shared-memory");
+  auto t = make_transport(o.transport, o.transport_settings);
   if (!t) return t.error();
   auto pt = (*t)->make_publisher();
   if (!pt) return pt.error();
@@ -248,7 +248,7 @@ result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_option
   cfg.source_rank = o.rank;
   cfg.release_when_answered = false;  // the coordinator says when
   cfg.slot_wait = o.outcome_timeout;
-  p->side->publisher = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
+  p->side->publisher = std::make_unique<weight_publisher>(std::move(*pt), o.transport, cfg);
   if (auto ok = p->join(); !ok) return ok.error();
   return std::unique_ptr<trainer_rank>(new trainer_rank(std::move(p)));
 }
@@ -299,6 +299,8 @@ int publisher_run(const publisher_options& o) {
   to.rank = o.rank;
   to.ranks = o.ranks;
   to.node = o.node;
+  to.transport = o.transport;
+  to.transport_settings = o.transport_settings;
   to.model_id = model_id_of(o);
   to.outcome_timeout = o.outcome_timeout;
   to.heartbeat = o.heartbeat;

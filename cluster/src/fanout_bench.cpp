@@ -17,6 +17,7 @@
 #include "emulated_cluster.hpp"
 #include "wsync/bench/rank_process.hpp"
 #include "wsync/cluster/fanout_plan.hpp"
+#include "wsync/cluster/fanout_router.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_publisher.hpp"
@@ -223,51 +224,13 @@ class fanout_run {
     auto plan = plan_fanout(req);
     if (!plan) return plan.error();
     u.plan = *plan;
-    // A rank pulls from its source in the plan; the handle keeps the path up to the publisher
-    // as fallbacks, so a relay that dies hands its subtree to its own source. In a striped plan
-    // a leader pulls each stripe along that stripe's tree; members pull everything from their
-    // leader.
-    const auto& plan_ref = u.plan;
-    std::map<std::pair<std::size_t, std::int32_t>, std::string> paths;
-    std::function<result<std::string>(std::size_t, std::int32_t)> stripe_path =
-        [&](std::size_t s, std::int32_t leader) -> result<std::string> {
-      if (auto it = paths.find({s, leader}); it != paths.end()) return it->second;
-      auto from = plan_ref.stripes[s].at(leader);
-      if (from < 0) return paths[{s, leader}] = m->transport_handle;
-      auto up = stripe_path(s, from);
-      if (!up) return up;
-      auto h = transport_->handle_via_relay(*up, relay_address_.at(from));
-      if (!h) return h;
-      return paths[{s, leader}] = *h;
-    };
-    std::map<std::int32_t, std::string> handles;
-    std::function<result<std::string>(std::int32_t)> handle_of =
-        [&](std::int32_t r) -> result<std::string> {
-      if (auto it = handles.find(r); it != handles.end()) return it->second;
-      const auto& hop = plan_ref.hops.at(r);
-      if (hop.leader && !plan_ref.stripes.empty()) {
-        std::vector<std::string> lanes;
-        for (std::size_t s = 0; s < plan_ref.stripes.size(); ++s) {
-          auto h = stripe_path(s, r);
-          if (!h) return h;
-          lanes.push_back(*h);
-        }
-        auto striped = transport_->handle_striped(lanes);
-        if (!striped) return striped;
-        return handles[r] = *striped;
-      }
-      if (hop.from_publishers) return handles[r] = m->transport_handle;
-      auto up = handle_of(hop.from);
-      if (!up) return up;
-      auto h = transport_->handle_via_relay(*up, relay_address_.at(hop.from));
-      if (!h) return h;
-      return handles[r] = *h;
-    };
+    // A rank pulls from its source in the plan, with the path up to the publisher as fallbacks,
+    // so a relay that dies hands its subtree to its own source.
+    auto handles = plan_handles(u.plan, m->transport_handle, relay_address_, *transport_);
+    if (!handles) return handles.error();
     for (auto r : participants) {
-      auto h = handle_of(r);
-      if (!h) return h.error();
       auto mine = *m;
-      mine.transport_handle = *h;
+      mine.transport_handle = handles->at(r);
       if (!channel_send(ranks_[r].fd, {{"type", "update"}, {"manifest", manifest_to_json(mine)}})) {
         return make_error(errc::io_error,
                           "fanout: consumer rank " + std::to_string(r) + " went away");

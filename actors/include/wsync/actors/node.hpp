@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "wsync/manifest/result.hpp"
 #include "wsync/transports/weight_publisher.hpp"
@@ -30,11 +32,34 @@ struct endpoint {
   tls_settings tls;
 };
 
+/// A rank as the coordinator's router sees it.
+struct route_member {
+  std::int32_t rank = 0;
+  std::string node;
+  std::string address;  ///< consumers: where other consumers pull from it (relay address)
+};
+
+/// What one consumer rank imports for an update: the shards' manifests, their handles pointed at
+/// its source, and that source as the status table shows it.
+struct routed_update {
+  std::vector<weight_update_manifest> manifests;
+  std::string received_from;
+};
+
+/// Routes an update across nodes (cluster/ provides the fan-out planner's): from the shards'
+/// manifests, the consumer ranks to reach and the publisher ranks, what each consumer imports.
+/// An empty map means everyone pulls straight from the publishers (a transport that cannot
+/// relay); an error is logged and means the same.
+using update_router = std::function<result<std::map<std::int32_t, routed_update>>(
+    const std::vector<weight_update_manifest>& shards, const std::vector<route_member>& consumers,
+    const std::vector<route_member>& publishers)>;
+
 struct coordinator_options {
   endpoint listen;                                   ///< port 0: pick one
   std::string port_file;                             ///< written once listening (for launchers)
   std::chrono::milliseconds update_deadline{30000};  ///< first shard to commit
   std::chrono::milliseconds heartbeat{200};          ///< CAF heartbeat; peers time out at 5x
+  update_router router;                              ///< empty: every rank from the publishers
 };
 int coordinator_run(const coordinator_options& options);
 
@@ -62,6 +87,8 @@ struct consumer_options {
   std::int32_t count = 1;  ///< consumer ranks in this process: rank .. rank + count - 1
   std::string node = "n0";
   std::string model_id;
+  std::string transport = "shared-memory";  ///< the data plane, with its options
+  transport_options transport_settings;
   bool verify = true;
   std::chrono::milliseconds heartbeat{200};
   consumer_observer* observer = nullptr;  ///< optional; must outlive consumer_run
@@ -74,6 +101,8 @@ struct publisher_options {
   std::int32_t ranks = 1;  ///< publisher ranks sharing the model: this one takes tensor i when
                            ///< i % ranks == rank
   std::string node = "n0";
+  std::string transport = "shared-memory";  ///< the data plane, with its options
+  transport_options transport_settings;
   std::string layout = "qwen2.5-0.5b";  ///< model layout, or "synthetic:<bytes>:<tensors>"
   std::string safetensors;              ///< publish this checkpoint file instead of a layout
   std::string model_id;                 ///< empty: the layout name
@@ -97,6 +126,8 @@ struct trainer_options {
   std::int32_t rank = 0;
   std::int32_t ranks = 1;  ///< trainer ranks that each publish a shard of every version
   std::string node = "n0";
+  std::string transport = "shared-memory";  ///< the data plane, with its options
+  transport_options transport_settings;
   std::string model_id;
   std::chrono::milliseconds outcome_timeout{60000};
   std::chrono::milliseconds heartbeat{200};
