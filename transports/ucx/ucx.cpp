@@ -741,7 +741,9 @@ class node {
       for (auto& t : tasks) t();
       if (stopping) break;
       unsigned events = 0;
-      while (ucp_worker_progress(worker_)) ++events;
+      // A bounded drain: fetches that arrived are answered between rounds, not after the
+      // send queue ran dry.
+      for (int round = 0; round < 8 && ucp_worker_progress(worker_); ++round) ++events;
       close_failed_endpoints();
       answer_fetches();
       switch_sources();
