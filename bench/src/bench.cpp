@@ -21,6 +21,7 @@
 
 #include "wsync/bench/layouts.hpp"
 #include "wsync/bench/rank_process.hpp"
+#include "wsync/bench/timing.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
@@ -53,17 +54,6 @@ void install_interrupt_handlers() {
   sa.sa_flags = 0;  // no SA_RESTART: a blocked poll returns EINTR and sees the flag
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-}
-
-double now_s() {
-  return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  auto n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::uint64_t mem_available() {

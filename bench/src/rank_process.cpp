@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
+#include "wsync/bench/timing.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/transports/registry.hpp"
 
@@ -15,10 +16,6 @@ namespace {
 
 using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
-
-double now_s() {
-  return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
-}
 
 bool write_all(int fd, const void* data, std::size_t n) {
   const auto* p = static_cast<const char*>(data);

@@ -9,18 +9,12 @@
 #include <thread>
 
 #include "local_cluster.hpp"
+#include "wsync/bench/timing.hpp"
 
 namespace wsync {
 namespace {
 
 using json = nlohmann::json;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  auto n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 struct run_figures {
   std::string error;

@@ -16,6 +16,7 @@
 
 #include "emulated_cluster.hpp"
 #include "wsync/bench/rank_process.hpp"
+#include "wsync/bench/timing.hpp"
 #include "wsync/cluster/fanout_plan.hpp"
 #include "wsync/cluster/fanout_router.hpp"
 #include "wsync/manifest/codec.hpp"
@@ -34,17 +35,6 @@ constexpr auto answer_timeout = std::chrono::seconds(300);
 volatile sig_atomic_t interrupted = 0;
 extern "C" void on_fanout_interrupt(int) {
   interrupted = 1;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  auto n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Every emulated node talks TCP on its own veth: left to itself UCX would find the peers on
