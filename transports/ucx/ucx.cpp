@@ -234,9 +234,11 @@ struct slot {
   std::byte* base = nullptr;
   std::uint64_t capacity = 0;
   ucp_mem_h memh = nullptr;
-  std::string rkey;           // packed once, hex
-  update_id holder;           // empty when free
-  std::uint64_t sending = 0;  // sends still reading from it; reused only at 0
+  std::string rkey;  // packed once, hex
+  update_id holder;  // empty when free
+  // Operations still touching it: sends reading it, receives given up on that UCX may yet
+  // complete into it. Reused only at 0, so a late write can never land in another update.
+  std::uint64_t busy = 0;
 };
 
 class slot_pool {
@@ -257,7 +259,7 @@ class slot_pool {
       slot* fit = nullptr;
       slot* small = nullptr;
       for (auto& s : slots_) {
-        if (!s->holder.empty() || s->sending) continue;
+        if (!s->holder.empty() || s->busy) continue;
         if (s->capacity >= need && (!fit || s->capacity < fit->capacity)) fit = s.get();
         if (s->capacity < need) small = s.get();
       }
@@ -292,13 +294,13 @@ class slot_pool {
     cv_.notify_all();
   }
 
-  void send_started(slot* s) {
+  void busy_begin(slot* s) {
     std::lock_guard lock(mutex_);
-    ++s->sending;
+    ++s->busy;
   }
-  void send_finished(slot* s) {
+  void busy_end(slot* s) {
     std::lock_guard lock(mutex_);
-    if (--s->sending == 0) cv_.notify_all();
+    if (--s->busy == 0) cv_.notify_all();
   }
 
  private:
@@ -590,6 +592,7 @@ class node {
 
   static void op_completed(pull_op* op, ucs_status_t status) {
     if (op->abandoned) {
+      op->owner->pool_->busy_end(op->job->landing);
       delete op;
     } else if (op->issuing) {
       op->inline_status = status;
@@ -903,10 +906,13 @@ class node {
         if (lane.inflight) {
           // A receive matched to a source that then died is not always ended by UCX: after a
           // grace period, pull those chunks again from the next source. The bytes are the same
-          // whoever sends them, so a late arrival cannot change what lands.
-          if (clock_type::now() - lane.switching_since < std::chrono::seconds(1)) continue;
+          // whoever sends them, so a late arrival cannot change what lands, and the landing
+          // slot stays busy until every given-up receive ended, so it cannot land in a later
+          // update either.
+          if (clock_type::now() - lane.switching_since < std::chrono::milliseconds(200)) continue;
           for (auto* op : lane.ops) {
             op->abandoned = true;
+            pool_->busy_begin(job->landing);
             ops_by_tag_.erase(op->tag);
             lane.retry.emplace_back(op->segment, op->offset);
           }
@@ -1179,16 +1185,16 @@ class node {
     p.cb.send = [](void* request, ucs_status_t, void* user) {
       auto* c = static_cast<send_ctx*>(user);
       --c->owner->sends_in_flight_;
-      c->owner->pool_->send_finished(c->s);
+      c->owner->pool_->busy_end(c->s);
       delete c;
       ucp_request_free(request);
     };
-    pool_->send_started(u.s);
+    pool_->busy_begin(u.s);
     ++sends_in_flight_;
     void* req = ucp_tag_send_nbx(r.reply_ep, data, r.length, r.tag, &p);
     if (ptr_is_error(req)) {
       --sends_in_flight_;
-      pool_->send_finished(u.s);
+      pool_->busy_end(u.s);
       delete static_cast<send_ctx*>(p.user_data);
       log_warn("ucx: " + side_ + " could not send chunk " + std::to_string(index) + " of " + r.id +
                ": " + ucs_status_string(ptr_status(req)));
