@@ -474,8 +474,11 @@ class node {
       tasks_cv_.notify_all();
       thread_.join();
     }
-    pool_.reset();  // unregisters slots while the context still exists
+    // The worker first (it ends whatever UCX still holds, which may touch the slots), then the
+    // slots, unregistered while the context still exists.
     if (worker_) ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+    pool_.reset();
     if (ctx_) ucp_cleanup(ctx_);
   }
 
@@ -592,7 +595,8 @@ class node {
 
   static void op_completed(pull_op* op, ucs_status_t status) {
     if (op->abandoned) {
-      op->owner->pool_->busy_end(op->job->landing);
+      // UCX may end it only when the worker is destroyed, after the slots are gone.
+      if (op->owner->pool_) op->owner->pool_->busy_end(op->job->landing);
       delete op;
     } else if (op->issuing) {
       op->inline_status = status;
@@ -1185,7 +1189,7 @@ class node {
     p.cb.send = [](void* request, ucs_status_t, void* user) {
       auto* c = static_cast<send_ctx*>(user);
       --c->owner->sends_in_flight_;
-      c->owner->pool_->busy_end(c->s);
+      if (c->owner->pool_) c->owner->pool_->busy_end(c->s);  // gone at worker destruction
       delete c;
       ucp_request_free(request);
     };
