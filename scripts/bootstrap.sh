@@ -10,8 +10,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcaf-dev libcpp-httplib-dev
   # tests
   libgtest-dev libgmock-dev librapidcheck-dev curl
-  # the ucx transport and its benchmark baseline
-  libucx-dev ucx-utils
+  # the ucx transport and its benchmark baseline; the emulated cluster (namespaces, tc) and its test
+  libucx-dev ucx-utils iproute2 procps
 )
 
 missing=()
