@@ -658,7 +658,7 @@ class node {
       self->eps_.erase(it);
       self->closing_.push_back(ep);
       self->forget_requests_of(ep);
-      for (auto& job : self->jobs_) {
+      for (auto job : std::vector(self->jobs_)) {  // a copy: a job may end meanwhile
         for (std::size_t i = 0; i < job->lanes.size(); ++i) {
           if (job->lanes[i].ep != ep) continue;
           // Tag receives are the worker's, not the endpoint's: source_failed cancels them.
@@ -757,10 +757,7 @@ class node {
       auto now = clock_type::now();
       if (now - swept_at > std::chrono::milliseconds(100)) {
         expire_early(now);
-        for (auto it = jobs_.begin(); it != jobs_.end();) {
-          auto job = *it++;
-          pull_check_done(job);
-        }
+        for (auto job : std::vector(jobs_)) pull_check_done(job);
         swept_at = now;
       }
       if (events || !tasks.empty()) {
@@ -780,7 +777,7 @@ class node {
   }
 
   void shutdown() {
-    for (auto& job : jobs_) {
+    for (auto job : std::vector(jobs_)) {
       if (!job->failure) job->failure = make_error(errc::io_error, "ucx: " + side_ + " shut down");
       for (std::size_t k = 0; k < job->lanes.size(); ++k) pull_cancel(*job, k, true);
     }
@@ -805,7 +802,7 @@ class node {
     auto deadline = clock_type::now() + std::chrono::seconds(2);
     while ((!jobs_.empty() || sends_in_flight_) && clock_type::now() < deadline) {
       ucp_worker_progress(worker_);
-      for (auto it = jobs_.begin(); it != jobs_.end();) pull_check_done(*it++);
+      for (auto job : std::vector(jobs_)) pull_check_done(job);
     }
     close_failed_endpoints();
   }
@@ -902,8 +899,7 @@ class node {
   // one. Runs from the loop, outside UCX callbacks: UCX must not be asked for a new endpoint
   // while it is still failing the old one.
   void switch_sources() {
-    for (std::size_t j = 0; j < jobs_.size(); ++j) {
-      auto job = jobs_[j];
+    for (auto job : std::vector(jobs_)) {  // a copy: a job may end meanwhile
       bool switched = false;
       for (auto& lane : job->lanes) {
         if (!lane.switching || job->failure) continue;
@@ -1094,7 +1090,10 @@ class node {
 
   void pull_cancel(pull_job& job, std::size_t i, bool force_endpoint) {
     auto& lane = job.lanes[i];
-    for (auto* op : lane.ops) {
+    // UCX may end (and our callback free) an op inside the cancel: walk a copy, and skip ops that
+    // ended meanwhile.
+    for (auto* op : std::vector(lane.ops)) {
+      if (std::find(lane.ops.begin(), lane.ops.end(), op) == lane.ops.end()) continue;
       if (!lane.get) ucp_request_cancel(worker_, op->request);
     }
     // RMA gets and rendezvous transfers already matched cannot be cancelled: closing the
