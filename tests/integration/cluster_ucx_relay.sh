@@ -19,10 +19,7 @@ for first in 0 2; do
     --model "$layout" "${ucx[@]}" >"$work/consumer$first.log" 2>&1 &
   pids+=("$!")
 done
-for _ in $(seq 200); do
-  [ "$("$wsync" status --coordinator "$addr" --json | grep -o '"role":"consumer"' | wc -l)" -eq 4 ] && break
-  sleep 0.05
-done
+wait_for_consumers "$wsync" "$addr" 4 || fail "the consumers did not join"
 timeout 120 "$wsync" publisher --coordinator "$addr" --rank 0 --node n0 --layout "$layout" \
   --versions 3 --json "${ucx[@]}" >"$work/publisher.log" 2>&1 || fail "the publisher failed"
 [ "$(grep -c '"phase":"committed"' "$work/publisher.log")" -eq 3 ] || fail "not 3 commits"

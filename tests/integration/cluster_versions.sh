@@ -15,10 +15,7 @@ for r in 0 1 2 3; do
     >"$work/consumer$r.log" 2>&1 &
   pids+=("$!")
 done
-for _ in $(seq 200); do
-  [ "$("$wsync" status --coordinator "$addr" --json | grep -o '"role":"consumer"' | wc -l)" -eq 4 ] && break
-  sleep 0.05
-done
+wait_for_consumers "$wsync" "$addr" 4 || fail "the consumers did not join"
 for r in 0 1; do
   "$wsync" publisher --coordinator "$addr" --rank $r --ranks 2 --layout "$layout" --versions 20 \
     --json >"$work/publisher$r.log" 2>&1 &

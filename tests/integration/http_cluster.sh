@@ -19,10 +19,7 @@ pids+=("$consumer")
 for _ in $(seq 200); do [ -s "$work/hport" ] && break; sleep 0.05; done
 [ -s "$work/hport" ] || fail "consumer HTTP did not start"
 base="http://127.0.0.1:$(cat "$work/hport")"
-for _ in $(seq 200); do
-  [ "$("$wsync" status --coordinator "$addr" --json | grep -o '"role":"consumer"' | wc -l)" -ge 2 ] && break
-  sleep 0.05
-done
+wait_for_consumers "$wsync" "$addr" 2 || fail "the consumers did not join"
 
 "$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 1 \
   >"$work/publisher1.log" 2>&1 || fail "version 1 did not commit"

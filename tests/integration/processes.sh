@@ -25,3 +25,11 @@ check_no_segments() {
   ls /dev/shm | grep -q '^wsync-' && fail "a shared-memory segment was left behind: $(ls /dev/shm | grep '^wsync-')"
   return 0
 }
+# Waits up to 10 s until the coordinator at $2 lists at least $3 consumer ranks ($1: wsync).
+wait_for_consumers() {
+  for _ in $(seq 200); do
+    [ "$("$1" status --coordinator "$2" --json | grep -o '"role":"consumer"' | wc -l)" -ge "$3" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
