@@ -1,4 +1,5 @@
-// Built with or without UCX: what other modules may ask of the transport.
+// Built with or without UCX: what other modules may ask of the transport. Whether it is
+// compiled in: transport_known("ucx").
 #include <algorithm>
 #include <array>
 
@@ -23,10 +24,6 @@ bool ucx_tls_shared_memory_only(std::string_view tls) {
 
 std::string ucx_auto_op(std::string_view tls) {
   return ucx_tls_shared_memory_only(tls) ? "get" : "tag";
-}
-
-bool ucx_compiled_in() {
-  return WSYNC_HAVE_UCX;
 }
 
 }  // namespace wsync

@@ -17,7 +17,4 @@ std::string ucx_auto_op(std::string_view tls);
 /// shm, knem, xpmem, self); empty means UCX's own choice, which may include the network.
 bool ucx_tls_shared_memory_only(std::string_view tls);
 
-/// True when this build has the UCX transport (Debian's libucx-dev was found at configure time).
-bool ucx_compiled_in();
-
 }  // namespace wsync
