@@ -163,15 +163,15 @@ class fanout_run {
 
   result<void> start() {
     publisher_ = spawn(cluster_, 0, [&](int fd) { publisher_process(fd, o_); });
-    if (auto ok = ready(publisher_, "publisher"); !ok) return ok;
+    if (auto ok = ready(publisher_, "publisher"); !ok) return ok.error();
     auto topts = ucx_options(o_);
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       ranks_[r] = spawn(cluster_, node_of(r), [&](int fd) {
         bench_consumer_process(fd, true, "ucx", topts, static_cast<std::int32_t>(r));
       });
-      auto ok = ready(ranks_[r], "consumer rank " + std::to_string(r));
-      if (!ok) return ok;
-      relay_address_[static_cast<std::int32_t>(r)] = ok_address_;
+      auto address = ready(ranks_[r], "consumer rank " + std::to_string(r));
+      if (!address) return address.error();
+      relay_address_[static_cast<std::int32_t>(r)] = *address;
     }
     auto t = make_transport("ucx", topts);
     if (!t) return t.error();
@@ -258,7 +258,8 @@ class fanout_run {
   }
 
  private:
-  result<void> ready(child& c, const std::string& who) {
+  // Waits for a child's "ready"; returns its relay address (empty for the publisher).
+  result<std::string> ready(child& c, const std::string& who) {
     if (c.pid <= 0) return make_error(errc::io_error, "fanout: could not start the " + who);
     auto msg = channel_receive(c.fd, std::chrono::seconds(60), &interrupted);
     if (!msg || (*msg)["type"] != "ready") {
@@ -266,8 +267,7 @@ class fanout_run {
                         "fanout: the " + who + " did not start: " +
                             (msg ? msg->value("reason", msg->dump()) : "no answer"));
     }
-    ok_address_ = msg->value("relay_address", "");
-    return {};
+    return msg->value("relay_address", std::string());
   }
 
   const fanout_bench_options& o_;
@@ -275,7 +275,6 @@ class fanout_run {
   child publisher_;
   std::vector<child> ranks_;
   std::map<std::int32_t, std::string> relay_address_;
-  std::string ok_address_;
   std::unique_ptr<transport> transport_;
   std::uint64_t version_ = 0;
 };
