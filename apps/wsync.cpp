@@ -9,13 +9,14 @@
 #include "toml_config.hpp"
 #include "wsync/actors/node.hpp"
 #include "wsync/bench/bench.hpp"
-#include "wsync/bench/layouts.hpp"
-#include "wsync/cluster/cluster_bench.hpp"
+#include "wsync/bench/cluster_bench.hpp"
+#include "wsync/bench/fanout_bench.hpp"
 #include "wsync/cluster/demo.hpp"
-#include "wsync/cluster/fanout_bench.hpp"
 #include "wsync/cluster/fanout_router.hpp"
-#include "wsync/cluster/http_gateway.hpp"
+#include "wsync/cluster/standalone_publisher.hpp"
 #include "wsync/cluster/status.hpp"
+#include "wsync/http/consumer_process.hpp"
+#include "wsync/sources/layouts.hpp"
 #include "wsync/transports/registry.hpp"
 
 namespace {

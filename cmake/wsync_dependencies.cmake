@@ -3,6 +3,8 @@ find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(tomlplusplus 3 REQUIRED)
+# CAF 0.17 (libcaf-dev): core, io and openssl, for the control plane (cmake/FindCAF.cmake).
+find_package(CAF REQUIRED)
 
 # cpp-httplib: Debian builds it as a shared library with TLS, zlib and brotli support on, and
 # its class layouts depend on those switches: take the compile flags from its pkg-config file,

@@ -243,8 +243,15 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     }
     if (m.role == rank_role::publisher) self->state.publishers.erase(m.rank);
     auto reason = "down: " + self->system().render(msg.reason);
-    log_warn("coordinator: " + std::string(rank_role_name(m.role)) + " rank " +
-             std::to_string(m.rank) + " " + reason);
+    auto who =
+        "coordinator: " + std::string(rank_role_name(m.role)) + " rank " + std::to_string(m.rank);
+    // A rank that stopped in order (SIGTERM, the end of its work) says user_shutdown; only a
+    // lost link or a crash is worth a warning.
+    if (msg.reason == caf::exit_reason::user_shutdown || msg.reason == caf::exit_reason::normal) {
+      log_info(who + " left");
+    } else {
+      log_warn(who + " " + reason);
+    }
     run_effects(self, self->state.book.leave(m.rank, m.role, reason, coord_clock::now()));
   });
   self->delayed_send(self, tick_interval, tick_atom::value);
@@ -318,7 +325,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
         auto effects = self->state.book.publish(*manifest, coord_clock::now());
         if (!effects) return refuse(effects.error().message);
-        auto key = manifest->model_id + "@" + std::to_string(manifest->weight_version);
+        auto key = update_key(manifest->model_id, manifest->weight_version);
         auto rp = self->make_response_promise<std::string, std::string>();
         self->state.waiting[key].push_back(rp);
         run_effects(self, *effects);

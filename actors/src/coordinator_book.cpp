@@ -5,10 +5,6 @@
 namespace wsync {
 namespace {
 
-std::string make_key(const std::string& model_id, std::uint64_t version) {
-  return model_id + "@" + std::to_string(version);
-}
-
 std::string context(const std::string& key, std::int32_t rank) {
   return "update=" + key + " rank=" + std::to_string(rank);
 }
@@ -142,7 +138,7 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
 result<std::vector<book_effect>> coordinator_book::publish(const weight_update_manifest& shard,
                                                            coord_clock::time_point now) {
   const std::int32_t rank = shard.source_rank;
-  const auto key = make_key(shard.model_id, shard.weight_version);
+  const auto key = update_key(shard.model_id, shard.weight_version);
   auto refuse = [&](errc code, const std::string& why) {
     return make_error(code, why + " (" + update_context(shard) + " " + context(key, rank) + ")");
   };

@@ -3,7 +3,6 @@
 // coordinator says every consumer released them.
 
 #include <atomic>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,10 +12,9 @@
 #include "protocol.hpp"
 #include "runtime_support.hpp"
 #include "wsync/actors/node.hpp"
-#include "wsync/bench/layouts.hpp"
-#include "wsync/bench/safetensors.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
+#include "wsync/sources/shard.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
@@ -111,83 +109,25 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   };
 }
 
-// The model id a publisher announces: --model, else what it publishes.
-std::string model_id_of(const publisher_options& o) {
-  if (!o.model_id.empty()) return o.model_id;
-  return o.safetensors.empty() ? o.layout : std::string("safetensors");
-}
-
-// This rank's tensors (every `ranks`-th of the layout), with generated contents.
-struct shard_tensors {
-  std::vector<std::vector<std::byte>> storage;
-  std::unique_ptr<safetensors_file> file;  ///< when publishing a checkpoint file
-  std::vector<tensor_source> sources;
-};
-
-result<shard_tensors> make_shard(const publisher_options& o) {
-  if (!o.safetensors.empty()) {
-    // Every rank maps the file and publishes its own share of the tensors, zero-copy.
-    auto file = safetensors_file::open(o.safetensors);
-    if (!file) return file.error();
-    shard_tensors s;
-    const auto& all = (*file)->tensors();
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      if (static_cast<std::int32_t>(i % static_cast<std::size_t>(o.ranks)) == o.rank) {
-        s.sources.push_back(all[i]);
-      }
-    }
-    s.file = std::move(*file);
-    if (s.sources.empty()) {
-      return make_error(errc::invalid_argument, "safetensors: no tensor falls to rank " +
-                                                    std::to_string(o.rank) + " of " +
-                                                    std::to_string(o.ranks));
-    }
-    return s;
-  }
-  std::optional<model_layout> layout;
-  if (o.layout.rfind("synthetic:", 0) == 0) {
-    unsigned long long bytes = 0, count = 0;
-    if (std::sscanf(o.layout.c_str(), "synthetic:%llu:%llu", &bytes, &count) != 2) {
-      return make_error(errc::invalid_argument,
-                        "layout: expected synthetic:<bytes>:<tensors>, got " + o.layout);
-    }
-    layout = layout_synthetic(bytes, count);
-  } else {
-    layout = layout_find(o.layout);
-  }
-  if (!layout) return make_error(errc::invalid_argument, "layout: unknown \"" + o.layout + "\"");
-  shard_tensors s;
-  std::uint64_t x = 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(o.rank);
-  for (std::size_t i = 0; i < layout->tensors.size(); ++i) {
-    if (static_cast<std::int32_t>(i % static_cast<std::size_t>(o.ranks)) != o.rank) continue;
-    const auto& t = layout->tensors[i];
-    auto& b = s.storage.emplace_back(t.nbytes());
-    for (std::size_t k = 0; k + 8 <= b.size(); k += 8) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      std::memcpy(b.data() + k, &x, 8);
-    }
-    s.sources.push_back({t.name, t.dtype, t.shape, {}, b.data(), b.size()});
-  }
-  if (s.sources.empty()) {
-    return make_error(errc::invalid_argument, "layout: no tensor falls to rank " +
-                                                  std::to_string(o.rank) + " of " +
-                                                  std::to_string(o.ranks));
-  }
-  return s;
-}
-
 }  // namespace
+
+shard_spec publisher_shard(const publisher_options& o) {
+  return {o.layout, o.safetensors, o.rank, o.ranks};
+}
+
+std::string publisher_model_id(const publisher_options& o) {
+  return o.model_id.empty() ? shard_model_id(publisher_shard(o)) : o.model_id;
+}
 
 struct trainer_rank::impl {
   impl(std::chrono::milliseconds heartbeat, const tls_settings& tls) : sys(heartbeat, tls) {}
   ~impl() { retire_endpoint(); }
 
-  // Stops the endpoint and drops the registry's reference to it: its handle went to the
-  // coordinator's node, and CAF 0.17 keeps such actors registered until that node lets go.
+  // Stops the endpoint, so the coordinator sees it leave, and drops the registry's reference to
+  // it (stop_and_wait).
   void retire_endpoint() {
     if (!endpoint) return;
-    stop_guarded(endpoint);
-    sys.get().registry().erase(endpoint->id());
+    stop_and_wait(sys.get(), std::vector<publisher_actor>{endpoint});
     endpoint = nullptr;
   }
   cluster_system sys;  // first: blocks the stop signals before any thread starts
@@ -267,7 +207,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
   auto m = impl_->side->publisher->publish(tensors, weight_version, {}, std::move(metadata));
   out.publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!m) return out.error = m.error().message, out;
-  auto key = m->model_id + "@" + std::to_string(weight_version);
+  auto key = update_key(m->model_id, weight_version);
   caf::scoped_actor self{impl_->sys.get()};
   self->request(impl_->endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value,
                 o.coordinator.token, key, m->update_id, manifest_to_json(*m))
@@ -292,7 +232,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
 }
 
 int publisher_run(const publisher_options& o) {
-  auto shard = make_shard(o);
+  auto shard = shard_load(publisher_shard(o));
   if (!shard) return log_error(shard.error().message), 1;
   trainer_options to;
   to.coordinator = o.coordinator;
@@ -301,14 +241,14 @@ int publisher_run(const publisher_options& o) {
   to.node = o.node;
   to.transport = o.transport;
   to.transport_settings = o.transport_settings;
-  to.model_id = model_id_of(o);
+  to.model_id = publisher_model_id(o);
   to.outcome_timeout = o.outcome_timeout;
   to.heartbeat = o.heartbeat;
   auto trainer = trainer_rank::connect(to);
   if (!trainer) return log_error(trainer.error().message), 1;
   for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
     if (stop_requested()) return 1;
-    auto r = (*trainer)->publish(shard->sources, v, {{"rank", std::to_string(o.rank)}});
+    auto r = (*trainer)->publish(shard->tensors, v, {{"rank", std::to_string(o.rank)}});
     if (o.json && !r.outcome_json.empty()) std::cout << r.outcome_json << std::endl;
     if (!r.error.empty()) {
       log_error("publisher rank " + std::to_string(o.rank) + " version " + std::to_string(v) +
@@ -321,55 +261,6 @@ int publisher_run(const publisher_options& o) {
     if (o.interval.count() > 0) std::this_thread::sleep_for(o.interval);
   }
   return 0;
-}
-
-int publisher_standalone_run(const publisher_options& o, const std::string& manifest_out) {
-  block_stop_signals();
-  auto shard = make_shard(o);
-  if (!shard) return log_error(shard.error().message), 1;
-  auto slots = std::to_string(std::max<std::uint64_t>(2, std::min<std::uint64_t>(o.versions, 64)));
-  auto t = make_transport("shared-memory", {{"slots", slots}});
-  if (!t) return log_error(t.error().message), 1;
-  auto pt = (*t)->make_publisher();
-  if (!pt) return log_error(pt.error().message), 1;
-  publisher_config cfg;
-  cfg.model_id = model_id_of(o);
-  cfg.source_rank = o.rank;
-  cfg.release_when_answered = false;  // held until this process stops
-  weight_publisher publisher(std::move(*pt), "shared-memory", cfg);
-  std::string tmp = manifest_out + ".tmp";
-  {
-    std::ofstream out(tmp);
-    for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
-      auto m = publisher.publish(shard->sources, v, {}, {{"rank", std::to_string(o.rank)}});
-      if (!m) return log_error(m.error().message), 1;
-      out << manifest_to_json(*m) << "\n";
-    }
-    if (!out) return log_error("publisher: cannot write " + manifest_out), 1;
-  }
-  std::rename(tmp.c_str(), manifest_out.c_str());
-  log_info("publisher rank " + std::to_string(o.rank) + ": " + std::to_string(o.versions) +
-           " version(s) in shared memory, manifests in " + manifest_out +
-           "; holding them until SIGINT/SIGTERM");
-  wait_for_signal();
-  for (const auto& id : publisher.held_updates()) (void)publisher.release(id);
-  return 0;
-}
-
-std::string coordinator_status(const endpoint& coordinator, std::string& error) {
-  cluster_system sys(std::chrono::milliseconds(200), coordinator.tls);
-  auto c = sys.connect(coordinator);
-  if (!c) {
-    error = "cannot reach the coordinator at " + coordinator.host + ":" +
-            std::to_string(coordinator.port) + ": " + sys.get().render(c.error());
-    return {};
-  }
-  caf::scoped_actor self{sys.get()};
-  std::string out;
-  self->request(*c, std::chrono::seconds(5), status_atom::value, coordinator.token)
-      .receive([&](const std::string& s) { out = s; },
-               [&](caf::error& err) { error = sys.get().render(err); });
-  return out;
 }
 
 }  // namespace wsync

@@ -1,8 +1,6 @@
 #pragma once
 // What every cluster process needs around CAF: one actor system configured the same way
-// (message types, networking, heartbeats on at both ends), and signal handling.
-
-#include <signal.h>
+// (message types, networking, heartbeats on at both ends), and running until a stop signal.
 
 #include <chrono>
 #include <memory>
@@ -13,37 +11,37 @@
 #include "guard.hpp"
 #include "protocol.hpp"
 #include "wsync/actors/node.hpp"
+#include "wsync/actors/stop_signals.hpp"
 
 namespace wsync {
 
-/// Blocks SIGINT and SIGTERM in this thread (and every thread started after), so that
-/// wait_for_signal() / stop_requested() see them instead of the default action.
-inline void block_stop_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-/// Waits until SIGINT or SIGTERM arrives.
-inline void wait_for_signal() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  int sig = 0;
-  sigwait(&set, &sig);
-}
-
-/// True once SIGINT or SIGTERM is pending (consumed).
-inline bool stop_requested() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  timespec zero{0, 0};
-  return sigtimedwait(&set, nullptr, &zero) > 0;
+/// Stops `endpoints` and waits, up to `grace`, until they terminated: their down messages, which
+/// say user_shutdown, then leave for the peers that monitor them before this process closes its
+/// connections, so the coordinator sees an orderly leave rather than a lost link.
+template <class Handle>
+void stop_and_wait(caf::actor_system& sys, const std::vector<Handle>& endpoints,
+                   std::chrono::milliseconds grace = std::chrono::milliseconds(1000)) {
+  caf::scoped_actor self{sys};
+  std::size_t running = 0;
+  for (const auto& e : endpoints) {
+    if (!e) continue;
+    self->monitor(e);
+    ++running;
+  }
+  for (const auto& e : endpoints) stop_guarded(e);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (bool waiting = true; waiting && running > 0;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    self->receive(
+        [&](caf::down_msg&) { --running; },
+        caf::after(std::max(left, std::chrono::milliseconds(0))) >> [&] { waiting = false; });
+  }
+  // An actor whose handle went to a remote node stays in the registry until that node says it
+  // dropped it; a peer that died first never does.
+  for (const auto& e : endpoints) {
+    if (e) sys.registry().erase(e->id());
+  }
 }
 
 /// Runs until SIGINT/SIGTERM (returns 0) or until one of `endpoints` terminates on its own
@@ -56,10 +54,7 @@ inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::acto
     self->receive([&](caf::down_msg&) { ended = true; },
                   caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
-  for (const auto& e : endpoints) stop_guarded(e);
-  // An actor whose handle went to a remote node stays in the registry until that node says it
-  // dropped it; a peer that died first never does.
-  for (const auto& e : endpoints) sys.registry().erase(e.id());
+  stop_and_wait(sys, endpoints);
   return ended ? 1 : 0;
 }
 

@@ -19,7 +19,6 @@
 #include <sstream>
 #include <thread>
 
-#include "wsync/bench/layouts.hpp"
 #include "wsync/bench/rank_process.hpp"
 #include "wsync/bench/timing.hpp"
 #include "wsync/manifest/checksum.hpp"
@@ -27,6 +26,8 @@
 #include "wsync/manifest/log.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/sources/layouts.hpp"
+#include "wsync/sources/shard.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/shared_memory.hpp"
 #include "wsync/transports/ucx.hpp"
@@ -94,13 +95,8 @@ class host_buffer {
 };
 
 void fill_random(std::byte* p, std::uint64_t n, std::uint64_t seed) {
-  std::uint64_t x = seed | 1;
-  std::uint64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    std::memcpy(p + i, &x, 8);
-  }
-  for (; i < n; ++i) p[i] = std::byte(i);
+  std::uint64_t state = seed | 1;
+  pattern_fill(p, n, state);
 }
 
 // --- the publisher side and the run -----------------------------------------------------------

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "local_cluster.hpp"
+#include "wsync/cluster/local_cluster.hpp"
 #include "wsync/cluster/status.hpp"
 
 namespace wsync {

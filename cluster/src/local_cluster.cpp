@@ -1,4 +1,4 @@
-#include "local_cluster.hpp"
+#include "wsync/cluster/local_cluster.hpp"
 
 #include "wsync/transports/shared_memory.hpp"
 

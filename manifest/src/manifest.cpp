@@ -52,4 +52,8 @@ std::string update_context(const weight_update_manifest& m) {
   return update_context(m.update_id, m.source_rank);
 }
 
+std::string update_key(const std::string& model_id, std::uint64_t weight_version) {
+  return model_id + "@" + std::to_string(weight_version);
+}
+
 }  // namespace wsync

@@ -473,7 +473,8 @@ weight_update_manifest gen_valid_manifest() {
   std::vector<std::uint64_t> cursor(static_cast<std::size_t>(segments), 0);
   for (int i = 0; i < n; ++i) {
     tensor_descriptor t;
-    t.name = "t" + std::to_string(i);
+    t.name = "t";  // appended, not "t" + ...: GCC 12 -O3 warns -Wrestrict on that (false positive)
+    t.name += std::to_string(i);
     t.dtype = static_cast<dtype>(*rc::gen::inRange(0, 12));
     t.shape = *rc::gen::container<std::vector<std::int64_t>>(*rc::gen::inRange<std::size_t>(0, 4),
                                                              rc::gen::inRange<std::int64_t>(0, 9));

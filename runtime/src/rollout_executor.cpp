@@ -47,8 +47,8 @@ result<void> shards_check(std::span<const weight_update_manifest> shards, std::i
       return make_error(errc::invalid_manifest,
                         "invalid manifest: weight_version: shards of one update must share "
                         "model_id and weight_version (" +
-                            first.model_id + "@" + std::to_string(first.weight_version) + " vs " +
-                            m.model_id + "@" + std::to_string(m.weight_version) + ")" + where);
+                            update_key(first.model_id, first.weight_version) + " vs " +
+                            update_key(m.model_id, m.weight_version) + ")" + where);
     }
     if (!sources.insert(m.source_rank).second || !ids.insert(m.update_id).second) {
       return make_error(errc::invalid_manifest,

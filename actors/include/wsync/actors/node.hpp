@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "wsync/manifest/result.hpp"
+#include "wsync/sources/shard.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync {
@@ -115,10 +116,10 @@ struct publisher_options {
 };
 int publisher_run(const publisher_options& options);
 
-/// `wsync publisher --standalone`: no coordinator. Publishes the versions into shared memory,
-/// writes their manifests to `manifest_out` (one JSON per line, for an HTTP-driven consumer),
-/// and holds them until SIGINT/SIGTERM.
-int publisher_standalone_run(const publisher_options& options, const std::string& manifest_out);
+/// Which tensors the rank publishes (sources/shard.hpp), and the model id it announces: --model,
+/// else what it publishes.
+shard_spec publisher_shard(const publisher_options& options);
+std::string publisher_model_id(const publisher_options& options);
 
 /// What a trainer rank needs to join a cluster.
 struct trainer_options {
@@ -160,8 +161,8 @@ class trainer_rank {
   std::unique_ptr<impl> impl_;
 };
 
-/// Asks a coordinator for its status table (DESIGN §11 JSON). Empty string on failure, with the
-/// reason in `error`.
+/// Asks a coordinator for its status table (the JSON object docs/cluster.md describes). Empty
+/// string on failure, with the reason in `error`.
 std::string coordinator_status(const endpoint& coordinator, std::string& error);
 
 }  // namespace wsync

@@ -61,6 +61,9 @@ update_id update_id_generate();
 /// a guessable fallback: callers treat empty as failure).
 std::string random_hex(std::size_t bytes);
 
+/// The key of one update of a model across its shards and ranks: "<model_id>@<weight_version>".
+std::string update_key(const std::string& model_id, std::uint64_t weight_version);
+
 /// Text naming an update and a rank in errors: "update_id=<id> rank=<r>".
 std::string update_context(const weight_update_manifest& m);
 std::string update_context(const update_id& id, std::int32_t rank);

@@ -1,4 +1,4 @@
-#include "wsync/bench/safetensors.hpp"
+#include "wsync/sources/safetensors.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,7 +1,8 @@
 #pragma once
-// The HTTP control surface of a consumer rank (DESIGN §7): vLLM's weight-transfer routes plus
+// The HTTP control surface of a consumer rank (docs/http.md): vLLM's weight-transfer routes plus
 // /metrics, /status and /generate, served by cpp-httplib and answered by a
-// weight_transfer_service. Off unless asked for (--enable-weight-transfer or
+// weight_transfer_service (weight_transfer.hpp). The processes that serve it are in
+// consumer_process.hpp. Off unless asked for (--enable-weight-transfer or
 // WSYNC_SERVER_DEV_MODE=1), on 127.0.0.1 unless told otherwise, and behind a bearer token when
 // one is configured.
 
@@ -9,8 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "wsync/actors/node.hpp"
-#include "wsync/cluster/weight_transfer.hpp"
+#include "wsync/http/weight_transfer.hpp"
 #include "wsync/manifest/result.hpp"
 
 namespace wsync {
@@ -38,18 +38,5 @@ class http_gateway {
   struct impl;
   std::unique_ptr<impl> impl_;
 };
-
-/// `wsync consumer --standalone`: one consumer rank with no coordinator, driven only over HTTP,
-/// as a vLLM server would be. Runs until SIGINT/SIGTERM; returns the exit code.
-struct standalone_options {
-  weight_transfer_config rank;
-  http_options http;
-};
-int standalone_consumer_run(const standalone_options& options);
-
-/// `wsync consumer --coordinator ... --enable-weight-transfer`: the coordinator-driven ranks
-/// of this process (consumer_run) plus the HTTP surface over them: /status, /metrics,
-/// /pause, /resume, /is_paused, /get_world_size and /generate; the four phases answer 409.
-int consumer_http_run(consumer_options options, const standalone_options& http);
 
 }  // namespace wsync

@@ -1,4 +1,4 @@
-#include "wsync/cluster/fanout_bench.hpp"
+#include "wsync/bench/fanout_bench.hpp"
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,6 +20,7 @@
 #include "wsync/cluster/fanout_plan.hpp"
 #include "wsync/cluster/fanout_router.hpp"
 #include "wsync/manifest/codec.hpp"
+#include "wsync/sources/shard.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
@@ -92,11 +93,8 @@ child spawn(const emulated_cluster& cluster, unsigned node, const std::function<
   constexpr std::uint64_t tensors = 16;
   const std::uint64_t each = std::max<std::uint64_t>(o.bytes / tensors / 256 * 256, 256);
   std::vector<std::byte> source(each * tensors);
-  std::uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (std::size_t i = 0; i + 8 <= source.size(); i += 8) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    std::memcpy(source.data() + i, &x, 8);
-  }
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  pattern_fill(source.data(), source.size(), state);
   std::vector<tensor_source> sources;
   for (std::uint64_t i = 0; i < tensors; ++i) {
     sources.push_back({"layer." + std::to_string(i) + ".weight",

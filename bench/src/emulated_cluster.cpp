@@ -74,6 +74,7 @@ result<std::unique_ptr<emulated_cluster>> emulated_cluster::create(unsigned node
     return make_error(errc::blocked, "blocked: the emulated cluster needs iproute2 (ip, tc)");
   }
   sweep();
+  if (auto usable = probe(); !usable) return usable.error();
   std::unique_ptr<emulated_cluster> c(
       new emulated_cluster(ns_prefix + std::to_string(::getpid()), nodes));
   c->built_ = true;  // from here on the destructor tears down whatever exists
@@ -113,6 +114,31 @@ result<std::unique_ptr<emulated_cluster>> emulated_cluster::create(unsigned node
     }
   }
   return c;
+}
+
+result<void> emulated_cluster::probe() {
+  // Root is not enough in a container or chroot: `ip -n` remounts / as a slave in a mount
+  // namespace of its own, which such a root may not do ("mount --make-rslave /" failed:
+  // Invalid argument). Try it on a scratch namespace, so the cause reads as blocked, not as a
+  // failure of the cluster.
+  const std::string scratch = ns_prefix + std::to_string(::getpid()) + "-probe";
+  const std::vector<std::vector<std::string>> steps = {
+      {"ip", "netns", "add", scratch},
+      {"ip", "-n", scratch, "link", "set", "lo", "up"},
+  };
+  std::string why;
+  for (const auto& step : steps) {
+    std::string out;
+    if (run(step, &out) != 0) {
+      why = "`" + joined(step) + "` failed: " + out;
+      break;
+    }
+  }
+  run({"ip", "netns", "del", scratch});
+  if (why.empty()) return {};
+  while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+  return make_error(errc::blocked,
+                    "blocked: network namespaces cannot be used on this machine: " + why);
 }
 
 emulated_cluster::~emulated_cluster() {

@@ -1,4 +1,4 @@
-#include "wsync/bench/layouts.hpp"
+#include "wsync/sources/layouts.hpp"
 
 #include <gtest/gtest.h>
 

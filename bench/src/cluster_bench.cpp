@@ -1,4 +1,4 @@
-#include "wsync/cluster/cluster_bench.hpp"
+#include "wsync/bench/cluster_bench.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "local_cluster.hpp"
 #include "wsync/bench/timing.hpp"
+#include "wsync/cluster/local_cluster.hpp"
 
 namespace wsync {
 namespace {

@@ -2,7 +2,7 @@
 // 32 clients hammering /status and /metrics while updates install. A publisher in this process
 // feeds it over shared memory (the consumer side maps the segments as another process would).
 
-#include "wsync/cluster/http_gateway.hpp"
+#include "wsync/http/gateway.hpp"
 
 #include <gtest/gtest.h>
 #include <httplib.h>

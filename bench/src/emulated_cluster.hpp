@@ -35,6 +35,9 @@ class emulated_cluster {
 
   /// Removes namespaces left by runs whose process is gone (killed before tearing down).
   static std::vector<std::string> sweep();
+  /// Whether this machine lets us create and enter a network namespace; errc::blocked with the
+  /// command that failed and what it said when not (a container's root often cannot).
+  static result<void> probe();
 
  private:
   emulated_cluster(std::string prefix, unsigned nodes)

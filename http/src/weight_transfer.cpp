@@ -1,4 +1,4 @@
-#include "wsync/cluster/weight_transfer.hpp"
+#include "wsync/http/weight_transfer.hpp"
 
 #include <algorithm>
 #include <array>
@@ -418,10 +418,9 @@ http_reply weight_transfer_service::update(std::string_view body) {
       }
       if (!shards.empty() && (m->model_id != shards.front().model_id ||
                               m->weight_version != shards.front().weight_version)) {
-        return fail(400, where + ".manifest.weight_version: " + m->model_id + "@" +
-                             std::to_string(m->weight_version) + " is not the update " +
-                             shards.front().model_id + "@" +
-                             std::to_string(shards.front().weight_version) +
+        return fail(400, where + ".manifest.weight_version: " +
+                             update_key(m->model_id, m->weight_version) + " is not the update " +
+                             update_key(shards.front().model_id, shards.front().weight_version) +
                              " this phase started with (" + update_context(*m) + ")");
       }
       for (const auto& other : shards) {
@@ -472,7 +471,7 @@ http_reply weight_transfer_service::finish(std::string_view body) {
         409, s.conflict("finish_weight_update", "no /update_weights since /start_weight_update"));
   }
   const auto& first = s.shards.front();
-  std::string key = first.model_id + "@" + std::to_string(first.weight_version);
+  std::string key = update_key(first.model_id, first.weight_version);
   if (version && *version != std::to_string(first.weight_version)) {
     return fail(400, "weight_version: \"" + *version + "\" differs from the manifests' " +
                          std::to_string(first.weight_version) + " (" + update_context(first) + ")");

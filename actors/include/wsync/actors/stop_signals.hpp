@@ -1,0 +1,39 @@
+#pragma once
+// How a wsync process stops: SIGINT and SIGTERM are blocked in every thread and taken by the
+// main loop (sigwait), so a rank shuts down in order instead of dying mid-update. Free of CAF.
+
+#include <signal.h>
+
+namespace wsync {
+
+/// Blocks SIGINT and SIGTERM in this thread (and every thread started after), so that
+/// wait_for_signal() / stop_requested() see them instead of the default action.
+inline void block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+/// Waits until SIGINT or SIGTERM arrives.
+inline void wait_for_signal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+
+/// True once SIGINT or SIGTERM is pending (consumed).
+inline bool stop_requested() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  timespec zero{0, 0};
+  return sigtimedwait(&set, nullptr, &zero) > 0;
+}
+
+}  // namespace wsync

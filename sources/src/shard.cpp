@@ -1,0 +1,81 @@
+#include "wsync/sources/shard.hpp"
+
+#include <cstdio>
+#include <cstring>
+
+namespace wsync {
+namespace {
+
+bool falls_to(std::size_t i, const shard_spec& spec) {
+  return static_cast<std::int32_t>(i % static_cast<std::size_t>(spec.ranks)) == spec.rank;
+}
+
+error no_tensor(const char* what, const shard_spec& spec) {
+  return make_error(errc::invalid_argument, std::string(what) + ": no tensor falls to rank " +
+                                                std::to_string(spec.rank) + " of " +
+                                                std::to_string(spec.ranks));
+}
+
+}  // namespace
+
+void pattern_fill(std::byte* p, std::uint64_t n, std::uint64_t& state) {
+  std::uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    std::memcpy(p + i, &state, 8);
+  }
+  for (; i < n; ++i) p[i] = std::byte(i);
+}
+
+result<model_layout> layout_parse(const std::string& text) {
+  if (text.rfind("synthetic:", 0) == 0) {
+    unsigned long long bytes = 0, count = 0;
+    if (std::sscanf(text.c_str(), "synthetic:%llu:%llu", &bytes, &count) != 2) {
+      return make_error(errc::invalid_argument,
+                        "layout: expected synthetic:<bytes>:<tensors>, got " + text);
+    }
+    return layout_synthetic(bytes, count);
+  }
+  auto layout = layout_find(text);
+  if (!layout) return make_error(errc::invalid_argument, "layout: unknown \"" + text + "\"");
+  return std::move(*layout);
+}
+
+std::string shard_model_id(const shard_spec& spec) {
+  return spec.safetensors.empty() ? spec.layout : std::string("safetensors");
+}
+
+result<shard_tensors> shard_load(const shard_spec& spec) {
+  if (spec.ranks < 1 || spec.rank < 0 || spec.rank >= spec.ranks) {
+    return make_error(errc::invalid_argument, "rank " + std::to_string(spec.rank) +
+                                                  " is not one of " + std::to_string(spec.ranks) +
+                                                  " publisher ranks");
+  }
+  shard_tensors s;
+  if (!spec.safetensors.empty()) {
+    // Every rank maps the file and publishes its own share of the tensors, zero-copy.
+    auto file = safetensors_file::open(spec.safetensors);
+    if (!file) return file.error();
+    const auto& all = (*file)->tensors();
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (falls_to(i, spec)) s.tensors.push_back(all[i]);
+    }
+    s.file = std::move(*file);
+    if (s.tensors.empty()) return no_tensor("safetensors", spec);
+    return s;
+  }
+  auto layout = layout_parse(spec.layout);
+  if (!layout) return layout.error();
+  std::uint64_t state = 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(spec.rank);
+  for (std::size_t i = 0; i < layout->tensors.size(); ++i) {
+    if (!falls_to(i, spec)) continue;
+    const auto& t = layout->tensors[i];
+    auto& b = s.storage.emplace_back(t.nbytes());
+    pattern_fill(b.data(), b.size(), state);
+    s.tensors.push_back({t.name, t.dtype, t.shape, {}, b.data(), b.size()});
+  }
+  if (s.tensors.empty()) return no_tensor("layout", spec);
+  return s;
+}
+
+}  // namespace wsync
