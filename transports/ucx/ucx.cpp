@@ -19,16 +19,13 @@
 #include <thread>
 #include <unordered_map>
 
+#include "ucx/ucx_common.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync {
-namespace {
+namespace ucx_detail {
 
-using clock_type = std::chrono::steady_clock;
-
-constexpr std::uint64_t page = 4096;
-constexpr std::uint64_t slot_quantum = std::uint64_t{2} << 20;
 // Active-message ids of our protocol: a consumer asks a source for one chunk, the source answers
 // with the bytes (tag-matched) or with a failure.
 constexpr unsigned am_fetch = 17;
@@ -36,92 +33,6 @@ constexpr unsigned am_fail = 18;
 // Fetches a relay holds for updates it has not started importing yet; past this they are refused
 // with try_again rather than queued without bound.
 constexpr std::size_t max_early_fetches = 4096;
-
-constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
-  return (v + a - 1) / a * a;
-}
-
-// --- settings: the option table of "ucx" -------------------------------------------------------
-
-struct ucx_settings {
-  std::string tls;          // UCX_TLS of this transport's context; empty: UCX's own choice
-  std::string devices;      // UCX_NET_DEVICES
-  std::string rndv_thresh;  // UCX_RNDV_THRESH
-  std::string op = "auto";  // auto | tag | get: how consumers pull from a publisher
-  std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
-  std::uint64_t window = 8;  // chunks in flight per import
-  std::uint64_t slots = 2;   // ring size, on each side
-  std::uint64_t timeout_ms = 60000;
-};
-
-// --- errors ------------------------------------------------------------------------------------
-
-errc status_code(ucs_status_t st) {
-  switch (st) {
-    case UCS_ERR_NO_DEVICE:
-    case UCS_ERR_UNSUPPORTED:
-      return errc::blocked;
-    case UCS_ERR_INVALID_PARAM:
-      return errc::invalid_argument;
-    case UCS_ERR_TIMED_OUT:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-      return errc::timeout;
-    default:
-      return errc::io_error;
-  }
-}
-
-// `call` is the call's text as the macro saw it; messages name only the function.
-error status_error(std::string_view call, ucs_status_t st, const std::string& context) {
-  errc code = status_code(st);
-  call = call.substr(0, call.find('('));
-  return make_error(code, std::string(code == errc::blocked ? "blocked: " : "") +
-                              "ucx: " + std::string(call) + " failed: " + ucs_status_string(st) +
-                              (context.empty() ? "" : " (" + context + ")"));
-}
-
-// One checking macro for UCX calls: the failing call, UCX's status text and our context.
-#define WSYNC_UCX_CHECK(call, context)                    \
-  do {                                                    \
-    ucs_status_t wsync_status_ = (call);                  \
-    if (wsync_status_ != UCS_OK) {                        \
-      return status_error(#call, wsync_status_, context); \
-    }                                                     \
-  } while (0)
-
-// UCS_PTR_IS_ERR / UCS_PTR_STATUS without their C casts.
-bool ptr_is_error(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) >=
-         static_cast<std::uintptr_t>(static_cast<std::intptr_t>(UCS_ERR_LAST));
-}
-ucs_status_t ptr_status(const void* p) {
-  return static_cast<ucs_status_t>(reinterpret_cast<std::intptr_t>(p));
-}
-
-std::string hex_encode(const void* data, std::size_t n) {
-  static constexpr char digits[] = "0123456789abcdef";
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::string out(n * 2, '0');
-  for (std::size_t i = 0; i < n; ++i) {
-    out[2 * i] = digits[p[i] >> 4];
-    out[2 * i + 1] = digits[p[i] & 15];
-  }
-  return out;
-}
-
-std::optional<std::vector<unsigned char>> hex_decode(const std::string& text) {
-  if (text.empty() || text.size() % 2) return std::nullopt;
-  std::vector<unsigned char> out(text.size() / 2);
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    auto [end, ec] = std::from_chars(text.data() + 2 * i, text.data() + 2 * i + 2, out[i], 16);
-    if (ec != std::errc{} || end != text.data() + 2 * i + 2) return std::nullopt;
-  }
-  return out;
-}
-
-std::uint64_t chunks_of(std::uint64_t nbytes, std::uint64_t chunk) {
-  return (nbytes + chunk - 1) / chunk;
-}
 
 // --- the handle: what a consumer needs to pull an update ---------------------------------------
 
@@ -1457,6 +1368,8 @@ class ucx_consumer final : public consumer_transport {
 
 // --- the transport and its registry entry -----------------------------------------------------
 
+namespace {
+
 constexpr transport_caps ucx_caps{.cpu_memory = true,
                                   .gpu_memory = false,  // Debian's UCX has no CUDA transports
                                   .cross_process = true,
@@ -1534,8 +1447,13 @@ class ucx_transport final : public transport {
 };
 
 }  // namespace
+}  // namespace ucx_detail
 
 transport_entry ucx_entry() {
+  using ucx_detail::page;
+  using ucx_detail::ucx_caps;
+  using ucx_detail::ucx_settings;
+  using ucx_detail::ucx_transport;
   return {"ucx", "cluster; pooled slots registered once, chunked pulls, relays between consumers",
           ucx_caps, [](const transport_options& options) -> result<std::unique_ptr<transport>> {
             options_reader reader("ucx", options);
