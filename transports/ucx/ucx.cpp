@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "ucx/handle.hpp"
+#include "ucx/slot_pool.hpp"
 #include "ucx/ucx_common.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/log.hpp"
@@ -34,135 +35,6 @@ constexpr unsigned am_fail = 18;
 // Fetches a relay holds for updates it has not started importing yet; past this they are refused
 // with try_again rather than queued without bound.
 constexpr std::size_t max_early_fetches = 4096;
-
-// --- the slot pool: pre-faulted memory registered once --------------------------------------
-
-struct slot {
-  std::byte* base = nullptr;
-  std::uint64_t capacity = 0;
-  ucp_mem_h memh = nullptr;
-  std::string rkey;  // packed once, hex
-  update_id holder;  // empty when free
-  // Operations still touching it: sends reading it, receives given up on that UCX may yet
-  // complete into it. Reused only at 0, so a late write can never land in another update.
-  std::uint64_t busy = 0;
-};
-
-class slot_pool {
- public:
-  slot_pool(ucp_context_h ctx, std::string side, std::uint64_t max_slots)
-      : ctx_(ctx), side_(std::move(side)), max_slots_(max_slots) {}
-  ~slot_pool() {
-    for (auto& s : slots_) destroy(*s);
-  }
-
-  // A free slot of at least `need` bytes for `id`, created or grown on demand, waiting up to
-  // `wait` for one to come free.
-  result<slot*> acquire(const update_id& id, std::uint64_t need, std::chrono::milliseconds wait) {
-    need = std::max(need, page);
-    std::unique_lock lock(mutex_);
-    auto deadline = clock_type::now() + wait;
-    while (true) {
-      slot* fit = nullptr;
-      slot* small = nullptr;
-      for (auto& s : slots_) {
-        if (!s->holder.empty() || s->busy) continue;
-        if (s->capacity >= need && (!fit || s->capacity < fit->capacity)) fit = s.get();
-        if (s->capacity < need) small = s.get();
-      }
-      if (!fit && (slots_.size() < max_slots_ || small)) {
-        if (!small) small = slots_.emplace_back(std::make_unique<slot>()).get();
-        destroy(*small);
-        if (auto ok = create(*small, align_up(need + need / 8, slot_quantum)); !ok) {
-          return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
-        }
-        fit = small;
-      }
-      if (fit) {
-        fit->holder = id;
-        return fit;
-      }
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        return make_error(errc::timeout, "ucx: no free " + side_ + " slot for update_id=" + id +
-                                             " after " + std::to_string(wait.count()) +
-                                             " ms: all " + std::to_string(slots_.size()) +
-                                             " slots hold updates not yet released (option "
-                                             "slots=" +
-                                             std::to_string(max_slots_) + ")");
-      }
-    }
-  }
-
-  void release(const update_id& id) {
-    std::lock_guard lock(mutex_);
-    for (auto& s : slots_) {
-      if (s->holder == id) s->holder.clear();
-    }
-    cv_.notify_all();
-  }
-
-  void busy_begin(slot* s) {
-    std::lock_guard lock(mutex_);
-    ++s->busy;
-  }
-  void busy_end(slot* s) {
-    std::lock_guard lock(mutex_);
-    if (--s->busy == 0) cv_.notify_all();
-  }
-
- private:
-  // Allocates, registers and pre-faults one slot: fresh pages cost ~0.3 GB/s to fault in here
-  // and a registration is not free either, so both happen once per slot, never per update.
-  // UCX allocates the memory itself: over shared-memory transports it then lives in a segment a
-  // peer on the same host can map, and an RMA get is a plain memcpy (~2x process_vm_readv).
-  result<void> create(slot& s, std::uint64_t capacity) {
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-    mp.address = nullptr;
-    mp.length = capacity;
-    mp.flags = UCP_MEM_MAP_ALLOCATE;
-    auto made = [&]() -> result<void> {
-      WSYNC_UCX_CHECK(ucp_mem_map(ctx_, &mp, &s.memh),
-                      side_ + " slot of " + std::to_string(capacity) + " bytes");
-      ucp_mem_attr_t attr{};
-      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-      WSYNC_UCX_CHECK(ucp_mem_query(s.memh, &attr), side_ + " slot");
-      s.base = static_cast<std::byte*>(attr.address);
-      s.capacity = capacity;
-      // Huge pages where the kernel gives them to this memory (faulting in is ~30x faster).
-      (void)::madvise(attr.address, capacity, MADV_HUGEPAGE);
-      if (::madvise(attr.address, capacity, MADV_POPULATE_WRITE) != 0) {
-        for (std::uint64_t off = 0; off < capacity; off += page) {
-          static_cast<volatile std::byte*>(attr.address)[off] = std::byte{0};
-        }
-      }
-      void* rkey = nullptr;
-      std::size_t rkey_bytes = 0;
-      WSYNC_UCX_CHECK(ucp_rkey_pack(ctx_, s.memh, &rkey, &rkey_bytes), side_ + " slot");
-      s.rkey = hex_encode(rkey, rkey_bytes);
-      ucp_rkey_buffer_release(rkey);
-      return {};
-    }();
-    if (!made) destroy(s);
-    return made;
-  }
-
-  void destroy(slot& s) {
-    if (s.memh) ucp_mem_unmap(ctx_, s.memh);  // frees the memory UCX allocated
-    s.memh = nullptr;
-    s.base = nullptr;
-    s.capacity = 0;
-    s.rkey.clear();
-  }
-
-  ucp_context_h ctx_;
-  std::string side_;
-  std::uint64_t max_slots_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<slot>> slots_;
-};
 
 // --- the node: one UCX worker, its progress thread, what it serves and what it pulls ---------
 
@@ -1081,18 +953,6 @@ served_update served_from(slot* s, std::vector<std::uint64_t> offsets,
     u.verified.emplace_back(chunks_of(n, chunk), landed ? 1 : 0);
   }
   return u;
-}
-
-std::vector<std::uint64_t> page_offsets(std::span<const std::uint64_t> sizes,
-                                        std::uint64_t* total) {
-  std::vector<std::uint64_t> offsets;
-  std::uint64_t at = 0;
-  for (auto n : sizes) {
-    offsets.push_back(at);
-    at = align_up(at + n, page);
-  }
-  *total = at;
-  return offsets;
 }
 
 // --- publisher half -----------------------------------------------------------------------------
