@@ -1,0 +1,300 @@
+#include "ucx/node.hpp"
+
+#include <algorithm>
+
+#include "wsync/manifest/log.hpp"
+#include "wsync/transports/ucx.hpp"
+
+namespace wsync::ucx_detail {
+
+result<std::unique_ptr<node>> node::create(const ucx_settings& cfg, std::string side, bool relay) {
+  std::unique_ptr<node> n(new node(cfg, std::move(side), relay));
+  if (auto ok = n->init(); !ok) return ok.error();
+  n->thread_ = std::thread([p = n.get()] { p->loop(); });
+  return n;
+}
+
+node::~node() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(tasks_mutex_);
+      stop_ = true;
+    }
+    tasks_cv_.notify_all();
+    thread_.join();
+  }
+  // The worker first (it ends whatever UCX still holds, which may touch the slots), then the
+  // slots, unregistered while the context still exists.
+  if (worker_) ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+  pool_.reset();
+  if (ctx_) ucp_cleanup(ctx_);
+}
+
+result<void> node::init() {
+  ucp_config_t* config = nullptr;
+  WSYNC_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), side_);
+  auto modify = [&](const char* key, const std::string& value, const char* option) {
+    if (value.empty()) return result<void>{};
+    ucs_status_t st = ucp_config_modify(config, key, value.c_str());
+    if (st == UCS_OK) return result<void>{};
+    return result<void>(make_error(errc::invalid_argument, std::string("ucx option ") + option +
+                                                               ": UCX refused \"" + value +
+                                                               "\": " + ucs_status_string(st)));
+  };
+  auto configured = [&]() -> result<void> {
+    if (auto ok = modify("TLS", cfg_.tls, "tls"); !ok) return ok;
+    if (auto ok = modify("NET_DEVICES", cfg_.devices, "devices"); !ok) return ok;
+    return modify("RNDV_THRESH", cfg_.rndv_thresh, "rndv_thresh");
+  }();
+  if (!configured) {
+    ucp_config_release(config);
+    return configured;
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_RMA;
+  params.mt_workers_shared = 1;  // slots are registered from the caller's thread
+  ucs_status_t st = ucp_init(&params, config, &ctx_);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    ctx_ = nullptr;
+    return status_error("ucp_init", st, side_ + ", tls=\"" + cfg_.tls + "\"");
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  WSYNC_UCX_CHECK(ucp_worker_create(ctx_, &wp, &worker_), side_);
+  ucp_address_t* addr = nullptr;
+  std::size_t addr_bytes = 0;
+  WSYNC_UCX_CHECK(ucp_worker_get_address(worker_, &addr, &addr_bytes), side_);
+  address_ = hex_encode(addr, addr_bytes);
+  address_bytes_.assign(reinterpret_cast<const char*>(addr), addr_bytes);
+  ucp_worker_release_address(worker_, addr);
+  for (auto [id, cb] : {std::pair{am_fetch, &node::on_fetch}, std::pair{am_fail, &node::on_fail}}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = id;
+    hp.cb = cb;
+    hp.arg = this;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    WSYNC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &hp), side_);
+  }
+  pool_ = std::make_unique<slot_pool>(ctx_, side_, cfg_.slots);
+  return {};
+}
+
+// The progress loop: spins while UCX reports progress, then naps: 50 us while transfers are in
+// flight, 1 ms when idle, so a fetch that arrives at an idle node waits at most that long.
+void node::loop() {
+  auto busy_at = clock_type::now();
+  auto swept_at = busy_at;
+  while (true) {
+    std::deque<std::function<void()>> tasks;
+    bool stopping = false;
+    {
+      std::lock_guard lock(tasks_mutex_);
+      tasks.swap(tasks_);
+      stopping = stop_;
+    }
+    for (auto& t : tasks) t();
+    if (stopping) break;
+    unsigned events = 0;
+    // A bounded drain: fetches that arrived are answered between rounds, not after the
+    // send queue ran dry.
+    for (int round = 0; round < 8 && ucp_worker_progress(worker_); ++round) ++events;
+    close_failed_endpoints();
+    answer_fetches();
+    switch_sources();
+    auto now = clock_type::now();
+    if (now - swept_at > std::chrono::milliseconds(100)) {
+      expire_early(now);
+      for (auto job : std::vector(jobs_)) pull_check_done(job);
+      swept_at = now;
+    }
+    if (events || !tasks.empty()) {
+      busy_at = now;
+      continue;
+    }
+    if (now - busy_at < std::chrono::microseconds(200)) continue;
+    // Quiet for a while: nap, briefly while transfers are in flight (a slow link, or many
+    // ranks sharing two cores, must not be starved by a spinning thread), longer when idle.
+    bool active = !jobs_.empty() || sends_in_flight_;
+    std::unique_lock lock(tasks_mutex_);
+    tasks_cv_.wait_for(lock, active ? std::chrono::microseconds(50) : std::chrono::milliseconds(1),
+                       [&] { return !tasks_.empty() || stop_; });
+  }
+  shutdown();
+}
+
+void node::shutdown() {
+  for (auto job : std::vector(jobs_)) {
+    if (!job->failure) job->failure = make_error(errc::io_error, "ucx: " + side_ + " shut down");
+    for (std::size_t k = 0; k < job->lanes.size(); ++k) pull_cancel(*job, k, true);
+  }
+  for (auto& [id, u] : served_) {
+    for (auto& [key, requests] : u.waiting) {
+      for (auto& r : requests)
+        refuse(r, errc::unknown_update,
+               "unknown update_id: " + id + ": the " + side_ + " shut down");
+    }
+  }
+  served_.clear();
+  for (auto& r : early_) {
+    refuse(r, errc::unknown_update,
+           "unknown update_id: " + r.id + ": the " + side_ + " shut down before importing it");
+  }
+  early_.clear();
+  std::vector<ucp_ep_h> eps;
+  for (auto& [addr, ep] : eps_) eps.push_back(ep);
+  eps_.clear();
+  for (auto ep : eps) close_endpoint(ep, false);
+  // Give operations in flight a bounded time to finish now that their endpoints are gone.
+  auto deadline = clock_type::now() + std::chrono::seconds(2);
+  while ((!jobs_.empty() || sends_in_flight_) && clock_type::now() < deadline) {
+    ucp_worker_progress(worker_);
+    for (auto job : std::vector(jobs_)) pull_check_done(job);
+  }
+  close_failed_endpoints();
+}
+
+void node::close_endpoint(ucp_ep_h ep, bool force) {
+  forget_rkeys(ep);
+  forget_requests_of(ep);
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  void* req = ucp_ep_close_nbx(ep, &p);
+  if (req == nullptr || ptr_is_error(req)) return;
+  auto deadline = clock_type::now() + std::chrono::seconds(1);
+  while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_type::now() < deadline) {
+    ucp_worker_progress(worker_);
+  }
+  if (ucp_request_check_status(req) == UCS_INPROGRESS && !force) {
+    ucp_request_free(req);
+    return close_endpoint(ep, true);
+  }
+  ucp_request_free(req);
+}
+
+void node::close_failed_endpoints() {
+  while (!closing_.empty()) {
+    auto ep = closing_.back();
+    closing_.pop_back();
+    close_endpoint(ep, true);
+  }
+}
+
+result<ucp_ep_h> node::endpoint(const std::string& address, const std::string& context) {
+  if (auto it = eps_.find(address); it != eps_.end()) return it->second;
+  auto bytes = hex_decode(address);
+  if (!bytes) return make_error(errc::invalid_argument, "ucx: source address is not hex");
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  ep.address = reinterpret_cast<const ucp_address_t*>(bytes->data());
+  // UCX 1.13's shared-memory transports cannot report a dead peer and refuse endpoints that
+  // ask them to; over those, the import's own timeout is what catches a dead source.
+  if (!ucx_tls_shared_memory_only(cfg_.tls)) {
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &node::on_ep_error;
+    ep.err_handler.arg = this;
+  }
+  ucp_ep_h h = nullptr;
+  WSYNC_UCX_CHECK(ucp_ep_create(worker_, &ep, &h), side_ + " connecting to its source, " + context);
+  eps_[address] = h;
+  return h;
+}
+
+// The unpacked remote key of a publisher slot, kept while the endpoint lives: over shared
+// memory, unpacking attaches the publisher's segment, and a fresh attachment faults every page
+// in again (~0.3 GB/s here) where a kept one is read at memcpy speed.
+result<ucp_rkey_h> node::remote_key(ucp_ep_h ep, const std::string& packed,
+                                    const std::string& context) {
+  for (auto& r : rkeys_) {
+    if (r.ep == ep && r.packed == packed) return r.rkey;
+  }
+  auto bytes = hex_decode(packed);
+  ucp_rkey_h rkey = nullptr;
+  WSYNC_UCX_CHECK(ucp_ep_rkey_unpack(ep, bytes->data(), &rkey), context);
+  rkeys_.push_back({ep, packed, rkey});
+  // A publisher reuses a ring of a few slots; far more keys than that are stale ones.
+  for (auto it = rkeys_.begin(); rkeys_.size() > max_rkeys && it != rkeys_.end();) {
+    bool in_use = std::any_of(jobs_.begin(), jobs_.end(), [&](auto& j) {
+      return std::any_of(j->lanes.begin(), j->lanes.end(),
+                         [&](const pull_lane& l) { return l.rkey == it->rkey; });
+    });
+    if (in_use || it->rkey == rkey) {
+      ++it;
+      continue;
+    }
+    ucp_rkey_destroy(it->rkey);
+    it = rkeys_.erase(it);
+  }
+  return rkey;
+}
+
+void node::forget_rkeys(ucp_ep_h ep) {
+  for (auto it = rkeys_.begin(); it != rkeys_.end();) {
+    if (it->ep != ep) {
+      ++it;
+      continue;
+    }
+    ucp_rkey_destroy(it->rkey);
+    it = rkeys_.erase(it);
+  }
+}
+
+void node::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<node*>(arg);
+  for (auto it = self->eps_.begin(); it != self->eps_.end(); ++it) {
+    if (it->second != ep) continue;
+    self->eps_.erase(it);
+    self->closing_.push_back(ep);
+    self->forget_requests_of(ep);
+    for (auto job : std::vector(self->jobs_)) {  // a copy: a job may end meanwhile
+      for (std::size_t i = 0; i < job->lanes.size(); ++i) {
+        if (job->lanes[i].ep != ep) continue;
+        // Tag receives are the worker's, not the endpoint's: source_failed cancels them.
+        self->source_failed(
+            *job, i,
+            make_error(errc::io_error, "ucx: connection to the source of update_id " + job->id +
+                                           " failed: " + ucs_status_string(status) + " (" +
+                                           job->context + ")"));
+      }
+    }
+    break;
+  }
+}
+
+// Sends an active message made of `header` alone; UCX reads it until the send completes.
+result<void> node::send_am(ucp_ep_h ep, unsigned id, std::string header, std::uint32_t flags,
+                           const std::string& context) {
+  struct am_send {
+    node* owner;
+    std::string header;
+  };
+  auto* ctx = new am_send{this, std::move(header)};
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = flags;
+  p.user_data = ctx;
+  p.cb.send = [](void* request, ucs_status_t, void* user) {
+    auto* c = static_cast<am_send*>(user);
+    --c->owner->sends_in_flight_;
+    delete c;
+    ucp_request_free(request);
+  };
+  ++sends_in_flight_;
+  void* req = ucp_am_send_nbx(ep, id, ctx->header.data(), ctx->header.size(), nullptr, 0, &p);
+  if (req == nullptr || ptr_is_error(req)) {
+    --sends_in_flight_;
+    delete ctx;
+  }
+  if (ptr_is_error(req)) return status_error("ucp_am_send_nbx", ptr_status(req), context);
+  return {};
+}
+
+}  // namespace wsync::ucx_detail

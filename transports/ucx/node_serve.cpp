@@ -1,0 +1,215 @@
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "ucx/node.hpp"
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/log.hpp"
+
+namespace wsync::ucx_detail {
+
+void node::serve_add(const update_id& id, served_update u) {
+  auto& entry = served_[id] = std::move(u);
+  for (auto it = early_.begin(); it != early_.end();) {
+    if (it->id == id) {
+      serve(entry, *it);
+      it = early_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void node::serve_remove(const update_id& id) {
+  auto it = served_.find(id);
+  if (it == served_.end()) return;
+  for (auto& [key, requests] : it->second.waiting) {
+    for (auto& r : requests) {
+      refuse(r, errc::unknown_update,
+             "unknown update_id: " + id + " was released by the " + side_ + " before chunk " +
+                 std::to_string(r.offset / it->second.chunk) + " of segment " +
+                 std::to_string(r.segment) + " arrived");
+    }
+  }
+  served_.erase(it);
+}
+
+ucs_status_t node::on_fetch(void* arg, const void* header, std::size_t header_bytes, void*,
+                            std::size_t, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<node*>(arg);
+  fetch_header h;
+  if (header_bytes < sizeof h) {
+    log_warn("ucx: " + self->side_ + " dropped a malformed fetch request");
+    return UCS_OK;
+  }
+  std::memcpy(&h, header, sizeof h);
+  if (header_bytes != sizeof h + h.id_bytes + h.address_bytes) {
+    log_warn("ucx: " + self->side_ + " dropped a fetch request of the wrong length");
+    return UCS_OK;
+  }
+  // Answered from the loop, outside this callback, through an endpoint of our own to the
+  // requester: UCX's reply endpoint is freed when the requester dies, and a relay may hold
+  // a fetch for a long time before the chunk lands.
+  const char* text = static_cast<const char*>(header) + sizeof h;
+  fetch_request r;
+  r.id.assign(text, h.id_bytes);
+  r.requester = hex_encode(text + h.id_bytes, h.address_bytes);
+  r.segment = h.segment;
+  r.offset = h.offset;
+  r.length = h.length;
+  r.tag = h.tag;
+  r.deadline = clock_type::now() + std::chrono::milliseconds(self->cfg_.timeout_ms);
+  self->incoming_.push_back(std::move(r));
+  (void)param;
+  return UCS_OK;
+}
+
+// Serves the fetches received since the last turn of the loop.
+void node::answer_fetches() {
+  auto fetches = std::move(incoming_);
+  incoming_.clear();
+  for (auto& r : fetches) {
+    auto ep = endpoint(r.requester, "answering a fetch of update_id " + r.id);
+    if (!ep) {
+      log_warn("ucx: " + side_ + " cannot answer a fetch: " + ep.error().message);
+      continue;
+    }
+    r.reply_ep = *ep;
+    serve(r);
+  }
+}
+
+// Forgets the fetches a dead peer was waiting for.
+void node::forget_requests_of(ucp_ep_h ep) {
+  auto of = [&](const fetch_request& r) {
+    return r.reply_ep == ep;
+  };
+  for (auto& [id, u] : served_) {
+    for (auto& [key, requests] : u.waiting) {
+      requests.erase(std::remove_if(requests.begin(), requests.end(), of), requests.end());
+    }
+  }
+  early_.erase(std::remove_if(early_.begin(), early_.end(), of), early_.end());
+}
+
+void node::chunk_landed(const update_id& id, std::uint32_t segment, std::uint64_t offset) {
+  auto it = served_.find(id);
+  if (it == served_.end()) return;
+  auto& u = it->second;
+  u.landed[segment][offset / u.chunk] = 1;
+  auto w = u.waiting.find({segment, offset / u.chunk});
+  if (w == u.waiting.end()) return;
+  auto requests = std::move(w->second);
+  u.waiting.erase(w);
+  for (auto& r : requests) serve(u, r);
+}
+
+void node::serve(const fetch_request& r) {
+  auto it = served_.find(r.id);
+  if (it != served_.end()) return serve(it->second, r);
+  if (!relay_) {
+    return refuse(r, errc::unknown_update,
+                  "unknown update_id: " + r.id +
+                      " is not exposed by this publisher (released, "
+                      "or never published here)");
+  }
+  if (early_.size() >= max_early_fetches) {
+    return refuse(r, errc::try_again,
+                  "ucx: relay holds " + std::to_string(early_.size()) +
+                      " fetches for updates it has not started; retry");
+  }
+  early_.push_back(r);  // the relay has not started this import yet
+}
+
+void node::serve(served_update& u, const fetch_request& r) {
+  std::uint64_t index = r.offset / u.chunk;
+  if (r.segment >= u.nbytes.size() || r.offset % u.chunk || r.offset >= u.nbytes[r.segment] ||
+      r.length != std::min(u.chunk, u.nbytes[r.segment] - r.offset)) {
+    return refuse(r, errc::invalid_argument,
+                  "ucx: fetch of segment " + std::to_string(r.segment) + " bytes [" +
+                      std::to_string(r.offset) + ", +" + std::to_string(r.length) +
+                      ") does not name a chunk of update_id " + r.id);
+  }
+  if (!u.landed[r.segment][index]) {
+    u.waiting[{r.segment, index}].push_back(r);
+    return;
+  }
+  const std::byte* data = u.s->base + u.offsets[r.segment] + r.offset;
+  if (u.verify && !u.verified[r.segment][index]) {
+    std::uint64_t sum = checksum_compute(data, r.length);
+    if (sum != u.checksums[r.segment][index]) {
+      return refuse(r, errc::checksum_mismatch,
+                    "tensor checksum mismatch: chunk " + std::to_string(index) + " of segment " +
+                        std::to_string(r.segment) + " arrived at the relay as " +
+                        checksum_hex(sum) + ", the handle says " +
+                        checksum_hex(u.checksums[r.segment][index]) + "; not forwarded");
+    }
+    u.verified[r.segment][index] = 1;
+  }
+  struct send_ctx {
+    node* owner;
+    slot* s;
+  };
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.memh = u.s->memh;
+  p.user_data = new send_ctx{this, u.s};
+  p.cb.send = [](void* request, ucs_status_t, void* user) {
+    auto* c = static_cast<send_ctx*>(user);
+    --c->owner->sends_in_flight_;
+    if (c->owner->pool_) c->owner->pool_->busy_end(c->s);  // gone at worker destruction
+    delete c;
+    ucp_request_free(request);
+  };
+  pool_->busy_begin(u.s);
+  ++sends_in_flight_;
+  void* req = ucp_tag_send_nbx(r.reply_ep, data, r.length, r.tag, &p);
+  if (ptr_is_error(req)) {
+    --sends_in_flight_;
+    pool_->busy_end(u.s);
+    delete static_cast<send_ctx*>(p.user_data);
+    log_warn("ucx: " + side_ + " could not send chunk " + std::to_string(index) + " of " + r.id +
+             ": " + ucs_status_string(ptr_status(req)));
+  }
+}
+
+void node::refuse(const fetch_request& r, errc code, const std::string& text) {
+  fail_header h{r.tag, static_cast<std::uint32_t>(code), static_cast<std::uint32_t>(text.size())};
+  std::string buf(reinterpret_cast<const char*>(&h), sizeof h);
+  if (auto ok = send_am(r.reply_ep, am_fail, buf + text, 0, r.id); !ok) {
+    log_warn("ucx: " + side_ + " could not refuse a fetch: " + ok.error().message);
+  }
+}
+
+void node::expire_early(clock_type::time_point now) {
+  for (auto it = early_.begin(); it != early_.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    refuse(*it, errc::timeout,
+           "ucx: the relay did not start importing update_id " + it->id + " within " +
+               std::to_string(cfg_.timeout_ms) + " ms");
+    it = early_.erase(it);
+  }
+}
+
+served_update served_from(slot* s, std::vector<std::uint64_t> offsets,
+                          std::vector<std::uint64_t> nbytes, std::uint64_t chunk,
+                          std::vector<std::vector<std::uint64_t>> checksums, bool landed) {
+  served_update u;
+  u.s = s;
+  u.offsets = std::move(offsets);
+  u.nbytes = std::move(nbytes);
+  u.chunk = chunk;
+  u.checksums = std::move(checksums);
+  u.verify = !landed;
+  for (auto n : u.nbytes) {
+    u.landed.emplace_back(chunks_of(n, chunk), landed ? 1 : 0);
+    u.verified.emplace_back(chunks_of(n, chunk), landed ? 1 : 0);
+  }
+  return u;
+}
+
+}  // namespace wsync::ucx_detail
