@@ -14,8 +14,9 @@ pkg_check_modules(WSYNC_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 add_library(wsync_httplib INTERFACE)
 target_link_libraries(wsync_httplib INTERFACE PkgConfig::WSYNC_HTTPLIB Threads::Threads)
 
-# xxHash is used header-only (XXH_INLINE_ALL): the inline build hashes twice as fast here as
-# Debian's shared library (notes/ucx-1.13.md, "Hashing").
+# xxHash is used header-only (XXH_INLINE_ALL): the inline build hashes about twice as fast as
+# Debian's shared library (XXH3, one thread, 1 GiB: 30-32 GB/s inline, 16 GB/s through
+# libxxhash.so's SSE2 build).
 find_path(WSYNC_XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 add_library(wsync_xxhash INTERFACE)
 target_include_directories(wsync_xxhash SYSTEM INTERFACE "${WSYNC_XXHASH_INCLUDE_DIR}")

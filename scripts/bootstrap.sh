@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   # toolchain
   g++ cmake ninja-build pkg-config ccache clang-format openssl
-  # libraries (DESIGN §9)
+  # libraries (cmake/wsync_dependencies.cmake finds them)
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcaf-dev libcpp-httplib-dev
   # tests
   libgtest-dev libgmock-dev librapidcheck-dev curl
