@@ -19,6 +19,14 @@ namespace wsync {
 
 int publisher_standalone_run(const publisher_options& o, const std::string& manifest_out) {
   block_stop_signals();
+  // The manifests go to consumers that map the publisher's memory on this host: a transport
+  // flag asking for anything else would be ignored, so refuse it instead.
+  if (o.transport != "shared-memory" || !o.transport_settings.empty()) {
+    return log_error("publisher rank " + std::to_string(o.rank) +
+                     ": --standalone publishes over shared memory only; drop --transport " +
+                     o.transport + " and its --transport-option settings"),
+           2;
+  }
   auto shard = shard_load(publisher_shard(o));
   if (!shard) return log_error(shard.error().message), 1;
   auto slots = std::to_string(std::max<std::uint64_t>(2, std::min<std::uint64_t>(o.versions, 64)));

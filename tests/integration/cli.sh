@@ -59,4 +59,8 @@ WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" >/dev/null 2>&1 && fail "toke
 rm -f "$bad"
 out=$(env -u WSYNC_TOKEN "$wsync" coordinator --port 0 2>&1) && fail "coordinator started without a token"
 grep -q "token" <<<"$out" || fail "missing token not explained: $out"
+out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null --transport ucx 2>&1) &&
+  fail "publisher --standalone accepted a transport it does not use"
+grep -q -- "--standalone publishes over shared memory only" <<<"$out" ||
+  fail "publisher --standalone: ignored transport not explained: $out"
 echo "cli: pass"
