@@ -115,7 +115,7 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<publish_atom, std::string, std::string>::with<std::string, std::string>,
     // A consumer rank's progress.
     caf::reacts_to<report_atom, rank_report>,
-    // (token) -> the per-rank status table as JSON (DESIGN §11).
+    // (token) -> the per-rank status table as JSON (docs/cluster.md, "The status object").
     caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>>;
 
 /// A consumer rank's endpoint: (token, update) to install, (token, key) of an aborted update.

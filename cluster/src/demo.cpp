@@ -72,7 +72,7 @@ int demo_run(const demo_options& o, std::ostream& out) {
   status["layout"] = o.layout;
 
   if (o.json) {
-    status.erase("updates");  // the DESIGN §11 object: the per-rank table
+    status.erase("updates");  // the status object: the per-rank table
     out << status.dump() << std::endl;
   } else {
     status_print(status.dump(), out);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs `wsync bench --smoke` and checks the contract of DESIGN §11: JSON rows, the last one the
+# Runs `wsync bench --smoke` and checks the contract of docs/benchmark.md: JSON rows, the last one the
 # result with status pass and every required field; nothing of ours left in /dev/shm.
 set -euo pipefail
 wsync="$1"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs `wsync bench --mode ucx --smoke`: one row over UCX_TLS=tcp, one over shared memory, each
-# with ucx_perftest measured in the same run as its baseline (DESIGN §11). Checks the contract,
+# with ucx_perftest measured in the same run as its baseline (docs/benchmark.md). Checks the contract,
 # not the speed: speed is for the benchmark's own figures.
 set -euo pipefail
 wsync="$1"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `wsync demo --json`: every consumer acknowledges every version; the last line is the DESIGN §11
+# `wsync demo --json`: every consumer acknowledges every version; the last line is the status object (docs/cluster.md)
 # object with status pass; no process and no /dev/shm segment is left behind.
 set -uo pipefail
 wsync="$1"

@@ -40,7 +40,8 @@ struct rank_info {
   std::uint64_t active_weight_version = 0;
 };
 
-/// A consumer rank's progress on one update (DESIGN §1.7).
+/// A consumer rank's progress on one update: pending, importing, acknowledged, rejected,
+/// failed or released, with the time of each state.
 enum class rank_state { pending, importing, acknowledged, rejected, failed, released };
 std::string_view rank_state_name(rank_state s);
 

@@ -17,7 +17,7 @@ struct demo_options {
 
 /// `wsync demo`: a coordinator, publisher ranks and consumer ranks as separate local processes
 /// on loopback, `versions` updates over shared memory, then the per-rank table. Ends with the
-/// DESIGN §11 status object when `json`. Returns 0 when every consumer acknowledged every
+/// status object (docs/cluster.md) when `json`. Returns 0 when every consumer acknowledged every
 /// version and nothing was left behind.
 int demo_run(const demo_options& options, std::ostream& out);
 

@@ -1,9 +1,9 @@
 #pragma once
-// The fan-out planner (DESIGN §5): a pure function from membership to the route every byte of an
-// update takes. One leader per node receives over the network; leaders form a relay tree of a
-// chosen degree (degree 1 is a chain, star puts every leader under the publishers); the other
-// ranks of a node import from their leader over shared memory. Each publisher rank's shard
-// follows the same tree, entering it at the top-level leaders.
+// The fan-out planner (docs/cluster.md, "Fan-out plan"): a pure function from membership to the
+// route every byte of an update takes. One leader per node receives over the network; leaders form
+// a relay tree of a chosen degree (degree 1 is a chain, star puts every leader under the
+// publishers); the other ranks of a node import from their leader over shared memory. Each
+// publisher rank's shard follows the same tree, entering it at the top-level leaders.
 //
 // Promises (property-tested): every consumer gets every segment exactly once; no node receives
 // a segment over the network twice; a tree's depth is at most ceil(log_d(nodes)) + 1. When a
@@ -67,8 +67,8 @@ struct fanout_plan {
 
   /// The ranks `rank` feeds, directly or through others.
   std::set<std::int32_t> subtree(std::int32_t rank) const;
-  /// "received_from" as DESIGN §11 shows it: "publisher:0,1" or "rank:5 (network)"; a striped
-  /// leader lists its stripes' sources: "stripes: publisher:0 | rank:4 (network)".
+  /// "received_from" as the status object shows it: "publisher:0,1" or "rank:5 (network)"; a
+  /// striped leader lists its stripes' sources: "stripes: publisher:0 | rank:4 (network)".
   std::string received_from(std::int32_t rank) const;
 };
 

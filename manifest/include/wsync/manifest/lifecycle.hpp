@@ -27,7 +27,7 @@ std::string_view update_state_name(update_state s);
 std::string_view update_event_name(update_event e);
 
 /// Returns the next state, or errc::illegal_transition whose message starts with the exact text
-/// of DESIGN §8 (e.g. "cannot acknowledge update before import_update succeeds") followed by
+/// of docs/protocol.md (e.g. "cannot acknowledge update before import_update succeeds") followed by
 /// `context` (which names the update id and rank).
 result<update_state> update_transition(update_state from, update_event event,
                                        std::string_view context);

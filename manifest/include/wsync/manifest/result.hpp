@@ -31,7 +31,7 @@ enum class errc {
 /// Stable lower-case name of a code, as printed in logs and JSON.
 std::string_view errc_name(errc code);
 
-/// An error value: a code and a human-readable message (the exact texts of DESIGN §8).
+/// An error value: a code and a human-readable message (the exact texts docs/protocol.md lists).
 struct error {
   errc code;
   std::string message;

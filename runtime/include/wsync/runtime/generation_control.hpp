@@ -1,5 +1,5 @@
 #pragma once
-// Pause and resume of generation, as the HTTP /pause and /resume drive them (DESIGN §7). A
+// Pause and resume of generation, as the HTTP /pause and /resume drive them (docs/http.md). A
 // generation brackets itself with begin()/end() and calls step() before each step it runs:
 //  - abort: in-flight generations end at their next step with generation_status::aborted, and
 //    pause() returns once none is left;
