@@ -303,37 +303,171 @@ json route_of(const update_outcome& u, const fanout_run& run) {
   return {{"ranks", ranks}, {"per_hop", hops}};
 }
 
+json base_row(const fanout_bench_options& o) {
+  return {{"mode", "fanout"},
+          {"nodes", o.nodes},
+          {"ranks_per_node", o.ranks_per_node},
+          {"bytes", o.bytes},
+          {"repeat", o.repeat},
+          {"rate_mbit", o.rate_mbit},
+          {"chunk_bytes", o.chunk_bytes},
+          {"degree", o.degree}};
+}
+
+// Prints a row with its status; returns the exit code it stands for.
+int emit(std::ostream& out, json row, const std::string& status, const std::string& why) {
+  row["status"] = status;
+  row["blocker"] = status == "blocked" ? json(why) : json(nullptr);
+  if (status == "fail") row["error"] = why;
+  out << row.dump() << std::endl;
+  return status == "pass" ? 0 : status == "fail" ? 1 : 2;
+}
+
+bool acked_current(const json& report, std::uint64_t version) {
+  return report.value("acknowledged", false) &&
+         report.value("active_weight_version", std::uint64_t{0}) == version;
+}
+
+bool all_acked(const update_outcome& u, std::size_t expected) {
+  if (u.reports.size() != expected) return false;
+  return std::all_of(u.reports.begin(), u.reports.end(),
+                     [&](const auto& r) { return acked_current(r.second, u.version); });
+}
+
+std::string first_failure(const update_outcome& u) {
+  for (const auto& [rank, r] : u.reports) {
+    if (!r.value("acknowledged", false)) {
+      return "rank " + std::to_string(rank) + " rejected: " + r.value("reason", "");
+    }
+  }
+  return "a rank did not answer";
+}
+
+// One update to `ranks`; an error when it failed or not every rank acknowledged it.
+result<update_outcome> update_all(fanout_run& run, const std::vector<std::int32_t>& ranks,
+                                  plan_shape shape) {
+  auto u = run.update(ranks, shape);
+  if (!u) return u.error();
+  if (!all_acked(*u, ranks.size())) return make_error(errc::io_error, first_failure(*u));
+  return u;
+}
+
+// The baseline first: updates to one consumer rank, in this run (two warm-ups fault in its slots
+// and the publisher's). Then two warm-ups to everyone. In this order no rank holds a version the
+// publisher's two slots would need back. Returns the baseline's median commit time.
+result<double> warm_up(fanout_run& run, const fanout_bench_options& o,
+                       const std::vector<std::int32_t>& everyone, plan_shape first) {
+  std::vector<double> single;
+  for (unsigned i = 0; i < o.repeat + 2; ++i) {
+    auto u = update_all(run, {0}, plan_shape::tree);
+    if (!u) return u.error();
+    if (i >= 2) single.push_back(u->commit_s);
+  }
+  for (int w = 0; w < 2; ++w) {
+    if (auto u = update_all(run, everyone, first); !u) return u.error();
+  }
+  return median(single);
+}
+
+json with_baseline(json row, double commit_s, double baseline) {
+  row["baseline"] = {{"name", "single-consumer"}, {"seconds", baseline}};
+  row["ratio_to_baseline"] = baseline > 0 ? commit_s / baseline : 0;
+  return row;
+}
+
+// `repeat` updates along one plan: the row of their medians; `error` set when one failed.
+json plan_row(fanout_run& run, const fanout_bench_options& o, json row, plan_shape shape,
+              const std::vector<std::int32_t>& everyone, double baseline, std::string& error) {
+  std::vector<double> commit, publish;
+  std::optional<update_outcome> last;
+  for (unsigned i = 0; i < o.repeat && error.empty(); ++i) {
+    auto u = update_all(run, everyone, shape);
+    if (!u) {
+      error = u.error().message;
+      continue;
+    }
+    commit.push_back(u->commit_s);
+    publish.push_back(u->publish_s);
+    last = std::move(*u);
+  }
+  row["plan"] = plan_shape_name(shape);
+  row["weight_version"] = last ? last->version : 0;
+  row["timings_s"] = {{"commit", median(commit)}, {"publish", median(publish)}};
+  row = with_baseline(std::move(row), median(commit), baseline);
+  if (last) row.update(route_of(*last, run));
+  row["env"] = {{"cores", std::thread::hardware_concurrency()},
+                {"transport_notes",
+                 "ucx over tcp on each node's veth (UCX_TLS=tcp, UCX_NET_DEVICES=wsync0); links "
+                 "tbf-limited both ways; ranks of a node pull from their leader over TCP "
+                 "inside the node's namespace"}};
+  return row;
+}
+
+// The top leader with the largest subtree dies mid-update; its subtree falls back to its source
+// and must still commit, and nobody else may notice.
+json kill_leader_row(fanout_run& run, const fanout_bench_options& o, json row, plan_shape shape,
+                     const std::vector<std::int32_t>& everyone, double baseline,
+                     std::string& error) {
+  plan_request req;
+  req.publishers = {{0, "n0"}};
+  for (auto r : everyone) req.consumers.push_back({r, run.node_name(r)});
+  req.shape = shape;
+  req.degree = o.degree;
+  auto probe = plan_fanout(req);
+  if (!probe) {
+    error = probe.error().message;
+    return row;
+  }
+  std::int32_t victim = 0;
+  std::size_t largest = 0;
+  for (const auto& [rank, hop] : probe->hops) {
+    if (hop.leader && hop.depth == 1 && probe->subtree(rank).size() >= largest) {
+      largest = probe->subtree(rank).size();
+      victim = rank;
+    }
+  }
+  auto u = run.update(everyone, shape, victim, 0.3 * baseline);
+  row["plan"] = plan_shape_name(shape);
+  row["event"] = "kill_leader";
+  row["victim"] = victim;
+  auto subtree = probe->subtree(victim);
+  row["subtree"] = std::vector<std::int32_t>(subtree.begin(), subtree.end());
+  if (!u) {
+    error = u.error().message;
+    return row;
+  }
+  row["timings_s"] = {{"commit", u->commit_s}, {"publish", u->publish_s}};
+  row = with_baseline(std::move(row), u->commit_s, baseline);
+  row["failed"] = u->failed;
+  row["acknowledged"] = std::count_if(u->reports.begin(), u->reports.end(), [&](const auto& r) {
+    return acked_current(r.second, u->version);
+  });
+  row.update(route_of(*u, run));
+  if (u->failed != std::vector<std::int32_t>{victim}) {
+    error = "expected only rank " + std::to_string(victim) + " to fail";
+  } else if (!all_acked(*u, everyone.size() - 1)) {
+    error = first_failure(*u);
+  }
+  return row;
+}
+
 }  // namespace
 
 int fanout_bench_run(const fanout_bench_options& o, std::ostream& out) {
-  json base = {{"mode", "fanout"},
-               {"nodes", o.nodes},
-               {"ranks_per_node", o.ranks_per_node},
-               {"bytes", o.bytes},
-               {"repeat", o.repeat},
-               {"rate_mbit", o.rate_mbit},
-               {"chunk_bytes", o.chunk_bytes},
-               {"degree", o.degree}};
-  auto finish = [&](json row, const std::string& status, const std::string& why) {
-    row["status"] = status;
-    row["blocker"] = status == "blocked" ? json(why) : json(nullptr);
-    if (status == "fail") row["error"] = why;
-    out << row.dump() << std::endl;
-    return status == "pass" ? 0 : status == "fail" ? 1 : 2;
-  };
+  const json base = base_row(o);
   std::vector<plan_shape> shapes;
   for (const auto& p : o.plans) {
     auto s = plan_shape_parse(p);
-    if (!s) return finish(base, "fail", s.error().message);
+    if (!s) return emit(out, base, "fail", s.error().message);
     shapes.push_back(*s);
   }
-  if (shapes.empty()) return finish(base, "fail", "fanout: no plan given");
+  if (shapes.empty()) return emit(out, base, "fail", "fanout: no plan given");
   if (o.nodes == 0 || o.ranks_per_node == 0) {
-    return finish(base, "fail", "fanout: nodes and ranks_per_node must be at least 1");
+    return emit(out, base, "fail", "fanout: nodes and ranks_per_node must be at least 1");
   }
   if (!transport_known("ucx")) {
-    return finish(base, "blocked",
-                  "blocked: this build has no ucx transport (libucx-dev was not found)");
+    return emit(out, base, "blocked",
+                "blocked: this build has no ucx transport (libucx-dev was not found)");
   }
   struct sigaction sa {};
   sa.sa_handler = on_fanout_interrupt;
@@ -342,126 +476,27 @@ int fanout_bench_run(const fanout_bench_options& o, std::ostream& out) {
   sigaction(SIGTERM, &sa, nullptr);
   auto cluster = emulated_cluster::create(o.nodes + 1, o.rate_mbit);
   if (!cluster) {
-    return finish(base, cluster.error().code == errc::blocked ? "blocked" : "fail",
-                  cluster.error().message);
+    return emit(out, base, cluster.error().code == errc::blocked ? "blocked" : "fail",
+                cluster.error().message);
   }
   fanout_run run(o, **cluster);
-  if (auto ok = run.start(); !ok) return finish(base, "fail", ok.error().message);
+  if (auto ok = run.start(); !ok) return emit(out, base, "fail", ok.error().message);
 
   std::vector<std::int32_t> everyone;
   for (std::size_t r = 0; r < run.ranks(); ++r) everyone.push_back(static_cast<std::int32_t>(r));
-  auto all_acked = [](const update_outcome& u, std::size_t expected) {
-    if (u.reports.size() != expected) return false;
-    return std::all_of(u.reports.begin(), u.reports.end(), [&](const auto& r) {
-      return r.second.value("acknowledged", false) &&
-             r.second.value("active_weight_version", std::uint64_t{0}) == u.version;
-    });
-  };
-  auto first_failure = [](const update_outcome& u) {
-    for (const auto& [rank, r] : u.reports) {
-      if (!r.value("acknowledged", false)) {
-        return "rank " + std::to_string(rank) + " rejected: " + r.value("reason", "");
-      }
-    }
-    return std::string("a rank did not answer");
-  };
-
-  // The baseline first: updates to one consumer rank, in this run (two warm-ups fault in its
-  // slots and the publisher's). Then two warm-ups to everyone. In this order no rank holds a
-  // version the publisher's two slots would need back.
-  std::vector<double> single;
-  for (unsigned i = 0; i < o.repeat + 2; ++i) {
-    auto u = run.update({0}, plan_shape::tree);
-    if (!u) return finish(base, "fail", u.error().message);
-    if (!all_acked(*u, 1)) return finish(base, "fail", first_failure(*u));
-    if (i >= 2) single.push_back(u->commit_s);
-  }
-  const double baseline = median(single);
-  for (int w = 0; w < 2; ++w) {
-    auto u = run.update(everyone, shapes[0]);
-    if (!u) return finish(base, "fail", u.error().message);
-    if (!all_acked(*u, everyone.size())) return finish(base, "fail", first_failure(*u));
-  }
+  auto baseline = warm_up(run, o, everyone, shapes[0]);
+  if (!baseline) return emit(out, base, "fail", baseline.error().message);
 
   int worst = 0;
-  for (std::size_t p = 0; p < shapes.size(); ++p) {
-    std::vector<double> commit, publish;
-    std::optional<update_outcome> last;
+  for (auto shape : shapes) {
     std::string error;
-    for (unsigned i = 0; i < o.repeat && error.empty(); ++i) {
-      auto u = run.update(everyone, shapes[p]);
-      if (!u) {
-        error = u.error().message;
-      } else if (!all_acked(*u, everyone.size())) {
-        error = first_failure(*u);
-      } else {
-        commit.push_back(u->commit_s);
-        publish.push_back(u->publish_s);
-        last = std::move(*u);
-      }
-    }
-    json row = base;
-    row["plan"] = plan_shape_name(shapes[p]);
-    row["weight_version"] = last ? last->version : 0;
-    row["timings_s"] = {{"commit", median(commit)}, {"publish", median(publish)}};
-    row["baseline"] = {{"name", "single-consumer"}, {"seconds", baseline}};
-    row["ratio_to_baseline"] = baseline > 0 ? median(commit) / baseline : 0;
-    if (last) row.update(route_of(*last, run));
-    row["env"] = {{"cores", std::thread::hardware_concurrency()},
-                  {"transport_notes",
-                   "ucx over tcp on each node's veth (UCX_TLS=tcp, UCX_NET_DEVICES=wsync0); links "
-                   "tbf-limited both ways; ranks of a node pull from their leader over TCP "
-                   "inside the node's namespace"}};
-    int rc = finish(row, error.empty() ? "pass" : "fail", error);
-    worst = std::max(worst, rc);
+    json row = plan_row(run, o, base, shape, everyone, *baseline, error);
+    worst = std::max(worst, emit(out, std::move(row), error.empty() ? "pass" : "fail", error));
   }
-
   if (o.kill_leader) {
-    // The top leader with the largest subtree dies mid-update; its subtree falls back to its
-    // source and must still commit, and nobody else may notice.
-    auto probe = plan_fanout([&] {
-      plan_request req;
-      req.publishers = {{0, "n0"}};
-      for (auto r : everyone) req.consumers.push_back({r, run.node_name(r)});
-      req.shape = shapes[0];
-      req.degree = o.degree;
-      return req;
-    }());
-    std::int32_t victim = 0;
-    std::size_t largest = 0;
-    for (const auto& [rank, hop] : probe->hops) {
-      if (hop.leader && hop.depth == 1 && probe->subtree(rank).size() >= largest) {
-        largest = probe->subtree(rank).size();
-        victim = rank;
-      }
-    }
-    auto u = run.update(everyone, shapes[0], victim, 0.3 * baseline);
-    json row = base;
-    row["plan"] = plan_shape_name(shapes[0]);
-    row["event"] = "kill_leader";
-    row["victim"] = victim;
-    auto subtree = probe->subtree(victim);
-    row["subtree"] = std::vector<std::int32_t>(subtree.begin(), subtree.end());
     std::string error;
-    if (!u) {
-      error = u.error().message;
-    } else {
-      row["timings_s"] = {{"commit", u->commit_s}, {"publish", u->publish_s}};
-      row["baseline"] = {{"name", "single-consumer"}, {"seconds", baseline}};
-      row["ratio_to_baseline"] = baseline > 0 ? u->commit_s / baseline : 0;
-      row["failed"] = u->failed;
-      row["acknowledged"] = std::count_if(u->reports.begin(), u->reports.end(), [&](const auto& r) {
-        return r.second.value("acknowledged", false) &&
-               r.second.value("active_weight_version", std::uint64_t{0}) == u->version;
-      });
-      row.update(route_of(*u, run));
-      if (u->failed != std::vector<std::int32_t>{victim}) {
-        error = "expected only rank " + std::to_string(victim) + " to fail";
-      } else if (!all_acked(*u, everyone.size() - 1)) {
-        error = first_failure(*u);
-      }
-    }
-    worst = std::max(worst, finish(row, error.empty() ? "pass" : "fail", error));
+    json row = kill_leader_row(run, o, base, shapes[0], everyone, *baseline, error);
+    worst = std::max(worst, emit(out, std::move(row), error.empty() ? "pass" : "fail", error));
   }
   return worst;
 }
