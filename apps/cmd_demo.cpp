@@ -26,7 +26,9 @@ subcommand add_demo(CLI::App& app) {
       ->capture_default_str();
   demo->add_option("--layout", opt->layout, "model layout or synthetic:<bytes>:<tensors>")
       ->capture_default_str();
-  demo->add_flag("--json", opt->json, "end with the DESIGN §11 status object");
+  demo->add_flag("--json", opt->json,
+                 "end with the status object (JSON: every rank's state and version, see "
+                 "docs/cluster.md)");
   return {demo, [opt] {
             return demo_run(*opt, std::cout);
           }};

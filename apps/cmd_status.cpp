@@ -41,7 +41,9 @@ subcommand add_status(CLI::App& app) {
       ->envname("WSYNC_COORDINATOR")
       ->required();
   add_token(status, state->ep.token);
-  status->add_flag("--json", state->json, "print the DESIGN §11 status object");
+  status->add_flag("--json", state->json,
+                   "print the status object (JSON: every rank's state and version, and the "
+                   "recent updates; see docs/cluster.md)");
   add_tls(status, state->ep.tls);
   return {status, [state] {
             return status_query(*state);
