@@ -1,0 +1,147 @@
+// `wsync bench`: one subcommand, three drivers (bench/): point to point, cluster, fan-out.
+
+#include <iostream>
+#include <memory>
+
+#include "common.hpp"
+#include "subcommand.hpp"
+#include "wsync/bench/bench.hpp"
+#include "wsync/bench/cluster_bench.hpp"
+#include "wsync/bench/fanout_bench.hpp"
+#include "wsync/sources/layouts.hpp"
+
+namespace wsync::cli {
+namespace {
+
+// Flags shared by the modes live in `point` and are handed on to the mode that runs.
+struct bench_state {
+  bench_options point;
+  cluster_bench_options cluster;
+  fanout_bench_options fanout;
+};
+
+int bench_dispatch(bench_state& s) {
+  const bench_options& p = s.point;
+  if (p.mode == "cluster") {
+    s.cluster.repeat = p.smoke ? 3 : p.repeat;
+    if (!p.layout.empty()) s.cluster.layout = p.layout;
+    return cluster_bench_run(s.cluster, std::cout);
+  }
+  if (p.mode == "fanout") {
+    if (p.bytes) s.fanout.bytes = p.bytes;
+    if (p.ucx_chunk_bytes) s.fanout.chunk_bytes = p.ucx_chunk_bytes;
+    s.fanout.repeat = p.smoke ? 1 : p.repeat;
+    if (p.smoke && !p.bytes) s.fanout.bytes = std::uint64_t{8} << 20;
+    return fanout_bench_run(s.fanout, std::cout);
+  }
+  return bench_run(p, std::cout);
+}
+
+// The flags of every mode but fanout.
+void add_point_flags(CLI::App* bench, bench_state& s) {
+  bench_options& opt = s.point;
+  bench
+      ->add_option("--mode", opt.mode,
+                   "local: publisher and consumer in one process over local-clone; "
+                   "shared-memory: the consumer is a separate process importing zero-copy; "
+                   "ucx: the consumer is a separate process pulling over UCX on loopback, "
+                   "against ucx_perftest with the same transports and message size; "
+                   "cluster: control-plane overhead per update for each --consumers count; "
+                   "fanout: time to commit across emulated nodes (network namespaces with "
+                   "rate-limited links, root only) for each --plan, against one consumer")
+      ->check(CLI::IsMember({"local", "shared-memory", "ucx", "cluster", "fanout"}))
+      ->capture_default_str();
+  bench->add_flag("--smoke", opt.smoke,
+                  "quick run for tests: 8 MiB in 16 tensors (unless --layout/--bytes), at most "
+                  "3 repeats");
+  auto* layout = bench->add_option(
+      "--layout", opt.layout,
+      "model whose checkpoint layout (tensor names, shapes, bf16) to publish, with random "
+      "contents: " +
+          join(layout_names()) + " (default qwen2.5-0.5b)");
+  auto* bytes = bench->add_option("--bytes", opt.bytes,
+                                  "publish a synthetic update of this many bytes instead of a "
+                                  "model layout");
+  bench->add_option("--tensors", opt.tensors, "number of tensors of the synthetic update")
+      ->needs(bytes);
+  layout->excludes(bytes);
+  bench->add_option("--repeat", opt.repeat, "timed updates; timings are their medians")
+      ->check(CLI::Range(1u, 1000u))
+      ->capture_default_str();
+  bench
+      ->add_option_function<std::string>(
+          "--verify", [&opt](const std::string& v) { opt.verify = v == "on"; },
+          "recompute every tensor checksum on import")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->default_str(opt.verify ? "on" : "off");
+  bench
+      ->add_option("--copy-threads", opt.copy_threads,
+                   "threads that copy and checksum tensors into the segments")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  bench
+      ->add_option("--consumers", s.cluster.consumers,
+                   "cluster mode: consumer rank counts to measure, e.g. 1,8,64 (the 1-rank "
+                   "baseline is always measured)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
+  bench
+      ->add_option("--slots", opt.slots,
+                   "shared-memory ring size (at least 2: the active version and the incoming one)")
+      ->check(CLI::Range(2u, 64u))
+      ->capture_default_str();
+  bench->add_option("--ucx-tls", opt.ucx_tls,
+                    "ucx mode: UCX_TLS for both processes and the baseline, e.g. tcp, sm, "
+                    "posix,cma (default: one row for tcp, one for sm)");
+}
+
+void add_fanout_flags(CLI::App* bench, fanout_bench_options& fanout) {
+  bench->add_option("--nodes", fanout.nodes, "fanout mode: consumer nodes")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  bench
+      ->add_option("--ranks-per-node", fanout.ranks_per_node,
+                   "fanout mode: consumer ranks per node")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  bench
+      ->add_option("--plan", fanout.plans,
+                   "fanout mode: plans to measure, one row each: tree, chain (degree 1), star "
+                   "(publisher to every node)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"tree", "chain", "star"}))
+      ->capture_default_str();
+  bench->add_option("--degree", fanout.degree, "fanout mode: children per leader in a tree")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  bench->add_option("--rate-mbit", fanout.rate_mbit, "fanout mode: each node's link, each way")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{100000}))
+      ->capture_default_str();
+  bench->add_flag("--kill-leader", fanout.kill_leader,
+                  "fanout mode: then one more update during which a top leader is SIGKILLed; "
+                  "its subtree must still commit");
+}
+
+}  // namespace
+
+subcommand add_bench(CLI::App& app) {
+  auto state = std::make_shared<bench_state>();
+  auto* bench = app.add_subcommand(
+      "bench",
+      "Time one weight update end to end (publish, import, verify, install, ack, release) and "
+      "print JSON rows: one per timed update, the result row last. Baselines (single-thread "
+      "memcpy into pre-faulted memory, single-thread xxh3) are measured in the same run.");
+  add_point_flags(bench, *state);
+  add_fanout_flags(bench, state->fanout);
+  // Read by ucx and fanout modes alike, so it follows both groups.
+  bench
+      ->add_option("--ucx-chunk-bytes", state->point.ucx_chunk_bytes,
+                   "ucx and fanout modes: bytes per pulled chunk (default 4 MiB for ucx, 256 KiB "
+                   "for fanout)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30));
+  return {bench, [state] {
+            return bench_dispatch(*state);
+          }};
+}
+
+}  // namespace wsync::cli

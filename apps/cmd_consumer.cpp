@@ -1,0 +1,112 @@
+// `wsync consumer`: rollout ranks, driven by a coordinator, over HTTP, or both.
+
+#include <iostream>
+#include <memory>
+
+#include <cstdlib>
+
+#include "common.hpp"
+#include "subcommand.hpp"
+#include "wsync/http/consumer_process.hpp"
+
+namespace wsync::cli {
+namespace {
+
+struct consumer_state {
+  consumer_options options;
+  standalone_options http;  // the HTTP surface, with or without a coordinator
+  std::string coordinator;  // host:port, parsed into options.coordinator after the checks
+  std::vector<std::string> transport_settings;
+  bool standalone = false;
+  bool enable_http = false;
+};
+
+int consumer_start(consumer_state& s) {
+  consumer_options& opt = s.options;
+  if (const char* dev = std::getenv("WSYNC_SERVER_DEV_MODE"); dev && std::string(dev) == "1") {
+    s.enable_http = true;
+  }
+  if (s.standalone) {
+    if (!s.enable_http) {
+      std::cerr << "wsync: --standalone: HTTP is this rank's only input; add "
+                   "--enable-weight-transfer (or set WSYNC_SERVER_DEV_MODE=1)\n";
+      return 2;
+    }
+    if (!s.coordinator.empty()) {
+      std::cerr << "wsync: --standalone: takes no --coordinator (unset WSYNC_COORDINATOR)\n";
+      return 2;
+    }
+    s.http.rank.rank = opt.rank;
+    s.http.rank.node = opt.node;
+    s.http.rank.verify = opt.verify;
+    return standalone_consumer_run(s.http);
+  }
+  if (s.coordinator.empty() || opt.model_id.empty()) {
+    std::cerr << "wsync: consumer: --coordinator and --model are required (or --standalone)\n";
+    return 2;
+  }
+  if (!need_token(opt.coordinator.token)) return 2;
+  if (!coordinator_from(s.coordinator, opt.coordinator)) return 2;
+  if (!transport_settings_from(s.transport_settings, opt.transport_settings)) return 2;
+  if (s.enable_http) {
+    s.http.rank.node = opt.node;
+    return consumer_http_run(opt, s.http);
+  }
+  return consumer_run(opt);
+}
+
+void add_http_flags(CLI::App* cons, consumer_state& s) {
+  cons->add_flag("--standalone", s.standalone,
+                 "no coordinator: one rank driven only over HTTP, as a vLLM server would be "
+                 "(needs --enable-weight-transfer)");
+  cons->add_flag("--enable-weight-transfer", s.enable_http,
+                 "serve the vLLM-compatible HTTP surface (or set WSYNC_SERVER_DEV_MODE=1); off "
+                 "by default");
+  http_options& http = s.http.http;
+  cons->add_option("--http-host", http.host, "HTTP listen address")->capture_default_str();
+  cons->add_option("--http-port", http.port, "HTTP port (0: pick a free one)")
+      ->capture_default_str();
+  cons->add_option("--http-port-file", http.port_file, "write the HTTP port here once listening");
+  cons->add_option("--http-token", http.token,
+                   "bearer token every HTTP request must carry (Authorization: Bearer ...)")
+      ->envname("WSYNC_HTTP_TOKEN");
+  cons->add_option("--world-size", s.http.rank.world_size,
+                   "GET /get_world_size?include_dp=false: this server's TP x PP ranks")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cons->add_option("--data-parallel", s.http.rank.data_parallel,
+                   "GET /get_world_size (include_dp=true) answers world-size x data-parallel")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+}
+
+}  // namespace
+
+subcommand add_consumer(CLI::App& app) {
+  auto state = std::make_shared<consumer_state>();
+  consumer_options& opt = state->options;
+  auto* cons = app.add_subcommand(
+      "consumer",
+      "Run a consumer (rollout) rank with the reference runtime: imports, verifies, "
+      "installs and acknowledges every update the coordinator sends.");
+  cons->add_option("--coordinator", state->coordinator,
+                   "coordinator host:port (not with --standalone)")
+      ->envname("WSYNC_COORDINATOR");
+  cons->add_option("--rank", opt.rank,
+                   "consumer rank (the first, with --count); default $RANK or $SLURM_PROCID")
+      ->envname("RANK");
+  cons->add_option("--count", opt.count, "consumer ranks to run in this process")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cons->add_option("--node", opt.node, "node name shown in status")->capture_default_str();
+  add_transport(cons, opt.transport, state->transport_settings);
+  cons->add_option("--model", opt.model_id, "model id to follow (not with --standalone)");
+  add_token(cons, opt.coordinator.token);
+  add_tls(cons, opt.coordinator.tls);
+  add_http_flags(cons, *state);
+  return {cons, [state] {
+            return consumer_start(*state);
+          }};
+}
+
+}  // namespace wsync::cli

@@ -1,0 +1,100 @@
+// `wsync publisher`: a trainer rank, joined to a coordinator or standalone.
+
+#include <iostream>
+#include <memory>
+
+#include "common.hpp"
+#include "subcommand.hpp"
+#include "wsync/cluster/standalone_publisher.hpp"
+#include "wsync/sources/layouts.hpp"
+
+namespace wsync::cli {
+namespace {
+
+struct publisher_state {
+  publisher_options options;
+  std::string coordinator;  // host:port, parsed into options.coordinator after the checks
+  std::vector<std::string> transport_settings;
+  bool standalone = false;
+  std::string manifest_out;
+};
+
+int publisher_start(publisher_state& s) {
+  publisher_options& opt = s.options;
+  if (opt.rank < 0 || opt.rank >= opt.ranks) {
+    std::cerr << "wsync: --rank: must be in [0, --ranks)\n";
+    return 2;
+  }
+  if (s.standalone) {
+    if (s.manifest_out.empty()) {
+      std::cerr << "wsync: --standalone: needs --manifest-out FILE\n";
+      return 2;
+    }
+    return publisher_standalone_run(opt, s.manifest_out);
+  }
+  if (s.coordinator.empty()) {
+    std::cerr << "wsync: publisher: --coordinator is required (or --standalone)\n";
+    return 2;
+  }
+  if (!need_token(opt.coordinator.token)) return 2;
+  if (!transport_settings_from(s.transport_settings, opt.transport_settings)) return 2;
+  if (!coordinator_from(s.coordinator, opt.coordinator)) return 2;
+  return publisher_run(opt);
+}
+
+// What to publish: a layout or a checkpoint file, and which versions.
+void add_content_flags(CLI::App* pub, publisher_options& opt) {
+  pub->add_option("--layout", opt.layout,
+                  "model layout (" + join(layout_names()) + ") or synthetic:<bytes>:<tensors>")
+      ->capture_default_str();
+  pub->add_option("--safetensors", opt.safetensors,
+                  "publish the tensors of this .safetensors file (mapped, zero-copy) instead of "
+                  "a layout; every rank takes tensor i when i % ranks == rank")
+      ->check(CLI::ExistingFile);
+  pub->add_option("--model", opt.model_id,
+                  "model id (default: the layout name, or \"safetensors\")");
+  pub->add_option("--versions", opt.versions, "versions to publish")->capture_default_str();
+  pub->add_option("--first-version", opt.first_version, "weight_version of the first one")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 62))
+      ->capture_default_str();
+  add_milliseconds(pub, "--interval-ms", opt.interval, "pause between versions");
+  pub->add_flag("--json", opt.json, "print each outcome as one JSON line");
+}
+
+}  // namespace
+
+subcommand add_publisher(CLI::App& app) {
+  auto state = std::make_shared<publisher_state>();
+  publisher_options& opt = state->options;
+  auto* pub = app.add_subcommand(
+      "publisher",
+      "Run a publisher (trainer) rank: publish its shard of N versions of a model "
+      "layout over shared memory and wait for each outcome.");
+  pub->add_option("--coordinator", state->coordinator,
+                  "coordinator host:port (not with --standalone)")
+      ->envname("WSYNC_COORDINATOR");
+  pub->add_flag("--standalone", state->standalone,
+                "no coordinator: publish the versions into shared memory, write their manifests "
+                "to --manifest-out and hold them until SIGINT/SIGTERM (feeds an HTTP-driven "
+                "consumer)");
+  pub->add_option("--manifest-out", state->manifest_out,
+                  "with --standalone: file that gets one manifest JSON per line");
+  pub->add_option("--rank", opt.rank, "publisher rank (0..ranks-1); default $RANK or $SLURM_PROCID")
+      ->envname("RANK")
+      ->required();
+  pub->add_option("--ranks", opt.ranks,
+                  "publisher ranks sharing the model; default $WORLD_SIZE or $SLURM_NTASKS")
+      ->envname("WORLD_SIZE")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  pub->add_option("--node", opt.node, "node name shown in status")->capture_default_str();
+  add_transport(pub, opt.transport, state->transport_settings);
+  add_content_flags(pub, opt);
+  add_token(pub, opt.coordinator.token);
+  add_tls(pub, opt.coordinator.tls);
+  return {pub, [state] {
+            return publisher_start(*state);
+          }};
+}
+
+}  // namespace wsync::cli
