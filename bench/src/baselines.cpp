@@ -1,0 +1,146 @@
+#include "baselines.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "wsync/bench/timing.hpp"
+#include "wsync/manifest/checksum.hpp"
+
+namespace wsync {
+
+host_buffer::host_buffer(std::uint64_t n) : size_(std::max<std::uint64_t>(n, 1)) {
+  void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  ::madvise(p, size_, MADV_HUGEPAGE);
+  data_ = static_cast<std::byte*>(p);
+  std::memset(data_, 0, size_);
+}
+
+host_buffer::~host_buffer() {
+  ::munmap(data_, size_);
+}
+
+copy_baselines copy_baselines_measure(const std::byte* source, std::uint64_t n, unsigned repeat) {
+  std::vector<double> memcpy_s, hash_s;
+  host_buffer dst(n);
+  for (unsigned i = 0; i < repeat + 1; ++i) {
+    double t0 = now_s();
+    std::memcpy(dst.data(), source, n);
+    double t1 = now_s();
+    volatile std::uint64_t h = checksum_compute(source, n);
+    (void)h;
+    double t2 = now_s();
+    if (i > 0) memcpy_s.push_back(t1 - t0), hash_s.push_back(t2 - t1);
+  }
+  return {gbps(n, median(memcpy_s)), gbps(n, median(hash_s))};
+}
+
+// --- the ucx baseline: ucx_perftest between two processes on loopback -------------------------
+
+namespace {
+
+// A TCP port on loopback that was free a moment ago.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Runs ucx_perftest with `args` and UCX_TLS=tls; returns its pid, stdout read through *out_fd
+// when out_fd is given (else discarded).
+pid_t perftest_spawn(const std::string& tls, const std::vector<std::string>& args, int* out_fd) {
+  int p[2] = {-1, -1};
+  if (out_fd && ::pipe2(p, O_CLOEXEC) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int sink = out_fd ? p[1] : ::open("/dev/null", O_WRONLY);
+    ::dup2(sink, STDOUT_FILENO);
+    ::dup2(sink, STDERR_FILENO);
+    ::setenv("UCX_TLS", tls.c_str(), 1);
+    std::vector<char*> argv = {const_cast<char*>("ucx_perftest")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp("ucx_perftest", argv.data());
+    ::_exit(127);
+  }
+  if (out_fd) {
+    ::close(p[1]);
+    *out_fd = pid > 0 ? p[0] : (::close(p[0]), -1);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::optional<double> perftest_gbps(const std::string& tls, const std::string& test,
+                                    std::uint64_t message_bytes, std::string* why) {
+  std::uint64_t iterations =
+      std::clamp<std::uint64_t>((std::uint64_t{4} << 30) / message_bytes, 5, 1000);
+  int port = free_port();
+  std::vector<std::string> args = {"-t", test,
+                                   "-s", std::to_string(message_bytes),
+                                   "-n", std::to_string(iterations),
+                                   "-p", std::to_string(port)};
+  pid_t server = perftest_spawn(tls, args, nullptr);
+  if (server < 0) return *why = "could not start ucx_perftest", std::nullopt;
+  std::string text;
+  // The server needs a moment to listen: a refused client is retried.
+  for (int attempt = 0; attempt < 50 && text.find("Final:") == std::string::npos; ++attempt) {
+    if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int fd = -1;
+    auto client_args = args;
+    client_args.insert(client_args.begin(), "127.0.0.1");
+    pid_t client = perftest_spawn(tls, client_args, &fd);
+    if (client < 0) break;
+    text.clear();
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, n);
+    ::close(fd);
+    int status = 0;
+    ::waitpid(client, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+      ::kill(server, SIGKILL);
+      ::waitpid(server, nullptr, 0);
+      return *why = "ucx_perftest is not installed (Debian package ucx-utils)", std::nullopt;
+    }
+  }
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  // "Final: <iters> <lat 50%> <lat avg> <lat overall> <bw avg> <bw overall> <rate avg> ..."
+  auto at = text.find("Final:");
+  if (at == std::string::npos) {
+    *why = "ucx_perftest printed no result: " + text.substr(0, 300);
+    return std::nullopt;
+  }
+  std::istringstream fields(text.substr(at + 6));
+  double v[6] = {};
+  for (auto& x : v) fields >> x;
+  if (!fields) return *why = "cannot read ucx_perftest's result line", std::nullopt;
+  return v[5] * 1048576.0 / 1e9;  // perftest's MB is 2^20 bytes
+}
+
+}  // namespace wsync

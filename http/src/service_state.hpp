@@ -1,0 +1,140 @@
+#pragma once
+// What the parts of weight_transfer_service share (weight_transfer.cpp: the four phases;
+// rank_metrics.cpp: /status and /metrics; generation.cpp: pause and generate): the state behind
+// the public class, and the helpers that shape every reply. Private to the http module.
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "wsync/http/weight_transfer.hpp"
+#include "wsync/runtime/generation_control.hpp"
+#include "wsync/runtime/reference_runtime.hpp"
+#include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/weight_consumer.hpp"
+
+namespace wsync {
+
+using json = nlohmann::json;
+
+inline http_reply reply(int status, json body) {
+  return {status, body.dump()};
+}
+inline http_reply fail(int status, const std::string& message) {
+  return reply(status, {{"error", message}});
+}
+
+// A JSON body, or the 400 that names what is wrong with it. An empty body is {} when allowed.
+std::optional<json> parse_body(std::string_view body, bool empty_ok, http_reply& error);
+
+// Prometheus histogram with fixed buckets (seconds).
+class histogram {
+ public:
+  void observe(double seconds);
+  void render(std::ostringstream& out, const std::string& name, const std::string& label) const;
+
+ private:
+  static constexpr std::array<double, 10> bounds = {0.0005, 0.001, 0.005, 0.01, 0.05,
+                                                    0.1,    0.5,   1,     5,    30};
+  mutable std::mutex mutex_;
+  std::array<std::uint64_t, bounds.size()> counts_{};
+  std::uint64_t count_ = 0;
+  double sum_ = 0;
+};
+
+enum class phase { uninitialized, ready, started };
+const char* phase_name(phase p);
+
+// One rank's answer to one update, for /status.
+struct rank_answer {
+  std::int32_t rank = 0;
+  std::string state;  ///< acknowledged | rejected
+  std::string reason;
+  double seconds = 0;
+};
+
+// One update as this process saw it: committed while every rank acknowledged it.
+struct update_entry {
+  std::string key;
+  std::uint64_t weight_version = 0;
+  std::vector<rank_answer> ranks;
+  std::string phase() const {
+    for (const auto& r : ranks) {
+      if (r.state != "acknowledged") return "rejected";
+    }
+    return "committed";
+  }
+};
+
+// A rank whose runtime this process serves.
+struct rank_slot {
+  std::int32_t rank = 0;
+  reference_runtime* runtime = nullptr;
+  std::uint64_t active = 0;
+  std::string state = "joined";
+};
+
+constexpr std::size_t status_history = 16;
+
+struct weight_transfer_service::impl {
+  impl(weight_transfer_config c, std::string coord)
+      : config(std::move(c)), coordinator(std::move(coord)) {}
+
+  weight_transfer_config config;
+  std::string coordinator;    ///< non-empty: coordinator-driven, the four phases are refused
+  reference_runtime runtime;  ///< standalone: the rank's own runtime
+  generation_control generation;
+
+  // The four phases; one call at a time.
+  mutable std::mutex phase_mutex;
+  phase current = phase::uninitialized;
+  std::string transport;  ///< fixed by the first init
+  std::unique_ptr<weight_consumer> consumer;
+  std::unique_ptr<rollout_executor> executor;
+  std::vector<weight_update_manifest> shards;  ///< received since start
+
+  // What /status and /metrics report.
+  mutable std::mutex status_mutex;
+  std::vector<rank_slot> ranks;
+  std::deque<update_entry> recent;
+  std::atomic<std::uint64_t> active{0};  ///< standalone: the version finish switched to
+  std::atomic<std::uint64_t> published{0}, committed{0}, rejected{0}, bytes_moved{0};
+  std::atomic<std::uint64_t> generations_completed{0}, generations_aborted{0};
+  std::uint64_t versions = 0;         ///< distinct versions made active here (status_mutex)
+  std::uint64_t highest_version = 0;  ///< status_mutex
+  histogram import_s, verify_s, install_s, total_s;
+
+  std::string conflict(std::string_view call, std::string_view hint) const {
+    return std::string(call) + ": out of order: the weight transfer is '" + phase_name(current) +
+           "'" + (hint.empty() ? "" : " (" + std::string(hint) + ")");
+  }
+
+  // update and finish need a started phase: say which call comes first.
+  std::string not_started(std::string_view call) const {
+    return conflict(call, current == phase::uninitialized
+                              ? "call /init_weight_transfer_engine first"
+                              : "call /start_weight_update first");
+  }
+
+  std::optional<http_reply> refuse_when_following(std::string_view call) const {
+    if (coordinator.empty()) return std::nullopt;
+    return fail(409, std::string(call) +
+                         ": out of order: this consumer follows the coordinator at " + coordinator +
+                         "; updates come from it, not over HTTP");
+  }
+
+  // Counts one rank's answer to one update (metrics, per-rank state, recent updates).
+  void record(std::int32_t rank, const std::string& key, const rollout_report& r,
+              std::uint64_t bytes);
+};
+
+}  // namespace wsync
