@@ -1,6 +1,6 @@
 #pragma once
 // `wsync bench`: times one transport end to end (publish -> import -> verify -> install -> ack ->
-// release) against baselines measured in the same run, and prints JSON rows (DESIGN §11).
+// release) against baselines measured in the same run, and prints JSON rows (docs/benchmark.md).
 
 #include <cstdint>
 #include <ostream>
