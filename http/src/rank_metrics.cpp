@@ -10,7 +10,7 @@
 
 namespace wsync {
 
-void histogram::observe(double seconds) {
+void http_detail::histogram::observe(double seconds) {
   std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < bounds.size(); ++i) {
     if (seconds <= bounds[i]) ++counts_[i];
@@ -19,8 +19,8 @@ void histogram::observe(double seconds) {
   sum_ += seconds;
 }
 
-void histogram::render(std::ostringstream& out, const std::string& name,
-                       const std::string& label) const {
+void http_detail::histogram::render(std::ostringstream& out, const std::string& name,
+                                    const std::string& label) const {
   std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < bounds.size(); ++i) {
     out << name << "_bucket{" << label << ",le=\"" << bounds[i] << "\"} " << counts_[i] << "\n";

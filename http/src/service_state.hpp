@@ -23,6 +23,9 @@
 #include "wsync/transports/weight_consumer.hpp"
 
 namespace wsync {
+// What the service's files share, in a namespace of its own: the short names (reply, fail,
+// histogram) must not collide with anything else linked into a wsync program.
+namespace http_detail {
 
 using json = nlohmann::json;
 
@@ -84,6 +87,10 @@ struct rank_slot {
 };
 
 constexpr std::size_t status_history = 16;
+
+}  // namespace http_detail
+
+using namespace http_detail;
 
 struct weight_transfer_service::impl {
   impl(weight_transfer_config c, std::string coord)

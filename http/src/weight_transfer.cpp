@@ -14,7 +14,8 @@
 
 namespace wsync {
 
-std::optional<json> parse_body(std::string_view body, bool empty_ok, http_reply& error) {
+std::optional<json> http_detail::parse_body(std::string_view body, bool empty_ok,
+                                            http_reply& error) {
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) {
     if (empty_ok) return json::object();
     error = fail(400, "body: a JSON object is required");
@@ -32,7 +33,7 @@ std::optional<json> parse_body(std::string_view body, bool empty_ok, http_reply&
   return j;
 }
 
-const char* phase_name(phase p) {
+const char* http_detail::phase_name(phase p) {
   switch (p) {
     case phase::uninitialized:
       return "uninitialized";
