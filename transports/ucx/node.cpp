@@ -45,7 +45,19 @@ result<void> node::init() {
   auto configured = [&]() -> result<void> {
     if (auto ok = modify("TLS", cfg_.tls, "tls"); !ok) return ok;
     if (auto ok = modify("NET_DEVICES", cfg_.devices, "devices"); !ok) return ok;
-    return modify("RNDV_THRESH", cfg_.rndv_thresh, "rndv_thresh");
+    if (auto ok = modify("RNDV_THRESH", cfg_.rndv_thresh, "rndv_thresh"); !ok) return ok;
+    // UCX 1.13's TCP transport connects inside ucp_ep_create when connecting blocks, its
+    // default. Should the peer's worker go away in that moment (a relay shutting down as a child
+    // connects: the connection request cannot be sent, the reconnect is refused), it marks the
+    // new endpoint failed before giving it its send side, and the next progress aborts the
+    // process (tcp_ep.c:478, `!(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX)`). Connecting without
+    // blocking ends the connect in progress, once the endpoint is whole: a refused connection
+    // then reaches on_ep_error like any dead peer. Asked only where TCP may be in use, since UCX
+    // warns about a setting that no transport takes.
+    if (ucx_tls_may_use_tcp(cfg_.tls)) {
+      WSYNC_UCX_CHECK(ucp_config_modify(config, "CONN_NB", "y"), side_);
+    }
+    return result<void>{};
   }();
   if (!configured) {
     ucp_config_release(config);
@@ -157,6 +169,18 @@ void node::shutdown() {
     for (auto job : std::vector(jobs_)) pull_check_done(job);
   }
   close_failed_endpoints();
+  // A peer that connected just now may still be owed UCX's connection reply (its wireup REP),
+  // and UCX 1.13 aborts when the worker is destroyed with one pending (ucp_request.c:684, "got
+  // REP message"). Flushing the worker sends it first; bounded, since over shared memory a dead
+  // peer is never noticed.
+  ucp_request_param_t p{};
+  void* flush = ucp_worker_flush_nbx(worker_, &p);
+  if (flush == nullptr || ptr_is_error(flush)) return;
+  deadline = clock_type::now() + std::chrono::seconds(1);
+  while (ucp_request_check_status(flush) == UCS_INPROGRESS && clock_type::now() < deadline) {
+    ucp_worker_progress(worker_);
+  }
+  ucp_request_free(flush);
 }
 
 void node::close_endpoint(ucp_ep_h ep, bool force) {

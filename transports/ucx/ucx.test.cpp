@@ -85,6 +85,18 @@ TEST_F(ucx_test, auto_op_picks_get_only_for_shared_memory_transports) {
   EXPECT_EQ(ucx_auto_op("sm"), "get");
 }
 
+TEST(ucx_tls, tcp_may_be_used_unless_the_list_leaves_it_out) {
+  EXPECT_TRUE(ucx_tls_may_use_tcp(""));
+  EXPECT_TRUE(ucx_tls_may_use_tcp("tcp"));
+  EXPECT_TRUE(ucx_tls_may_use_tcp("sm,tcp"));
+  EXPECT_TRUE(ucx_tls_may_use_tcp("all"));
+  EXPECT_TRUE(ucx_tls_may_use_tcp("^sm"));
+  EXPECT_FALSE(ucx_tls_may_use_tcp("posix,sysv,cma"));
+  EXPECT_FALSE(ucx_tls_may_use_tcp("rc,ud"));
+  EXPECT_FALSE(ucx_tls_may_use_tcp("^tcp"));
+  EXPECT_FALSE(ucx_tls_may_use_tcp("^sm,tcp"));
+}
+
 TEST_F(ucx_test, tag_and_get_pulls_deliver_the_same_bytes) {
   for (const char* op : {"tag", "get"}) {
     SCOPED_TRACE(op);

@@ -22,6 +22,21 @@ bool ucx_tls_shared_memory_only(std::string_view tls) {
   }
 }
 
+bool ucx_tls_may_use_tcp(std::string_view tls) {
+  bool excluded = !tls.empty() && tls.front() == '^';
+  if (excluded) tls.remove_prefix(1);
+  if (tls.empty()) return true;
+  bool named = false;
+  while (true) {
+    auto comma = tls.find(',');
+    auto name = tls.substr(0, std::min(comma, tls.find(':')));  // "tcp:aux" is tcp too
+    if (name == "tcp" || (name == "all" && !excluded)) named = true;
+    if (comma == std::string_view::npos) break;
+    tls.remove_prefix(comma + 1);
+  }
+  return excluded ? !named : named;
+}
+
 std::string ucx_auto_op(std::string_view tls) {
   return ucx_tls_shared_memory_only(tls) ? "get" : "tag";
 }

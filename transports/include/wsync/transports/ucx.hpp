@@ -17,4 +17,8 @@ std::string ucx_auto_op(std::string_view tls);
 /// shm, knem, xpmem, self); empty means UCX's own choice, which may include the network.
 bool ucx_tls_shared_memory_only(std::string_view tls);
 
+/// True when UCX may pick its TCP transport under `tls` (a UCX_TLS list): empty (UCX's own
+/// choice), "all", a list naming "tcp", or a "^" list that does not name it.
+bool ucx_tls_may_use_tcp(std::string_view tls);
+
 }  // namespace wsync
