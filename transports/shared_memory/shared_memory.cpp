@@ -78,11 +78,14 @@ void* map_aligned(int fd, std::uint64_t bytes, int prot, int flags) {
 #define MADV_COLLAPSE 25  // Linux 6.1; glibc 2.36's <sys/mman.h> does not name it yet
 #endif
 
-// Why slots are made of 2 MiB pages (measured on these VMs, whose hypervisor shadows the guest's
-// page tables; see docs/benchmark.md): MAP_POPULATE and MADV_POPULATE_* fill a process's
-// page-table entries but not the hypervisor's shadow of them, so the first access through each
-// new 4 KiB entry still costs ~2 us, in every process that maps the slot: a consumer's first
-// verify of a 1 GB slot ran at ~5 GB/s instead of ~40. Through 2 MiB entries it costs 2-6x less.
+// Why slots are made of 2 MiB pages and read once at creation (measured on these VMs, whose
+// hypervisor shadows the guest's page tables; see docs/benchmark.md): MAP_POPULATE and
+// MADV_POPULATE_* fill a process's page-table entries but not the hypervisor's shadow of them, so
+// the first access through each new 4 KiB entry still costs ~2 us, in every process that maps
+// the slot: a consumer's first verify of a 1 GB slot ran at ~5 GB/s instead of ~40. For a 2 MiB
+// entry the shadow is kept per page and access kind, whichever process built it: once one
+// process read the slot through a read-only mapping, a consumer's first read costs no more than
+// its later ones.
 
 // Turns the slot's memory into 2 MiB pages where the kernel can (MADV_COLLAPSE works on shmem
 // whatever /sys/kernel/mm/transparent_hugepage/shmem_enabled says). True when every whole 2 MiB
@@ -103,6 +106,16 @@ bool slot_collapse(int fd, void* base, std::uint64_t bytes) {
     if (errno != EAGAIN) return false;
   }
   return false;
+}
+
+// Reads one byte of every 4 KiB page through a read-only mapping like a consumer's, so that the
+// shadow entries consumers will use exist before the first of them maps the slot (see above).
+void slot_warm_read_only(int fd, std::uint64_t bytes) {
+  void* p = map_aligned(fd, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE);
+  if (p == MAP_FAILED) return;
+  const auto* b = static_cast<const volatile std::byte*>(p);
+  for (std::uint64_t off = 0; off < bytes; off += page) (void)b[off];
+  ::munmap(p, bytes);
 }
 
 // Start time of a process in clock ticks since boot; 0 when the process does not exist or has
@@ -169,7 +182,7 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   void* p = map_aligned(fd, s.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED);
   if (p == MAP_FAILED) return fail("mmap");
   s.base = static_cast<std::byte*>(p);
-  slot_collapse(fd, p, s.map_bytes);
+  bool huge = slot_collapse(fd, p, s.map_bytes);
   // Allocate every page now (after a collapse, only what it left small); tmpfs reports a full
   // /dev/shm here rather than with SIGBUS later.
   if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
@@ -182,6 +195,8 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
       static_cast<volatile std::byte*>(p)[off] = std::byte{0};
     }
   }
+  // With 4 KiB pages each consumer builds its own shadow entries: warming would not help them.
+  if (huge) slot_warm_read_only(fd, s.map_bytes);
   ::close(fd);
   auto* h = new (s.base) slot_header{};
   std::memcpy(h->magic, magic, sizeof magic);

@@ -466,9 +466,9 @@ TEST_F(shared_memory_test, a_consumer_mapping_is_populated_at_import) {
 }
 
 TEST_F(shared_memory_test, slots_are_huge_pages_mapped_whole_where_the_kernel_can) {
-  // On the VMs this runs on, a new 4 KiB mapping costs ~2 us at first access even when
-  // populated, a 2 MiB one nothing (docs/benchmark.md): a consumer's first verify of a slot runs
-  // at the speed of later ones only with huge pages.
+  // On the VMs this runs on, each page of a new 4 KiB mapping costs ~2 us at first access even
+  // when populated, in every process (docs/benchmark.md); through 2 MiB pages the publisher pays
+  // it once per slot and a consumer's first verify runs at the speed of later ones.
   if (auto why = shmem_collapse_unavailable(); !why.empty()) {
     GTEST_SKIP() << "this kernel makes no 2 MiB shmem pages on request: " << why;
   }
