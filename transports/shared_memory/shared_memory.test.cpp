@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -78,6 +79,63 @@ std::string mapping_of(const void* p) {
     if (addr >= lo && addr < hi) return line;
   }
   return {};
+}
+
+// The "Key: N kB" fields of the /proc/self/smaps entry whose range holds `p` (empty if none),
+// with its start address under "start".
+std::map<std::string, std::uint64_t> smaps_of(const void* p) {
+  auto addr = reinterpret_cast<std::uintptr_t>(p);
+  std::map<std::string, std::uint64_t> fields;
+  std::ifstream in("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string key;
+    words >> key;
+    if (key.empty()) continue;
+    if (key.back() != ':') {  // "lo-hi perms offset dev inode path": a new entry
+      if (inside) break;
+      std::uintptr_t lo = 0, hi = 0;
+      char dash = 0;
+      std::istringstream range(key);
+      range >> std::hex >> lo >> dash >> hi;
+      inside = addr >= lo && addr < hi;
+      if (inside) fields["start"] = lo;
+    } else if (inside) {
+      std::uint64_t kb = 0;
+      words >> kb;
+      fields[key.substr(0, key.size() - 1)] = kb;
+    }
+  }
+  return fields;
+}
+
+constexpr std::uint64_t huge_page = std::uint64_t{2} << 20;
+
+// "" when this kernel turns shared memory into 2 MiB pages on request (MADV_COLLAPSE: Linux 6.1+,
+// transparent huge pages built in, a huge page free), otherwise why not.
+std::string shmem_collapse_unavailable() {
+  int fd = ::memfd_create("wsync-test-collapse", MFD_CLOEXEC);  // shmem, like /dev/shm
+  if (fd < 0) return std::string("memfd_create: ") + std::strerror(errno);
+  std::string why;
+  void* reserved = ::mmap(nullptr, 2 * huge_page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const char one = 1;
+  if (::ftruncate(fd, static_cast<off_t>(huge_page)) != 0 || reserved == MAP_FAILED ||
+      ::pwrite(fd, &one, 1, 0) != 1) {
+    why = std::string("setup: ") + std::strerror(errno);
+  } else {
+    auto at = (reinterpret_cast<std::uintptr_t>(reserved) + huge_page - 1) / huge_page * huge_page;
+    void* p = ::mmap(reinterpret_cast<void*>(at), huge_page, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+      why = std::string("mmap: ") + std::strerror(errno);
+    } else if (::madvise(p, huge_page, 25 /* MADV_COLLAPSE */) != 0) {
+      why = std::string("madvise(MADV_COLLAPSE): ") + std::strerror(errno);
+    }
+  }
+  if (reserved != MAP_FAILED) ::munmap(reserved, 2 * huge_page);
+  ::close(fd);
+  return why;
 }
 
 // Byte i of a tensor of n bytes in version v.
@@ -388,6 +446,44 @@ TEST_F(shared_memory_test, slots_are_private_and_mapped_read_only) {
   ASSERT_TRUE(c->release(m->update_id));
   ASSERT_TRUE(publisher_->on_failed(m->update_id, 1, "crashed"));
   EXPECT_TRUE(publisher_->held_updates().empty());
+}
+
+TEST_F(shared_memory_test, a_consumer_mapping_is_populated_at_import) {
+  // Every page is mapped when import returns (MAP_POPULATE), so verify does not fault them in
+  // one by one; the mapping starts on a 2 MiB boundary, so huge pages can be mapped whole.
+  make_publisher(1);
+  auto m = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  auto c = make_local_consumer();
+  auto u = c->import_update(*m);
+  ASSERT_TRUE(u) << u.error().message;
+  auto smaps = smaps_of((*u)->tensors[0].data);  // the consumer's own mapping, read-only
+  ASSERT_GT(smaps["Size"], 0u) << mapping_of((*u)->tensors[0].data);
+  EXPECT_EQ(smaps["Rss"], smaps["Size"]) << "kB mapped after import, of the slot's";
+  EXPECT_EQ(smaps["start"] % huge_page, 0u) << std::hex << smaps["start"];
+  ASSERT_TRUE(c->release(m->update_id));
+  ASSERT_TRUE(publisher_->on_released(m->update_id, 0));
+}
+
+TEST_F(shared_memory_test, slots_are_huge_pages_mapped_whole_where_the_kernel_can) {
+  // On the VMs this runs on, each page of a new 4 KiB mapping costs ~2 us at first access even
+  // when populated, in every process (docs/benchmark.md); through 2 MiB pages the publisher pays
+  // it once per slot and a consumer's first verify runs at the speed of later ones.
+  if (auto why = shmem_collapse_unavailable(); !why.empty()) {
+    GTEST_SKIP() << "this kernel makes no 2 MiB shmem pages on request: " << why;
+  }
+  make_publisher(1);
+  auto m = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  auto c = make_local_consumer();
+  auto u = c->import_update(*m);
+  ASSERT_TRUE(u) << u.error().message;
+  auto smaps = smaps_of((*u)->tensors[0].data);
+  std::uint64_t whole_kb = smaps["Size"] / (huge_page >> 10) * (huge_page >> 10);
+  ASSERT_GT(whole_kb, 0u) << "a slot of " << smaps["Size"] << " kB";
+  EXPECT_EQ(smaps["ShmemPmdMapped"], whole_kb) << "kB of the consumer's mapping in 2 MiB pages";
+  ASSERT_TRUE(c->release(m->update_id));
+  ASSERT_TRUE(publisher_->on_released(m->update_id, 0));
 }
 
 TEST_F(shared_memory_test, a_slot_is_reused_only_after_release) {
