@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "wsync/bench/layouts.hpp"
 #include "wsync/manifest/codec.hpp"
+#include "wsync/sources/layouts.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
