@@ -65,11 +65,6 @@ std::string host_name() {
   return ::gethostname(host, sizeof host - 1) == 0 ? host : "unknown";
 }
 
-void fill_random(std::byte* p, std::uint64_t n, std::uint64_t seed) {
-  std::uint64_t state = seed | 1;
-  pattern_fill(p, n, state);
-}
-
 // --- the publisher side and the run -----------------------------------------------------------
 
 struct samples {
@@ -239,7 +234,8 @@ void source_fill(point_run& r) {
         (r.src_bytes + t.nbytes() + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
   }
   r.source.emplace(r.src_bytes);
-  fill_random(r.source->data(), r.src_bytes, 0x9e3779b97f4a7c15ull);
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  pattern_fill(r.source->data(), r.src_bytes, state);
   for (std::size_t i = 0; i < r.layout.tensors.size(); ++i) {
     const auto& t = r.layout.tensors[i];
     r.tensors.push_back({t.name, t.dtype, t.shape, {}, r.source->data() + offsets[i], t.nbytes()});
