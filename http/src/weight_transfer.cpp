@@ -181,7 +181,10 @@ std::string http_detail::check_chunk(const json& info, const std::string& where,
     }
     if (info.contains(dtype_key)) {
       const auto& dn = info[dtype_key][i];
-      auto dt = dn.is_string() ? dtype_parse(dn.get<std::string>()) : std::nullopt;
+      // torch's spelling ("torch.bfloat16", str() of a dtype) names the same dtype.
+      std::string_view text = dn.is_string() ? dn.get_ref<const std::string&>() : "";
+      if (text.starts_with("torch.")) text.remove_prefix(6);
+      auto dt = dn.is_string() ? dtype_parse(text) : std::nullopt;
       if (!dt) return field(where, dtype_key) + at + ": not a dtype";
       if (*dt != t->dtype) {
         return field(where, dtype_key) + at + ": " + dn.get<std::string>() +
