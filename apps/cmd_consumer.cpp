@@ -70,6 +70,12 @@ void add_http_flags(CLI::App* cons, consumer_state& s) {
   cons->add_option("--http-token", http.token,
                    "bearer token every HTTP request must carry (Authorization: Bearer ...)")
       ->envname("WSYNC_HTTP_TOKEN");
+  cons->add_option(
+          "--http-api", http.api,
+          "HTTP route set: vllm (vLLM's weight-transfer routes), sglang (SGLang's "
+          "weight-update routes) or both; /status, /metrics, /generate and /health in each")
+      ->check(CLI::IsMember({"vllm", "sglang", "both"}))
+      ->capture_default_str();
   cons->add_option("--world-size", s.http.rank.world_size,
                    "GET /get_world_size?include_dp=false: this server's TP x PP ranks")
       ->check(CLI::Range(1, 1 << 20))

@@ -3,6 +3,8 @@ find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(tomlplusplus 3 REQUIRED)
+# OpenSSL (libssl-dev): SHA-256 for the HTTP weight checker; CAF's TLS uses it too.
+find_package(OpenSSL REQUIRED)
 # CAF 0.17 (libcaf-dev): core, io and openssl, for the control plane (cmake/FindCAF.cmake).
 find_package(CAF REQUIRED)
 

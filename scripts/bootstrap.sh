@@ -8,6 +8,7 @@ packages=(
   g++ cmake ninja-build pkg-config ccache clang-format openssl
   # libraries (cmake/wsync_dependencies.cmake finds them)
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcaf-dev libcpp-httplib-dev
+  libssl-dev
   # tests
   libgtest-dev libgmock-dev librapidcheck-dev curl
   # the ucx transport and its benchmark baseline; the emulated cluster (namespaces, tc) and its test

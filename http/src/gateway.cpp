@@ -1,8 +1,10 @@
 #include "wsync/http/gateway.hpp"
 
 #include <httplib.h>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "wsync/manifest/log.hpp"
@@ -38,31 +40,65 @@ std::string body_of(const httplib::Request& q, const httplib::ContentReader& rea
   return body;
 }
 
-// Routes: vLLM's paths and shapes, plus wsync's /metrics, /status and /generate.
-void add_routes(httplib::Server& server, weight_transfer_service& s) {
-  using req = const httplib::Request&;
-  using res = httplib::Response&;
-  using reader = const httplib::ContentReader&;
-  auto post = [&server](const char* path, auto&& handle) {
-    server.Post(path,
-                [handle](req q, res r, reader read) { answer(r, handle(q, body_of(q, read))); });
-  };
-  post("/init_weight_transfer_engine", [&s](req, const std::string& b) { return s.init(b); });
-  post("/start_weight_update", [&s](req, const std::string& b) { return s.start(b); });
-  post("/update_weights", [&s](req, const std::string& b) { return s.update(b); });
-  post("/finish_weight_update", [&s](req, const std::string& b) { return s.finish(b); });
-  post("/pause", [&s](req q, const std::string&) {
+using req = const httplib::Request&;
+using res = httplib::Response&;
+using reader = const httplib::ContentReader&;
+
+// POST routes answer handle(request, body).
+template <class Handle>
+void post(httplib::Server& server, const char* path, Handle handle) {
+  server.Post(path,
+              [handle](req q, res r, reader read) { answer(r, handle(q, body_of(q, read))); });
+}
+
+// Every surface: wsync's /status, /metrics, /generate and /health.
+void add_common_routes(httplib::Server& server, weight_transfer_service& s) {
+  post(server, "/generate", [&s](req, const std::string& b) { return s.generate(b); });
+  server.Get("/status", [&s](req, res r) { answer(r, s.status()); });
+  server.Get("/metrics",
+             [&s](req, res r) { r.set_content(s.metrics(), "text/plain; version=0.0.4"); });
+  server.Get("/health", [](req, res r) { answer(r, {200, R"({"status":"ok"})"}); });
+}
+
+// vLLM's paths and shapes: the four phases, pause and resume, the weight version and checker.
+void add_vllm_routes(httplib::Server& server, weight_transfer_service& s) {
+  post(server, "/init_weight_transfer_engine",
+       [&s](req, const std::string& b) { return s.init(b); });
+  post(server, "/start_weight_update", [&s](req, const std::string& b) { return s.start(b); });
+  post(server, "/update_weights", [&s](req, const std::string& b) { return s.update(b); });
+  post(server, "/finish_weight_update", [&s](req, const std::string& b) { return s.finish(b); });
+  post(server, "/pause", [&s](req q, const std::string&) {
     return s.pause(q.has_param("mode") ? q.get_param_value("mode") : "");
   });
-  post("/resume", [&s](req, const std::string&) { return s.resume(); });
-  post("/generate", [&s](req, const std::string& b) { return s.generate(b); });
+  post(server, "/resume", [&s](req, const std::string&) { return s.resume(); });
   server.Get("/is_paused", [&s](req, res r) { answer(r, s.is_paused()); });
   server.Get("/get_world_size", [&s](req q, res r) {
     answer(r, s.world_size(q.has_param("include_dp") ? q.get_param_value("include_dp") : ""));
   });
-  server.Get("/status", [&s](req, res r) { answer(r, s.status()); });
-  server.Get("/metrics",
-             [&s](req, res r) { r.set_content(s.metrics(), "text/plain; version=0.0.4"); });
+  post(server, "/update_weight_version",
+       [&s](req, const std::string& b) { return s.update_weight_version(b); });
+  server.Get("/weight_info", [&s](req, res r) { answer(r, s.weight_info()); });
+  post(server, "/weight_checker", [&s](req, const std::string& b) { return s.weight_checker(b); });
+}
+
+// SGLang's paths and shapes (sglang.cpp).
+void add_sglang_routes(httplib::Server& server, weight_transfer_service& s, bool with_vllm) {
+  post(server, "/init_weights_update_group",
+       [&s](req, const std::string& b) { return s.sglang_init_group(b); });
+  post(server, "/destroy_weights_update_group",
+       [&s](req, const std::string& b) { return s.sglang_destroy_group(b); });
+  post(server, "/update_weights_from_distributed",
+       [&s](req, const std::string& b) { return s.sglang_update(b); });
+  post(server, "/pause_generation", [&s](req, const std::string& b) { return s.sglang_pause(b); });
+  post(server, "/continue_generation",
+       [&s](req, const std::string& b) { return s.sglang_continue(b); });
+  for (const char* path : {"/get_weight_version", "/model_info", "/get_model_info"}) {
+    server.Get(path, [&s](req, res r) { answer(r, s.sglang_model_info()); });
+  }
+  if (!with_vllm) {  // one route and shape for both surfaces
+    post(server, "/update_weight_version",
+         [&s](req, const std::string& b) { return s.update_weight_version(b); });
+  }
 }
 
 }  // namespace
@@ -94,7 +130,10 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
                                         : "request: HTTP " + std::to_string(r.status);
     r.set_content("{\"error\":\"" + why + "\"}", "application/json");
   });
-  add_routes(server, impl_->service);
+  const std::string& api = impl_->options.api;
+  add_common_routes(server, impl_->service);
+  if (api == "vllm" || api == "both") add_vllm_routes(server, impl_->service);
+  if (api == "sglang" || api == "both") add_sglang_routes(server, impl_->service, api == "both");
 }
 
 http_gateway::~http_gateway() {
@@ -103,6 +142,11 @@ http_gateway::~http_gateway() {
 
 result<std::uint16_t> http_gateway::start() {
   auto& o = impl_->options;
+  if (std::find(std::begin(http_api_names), std::end(http_api_names), o.api) ==
+      std::end(http_api_names)) {
+    return make_error(errc::invalid_argument,
+                      "http-api: \"" + o.api + "\" is not one of vllm, sglang, both");
+  }
   int port = o.port == 0 ? impl_->server.bind_to_any_port(o.host)
                          : (impl_->server.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port <= 0) {

@@ -46,6 +46,7 @@ void weight_transfer_service::impl::record(std::int32_t rank, const std::string&
   rank_answer answer{rank, r.acknowledged ? "acknowledged" : "rejected",
                      r.failure ? r.failure->message : "", r.timings.total};
   std::lock_guard lock(status_mutex);
+  if (r.acknowledged) active_model = key.substr(0, key.rfind('@'));
   if (r.acknowledged && r.weight_version > highest_version) {
     highest_version = r.weight_version;
     ++versions;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -38,6 +39,22 @@ inline http_reply fail(int status, const std::string& message) {
 
 // A JSON body, or the 400 that names what is wrong with it. An empty body is {} when allowed.
 std::optional<json> parse_body(std::string_view body, bool empty_ok, http_reply& error);
+
+// Why a call is refused: the HTTP status (vLLM's surface) and the message naming the field.
+struct refusal {
+  int status = 400;
+  std::string message;
+};
+
+// "<where>.<key>", or "<key>" at the top of a body: how replies name a field.
+inline std::string field(const std::string& where, const std::string& key) {
+  return where.empty() ? key : where + "." + key;
+}
+
+// Checks one chunk description (names, dtypes under `dtype_key`, shapes) against the manifests
+// it describes; "" when it matches, else the first mismatch naming its field.
+std::string check_chunk(const json& info, const std::string& where,
+                        const std::vector<weight_update_manifest>& known, const char* dtype_key);
 
 // Prometheus histogram with fixed buckets (seconds).
 class histogram {
@@ -108,6 +125,14 @@ struct weight_transfer_service::impl {
   std::unique_ptr<weight_consumer> consumer;
   std::unique_ptr<rollout_executor> executor;
   std::vector<weight_update_manifest> shards;  ///< received since start
+  std::string sglang_group;  ///< SGLang: the group /init_weights_update_group made
+  std::string active_model;  ///< status_mutex: model of the last install
+
+  // The weight version as a label (vLLM's /update_weight_version, SGLang's weight_version):
+  // shown while `label_for` is still the active version, else the active version in decimal.
+  std::string label;                                                   ///< status_mutex
+  std::uint64_t label_for = 0;                                         ///< status_mutex
+  std::optional<std::map<std::string, std::string>> checker_baseline;  ///< status_mutex
 
   // What /status and /metrics report.
   mutable std::mutex status_mutex;
@@ -132,12 +157,34 @@ struct weight_transfer_service::impl {
                               : "call /start_weight_update first");
   }
 
-  std::optional<http_reply> refuse_when_following(std::string_view call) const {
+  // Under a coordinator the update calls are refused: why, or nullopt when standalone.
+  std::optional<std::string> following(std::string_view call) const {
     if (coordinator.empty()) return std::nullopt;
-    return fail(409, std::string(call) +
-                         ": out of order: this consumer follows the coordinator at " + coordinator +
-                         "; updates come from it, not over HTTP");
+    return std::string(call) + ": out of order: this consumer follows the coordinator at " +
+           coordinator + "; updates come from it, not over HTTP";
   }
+  std::optional<http_reply> refuse_when_following(std::string_view call) const {
+    if (auto why = following(call)) return fail(409, *why);
+    return std::nullopt;
+  }
+
+  // The transport's consumer and the executor over it, made once; later calls must name the
+  // same transport. Needs phase_mutex.
+  std::optional<refusal> open_transport(const std::string& name, const std::string& where);
+
+  // Parses one manifest of an update (`mj`: a JSON object or its text, the field `at`) and adds
+  // it to `shards` after checking it belongs: the initialised transport, the same update as the
+  // shards before it, not sent twice, above the active version. "" or the reason.
+  std::string accept_manifest(const json& mj, const std::string& at,
+                              std::vector<weight_update_manifest>& shards) const;
+
+  // Imports, verifies, stages and switches to `shards` (phase_mutex held), records the answer,
+  // and sets the version label when one is given and the install succeeded.
+  rollout_report install(std::vector<weight_update_manifest> update,
+                         const std::optional<std::string>& label_text);
+
+  // The version label readers see now.
+  std::string version_label() const;
 
   // Counts one rank's answer to one update (metrics, per-rank state, recent updates).
   void record(std::int32_t rank, const std::string& key, const rollout_report& r,

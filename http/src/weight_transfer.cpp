@@ -99,24 +99,28 @@ http_reply weight_transfer_service::init(std::string_view body) {
   if (s.current == phase::started) {
     return fail(409, s.conflict("init_weight_transfer_engine", "finish the update first"));
   }
-  if (s.consumer) {
-    if (name != s.transport) {
-      return fail(400, "init_info.transport: \"" + name + "\" differs from \"" + s.transport +
-                           "\", which this rank was initialised with");
-    }
-    return reply(200, {{"message", "Weight transfer initialized"}});
+  if (auto no = s.open_transport(name, "init_info.transport")) return fail(no->status, no->message);
+  return reply(200, {{"message", "Weight transfer initialized"}});
+}
+
+std::optional<refusal> weight_transfer_service::impl::open_transport(const std::string& name,
+                                                                     const std::string& where) {
+  if (consumer) {
+    if (name == transport) return std::nullopt;
+    return refusal{400, where + ": \"" + name + "\" differs from \"" + transport +
+                            "\", which this rank was initialised with"};
   }
   auto t = make_transport(name);
-  if (!t) return fail(400, "init_info.transport: " + t.error().message);
+  if (!t) return refusal{400, where + ": " + t.error().message};
   auto c = (*t)->make_consumer();
-  if (!c) return fail(500, "init_info.transport: " + c.error().message);
-  s.transport = name;
-  s.consumer = std::make_unique<weight_consumer>(std::move(*c), consumer_config{s.config.rank, 2});
-  s.executor = std::make_unique<rollout_executor>(*s.consumer, s.runtime, s.runtime.gate(),
-                                                  executor_config{s.config.verify});
-  s.current = phase::ready;
-  log_info("rank " + std::to_string(s.config.rank) + ": weight transfer initialised over " + name);
-  return reply(200, {{"message", "Weight transfer initialized"}});
+  if (!c) return refusal{500, where + ": " + c.error().message};
+  transport = name;
+  consumer = std::make_unique<weight_consumer>(std::move(*c), consumer_config{config.rank, 2});
+  executor = std::make_unique<rollout_executor>(*consumer, runtime, runtime.gate(),
+                                                executor_config{config.verify});
+  if (current == phase::uninitialized) current = phase::ready;
+  log_info("rank " + std::to_string(config.rank) + ": weight transfer initialised over " + name);
+  return std::nullopt;
 }
 
 http_reply weight_transfer_service::start(std::string_view body) {
@@ -141,44 +145,49 @@ http_reply weight_transfer_service::start(std::string_view body) {
   return reply(200, {{"message", "Weight update started"}});
 }
 
-namespace {
-
-// Checks one update_info chunk against the manifest it describes; "" when it matches.
-std::string check_chunk(const json& info, const std::string& where,
-                        const std::vector<weight_update_manifest>& known) {
-  const char* lists[] = {"names", "dtype_names", "shapes"};
+std::string http_detail::check_chunk(const json& info, const std::string& where,
+                                     const std::vector<weight_update_manifest>& known,
+                                     const char* dtype_key) {
+  const char* lists[] = {"names", dtype_key, "shapes"};
   std::size_t n = 0;
   bool any = false;
   for (const char* l : lists) {
     if (!info.contains(l)) continue;
-    if (!info[l].is_array()) return where + "." + l + ": must be a list";
+    if (!info[l].is_array()) return field(where, l) + ": must be a list";
     if (any && info[l].size() != n) {
-      return where + "." + l + ": has " + std::to_string(info[l].size()) + " entries, names has " +
+      return field(where, l) + ": has " + std::to_string(info[l].size()) + " entries, names has " +
              std::to_string(n);
     }
     n = info[l].size();
     any = true;
   }
   if (!any) return "";
-  if (!info.contains("names")) return where + ".names: missing (dtype_names / shapes need it)";
+  if (!info.contains("names")) {
+    return field(where, "names") + ": missing (" + dtype_key + " / shapes need it)";
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const auto& name = info["names"][i];
     std::string at = "[" + std::to_string(i) + "]";
-    if (!name.is_string()) return where + ".names" + at + ": must be a string";
+    if (!name.is_string()) return field(where, "names") + at + ": must be a string";
     const tensor_descriptor* t = nullptr;
     for (const auto& m : known) {
       for (const auto& d : m.tensors) {
         if (d.name == name.get<std::string>()) t = &d;
       }
     }
-    if (!t)
-      return where + ".names" + at + ": \"" + name.get<std::string>() + "\" is not in the manifest";
-    if (info.contains("dtype_names")) {
-      const auto& dn = info["dtype_names"][i];
-      auto dt = dn.is_string() ? dtype_parse(dn.get<std::string>()) : std::nullopt;
-      if (!dt) return where + ".dtype_names" + at + ": not a dtype";
+    if (!t) {
+      return field(where, "names") + at + ": \"" + name.get<std::string>() +
+             "\" is not in the manifest";
+    }
+    if (info.contains(dtype_key)) {
+      const auto& dn = info[dtype_key][i];
+      // torch's spelling ("torch.bfloat16", str() of a dtype) names the same dtype.
+      std::string_view text = dn.is_string() ? dn.get_ref<const std::string&>() : "";
+      if (text.starts_with("torch.")) text.remove_prefix(6);
+      auto dt = dn.is_string() ? dtype_parse(text) : std::nullopt;
+      if (!dt) return field(where, dtype_key) + at + ": not a dtype";
       if (*dt != t->dtype) {
-        return where + ".dtype_names" + at + ": " + dn.get<std::string>() +
+        return field(where, dtype_key) + at + ": " + dn.get<std::string>() +
                " differs from the manifest's " + std::string(dtype_name(t->dtype)) + " for \"" +
                t->name + "\"";
       }
@@ -186,21 +195,52 @@ std::string check_chunk(const json& info, const std::string& where,
     if (info.contains("shapes")) {
       const auto& sh = info["shapes"][i];
       std::vector<std::int64_t> shape;
-      if (!sh.is_array()) return where + ".shapes" + at + ": must be a list of integers";
+      if (!sh.is_array()) return field(where, "shapes") + at + ": must be a list of integers";
       for (const auto& d : sh) {
-        if (!d.is_number_integer()) return where + ".shapes" + at + ": must be a list of integers";
+        if (!d.is_number_integer()) {
+          return field(where, "shapes") + at + ": must be a list of integers";
+        }
         shape.push_back(d.get<std::int64_t>());
       }
       if (shape != t->shape) {
-        return where + ".shapes" + at + ": differs from the manifest's shape for \"" + t->name +
-               "\"";
+        return field(where, "shapes") + at + ": differs from the manifest's shape for \"" +
+               t->name + "\"";
       }
     }
   }
   return "";
 }
 
-}  // namespace
+std::string weight_transfer_service::impl::accept_manifest(
+    const json& mj, const std::string& at, std::vector<weight_update_manifest>& into) const {
+  if (!mj.is_object() && !mj.is_string()) {
+    return at + ": must be a wsync manifest (JSON object)";
+  }
+  auto m = manifest_from_json(mj.is_string() ? mj.get<std::string>() : mj.dump());
+  if (!m) return at + ": " + m.error().message;
+  if (m->transport != transport) {
+    return at + ".transport: \"" + m->transport + "\" differs from the initialised transport \"" +
+           transport + "\" (" + update_context(*m) + ")";
+  }
+  if (!into.empty() &&
+      (m->model_id != into.front().model_id || m->weight_version != into.front().weight_version)) {
+    return at + ".weight_version: " + update_key(m->model_id, m->weight_version) +
+           " is not the update " + update_key(into.front().model_id, into.front().weight_version) +
+           " the shards before it belong to (" + update_context(*m) + ")";
+  }
+  for (const auto& other : into) {
+    if (other.update_id == m->update_id) {
+      return at + ".update_id: sent twice (" + update_context(*m) + ")";
+    }
+  }
+  if (m->weight_version <= active.load()) {
+    return at + ".weight_version: weight_version must increase monotonically: " +
+           std::to_string(m->weight_version) + " is not above the active " +
+           std::to_string(active.load()) + " (" + update_context(*m) + ")";
+  }
+  into.push_back(std::move(*m));
+  return "";
+}
 
 http_reply weight_transfer_service::update(std::string_view body) {
   if (auto r = impl_->refuse_when_following("update_weights")) return *r;
@@ -232,41 +272,16 @@ http_reply weight_transfer_service::update(std::string_view body) {
     std::string where =
         infos.size() == 1 ? "update_info" : "update_info[" + std::to_string(k) + "]";
     if (info.contains("manifest")) {
-      const auto& mj = info["manifest"];
-      if (!mj.is_object() && !mj.is_string()) {
-        return fail(400, where + ".manifest: must be a wsync manifest (JSON object)");
+      if (auto why = s.accept_manifest(info["manifest"], where + ".manifest", shards);
+          !why.empty()) {
+        return fail(400, why);
       }
-      auto m = manifest_from_json(mj.is_string() ? mj.get<std::string>() : mj.dump());
-      if (!m) return fail(400, where + ".manifest: " + m.error().message);
-      if (m->transport != s.transport) {
-        return fail(400, where + ".manifest.transport: \"" + m->transport +
-                             "\" differs from the initialised transport \"" + s.transport + "\" (" +
-                             update_context(*m) + ")");
-      }
-      if (!shards.empty() && (m->model_id != shards.front().model_id ||
-                              m->weight_version != shards.front().weight_version)) {
-        return fail(400, where + ".manifest.weight_version: " +
-                             update_key(m->model_id, m->weight_version) + " is not the update " +
-                             update_key(shards.front().model_id, shards.front().weight_version) +
-                             " this phase started with (" + update_context(*m) + ")");
-      }
-      for (const auto& other : shards) {
-        if (other.update_id == m->update_id) {
-          return fail(400, where + ".manifest.update_id: sent twice (" + update_context(*m) + ")");
-        }
-      }
-      if (m->weight_version <= s.active.load()) {
-        return fail(400, where +
-                             ".manifest.weight_version: weight_version must increase "
-                             "monotonically: " +
-                             std::to_string(m->weight_version) + " is not above the active " +
-                             std::to_string(s.active.load()) + " (" + update_context(*m) + ")");
-      }
-      shards.push_back(std::move(*m));
     } else if (shards.empty()) {
       return fail(400, where + ".manifest: missing, and no manifest of this update came before");
     }
-    if (auto why = check_chunk(info, where, shards); !why.empty()) return fail(400, why);
+    if (auto why = check_chunk(info, where, shards, "dtype_names"); !why.empty()) {
+      return fail(400, why);
+    }
   }
   s.shards = std::move(shards);
   return reply(200, {{"message", "Weights updated"}});
@@ -303,22 +318,39 @@ http_reply weight_transfer_service::finish(std::string_view body) {
     return fail(400, "weight_version: \"" + *version + "\" differs from the manifests' " +
                          std::to_string(first.weight_version) + " (" + update_context(first) + ")");
   }
-  auto r = s.executor->update_weights(s.shards);
-  std::uint64_t bytes = 0;
-  for (const auto& m : s.shards) bytes += m.total_bytes;
-  s.shards.clear();  // `first` is gone from here on
+  auto shards = std::move(s.shards);  // `first` is gone from here on
+  s.shards.clear();
   s.current = phase::ready;
-  if (r.acknowledged) s.active = r.weight_version;
-  s.record(s.config.rank, key, r, bytes);
+  auto r = s.install(std::move(shards), std::nullopt);
   if (!r.acknowledged) {
-    std::string why = r.failure ? r.failure->message : "unknown failure";
-    log_warn("rank " + std::to_string(s.config.rank) + ": update " + key + " rejected: " + why);
     return fail(500, "finish_weight_update: install failed, version " +
-                         std::to_string(s.active.load()) + " stays active: " + why);
+                         std::to_string(s.active.load()) +
+                         " stays active: " + (r.failure ? r.failure->message : "unknown failure"));
   }
-  log_info("rank " + std::to_string(s.config.rank) + ": active version " +
-           std::to_string(r.weight_version) + " (" + key + ")");
   return reply(200, {{"message", "Weight update finished"}, {"weight_version", r.weight_version}});
+}
+
+rollout_report weight_transfer_service::impl::install(
+    std::vector<weight_update_manifest> update, const std::optional<std::string>& label_text) {
+  const std::string key = update_key(update.front().model_id, update.front().weight_version);
+  auto r = executor->update_weights(update);
+  std::uint64_t bytes = 0;
+  for (const auto& m : update) bytes += m.total_bytes;
+  if (r.acknowledged) active = r.weight_version;
+  record(config.rank, key, r, bytes);
+  if (!r.acknowledged) {
+    log_warn("rank " + std::to_string(config.rank) + ": update " + key +
+             " rejected: " + (r.failure ? r.failure->message : "unknown failure"));
+    return r;
+  }
+  if (label_text) {
+    std::lock_guard lock(status_mutex);
+    label = *label_text;
+    label_for = r.weight_version;
+  }
+  log_info("rank " + std::to_string(config.rank) + ": active version " +
+           std::to_string(r.weight_version) + " (" + key + ")");
+  return r;
 }
 
 }  // namespace wsync

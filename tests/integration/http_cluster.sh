@@ -42,6 +42,14 @@ wait "$gen"
 grep -q '"status":"completed"' "$work/generation.json" || fail "generation: $(cat "$work/generation.json")"
 grep -q '"weight_versions":\[1,2\]' "$work/generation.json" ||
   fail "the held generation did not see 1 then 2: $(cat "$work/generation.json")"
+# Both ranks hold the same bytes: the weight checker of rank 1 matches rank 0's checksums, and
+# the version label follows the coordinator's updates.
+sums=$(curl -s -X POST "$base/weight_checker" -d '{"action":"checksum","rank":0}')
+grep -q '"weight_version":2' <<<"$sums" || fail "checksum of rank 0: $sums"
+baseline=$(sed 's/.*"checksums":\({[^}]*}\).*/\1/' <<<"$sums")
+cmp=$(curl -s -X POST "$base/weight_checker" -d "{\"action\":\"compare\",\"rank\":1,\"baseline\":$baseline}")
+grep -q '"compared":4,"match":true' <<<"$cmp" || fail "rank 1 against rank 0's checksums: $cmp"
+[ "$(curl -s "$base/weight_info")" = '{"weight_version":"2"}' ] || fail "weight_info: $(curl -s "$base/weight_info")"
 metrics=$(curl -s "$base/metrics")
 grep -q '^wsync_ranks{state="acknowledged"} 2' <<<"$metrics" || fail "per-rank state counts: $metrics"
 grep -q '^wsync_updates_committed_total 4' <<<"$metrics" || fail "committed count: $metrics"

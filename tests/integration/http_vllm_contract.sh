@@ -53,6 +53,10 @@ expect finish "$(post /finish_weight_update '{}')" 200 'Weight update finished'
 expect resume "$(post /resume)" 200 '"status":"resumed"'
 expect is_paused_after "$(get /is_paused)" 200 '"is_paused":false'
 expect status "$(get /status)" 200 '"active_weight_version":1'
+expect weight_info "$(get /weight_info)" 200 '"weight_version":"1"'
+expect weight_version "$(post /update_weight_version '{"new_version":"step-1"}')" 200 '"weight_version":"step-1"'
+expect weight_info_label "$(get /weight_info)" 200 '"weight_version":"step-1"'
+expect sglang_routes_off "$(post /pause_generation '{}')" 404 'path: no route /pause_generation'
 echo "http_vllm_contract: pause -> init -> start -> update -> finish -> resume: version 1 active"
 
 # Newer clients: bare start and finish, update_info as a list.

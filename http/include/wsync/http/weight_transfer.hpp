@@ -71,6 +71,27 @@ class weight_transfer_service {
   /// says whether the generation completed or was aborted by a pause.
   http_reply generate(std::string_view body);
 
+  // SGLang's weight-update surface (sglang.cpp, docs/http.md#sglang): flat JSON bodies,
+  // replies {"success": bool, "message": str} with 200, or 400 on any failure. The backend part
+  // of an update is a wsync manifest, as on vLLM's surface; both surfaces share one state.
+  http_reply sglang_init_group(std::string_view body);
+  http_reply sglang_destroy_group(std::string_view body);
+  http_reply sglang_update(std::string_view body);
+  /// {"mode": "abort" | "retract" | "in_place"} (default abort) -> wsync's abort / keep / keep.
+  http_reply sglang_pause(std::string_view body);
+  http_reply sglang_continue(std::string_view body);
+  /// GET /get_weight_version and /model_info: {"weight_version": label, ...}.
+  http_reply sglang_model_info() const;
+
+  // The weight version and the weight checker (weight_checker.cpp).
+  /// POST /update_weight_version {"new_version": str}: labels the active weights.
+  http_reply update_weight_version(std::string_view body);
+  /// GET /weight_info: {"weight_version": label}.
+  http_reply weight_info() const;
+  /// POST /weight_checker {"action": "checksum" | "reset" | "compare", "baseline": {...},
+  /// "rank": r}: per-tensor SHA-256 of the active weights, compared with a baseline.
+  http_reply weight_checker(std::string_view body);
+
   /// The lowest version any rank serves (0 before the first successful install).
   std::uint64_t active_version() const;
 
