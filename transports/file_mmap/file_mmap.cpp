@@ -2,10 +2,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -36,6 +38,7 @@ struct fm_config {
   std::uint64_t buffers = 2;
   std::chrono::milliseconds lease_timeout{10000};
   bool crash_before_rename = false;  // fault injection for tests: WSYNC_FILE_MMAP_CRASH
+  std::string write = "auto";        // how the publisher writes: mmap, pwrite, auto
 };
 
 std::string errno_text(int err) {
@@ -227,9 +230,11 @@ std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
 
 struct seg_file {
   int fd = -1;
-  std::byte* base = nullptr;
+  std::byte* base = nullptr;  // where the caller writes: the file's mapping, or staging
   std::uint64_t size = 0;
-  bool mapped = false;
+  bool mapped = false;             // base is a mapping of the file
+  bool ready = false;              // base is valid for size bytes
+  std::vector<std::byte> staging;  // write=pwrite: the bytes expose() writes into the file
 };
 
 struct buffer {
@@ -241,13 +246,14 @@ struct buffer {
 void seg_close(seg_file& f) {
   if (f.mapped && f.size > 0) ::munmap(f.base, f.size);
   if (f.fd >= 0) ::close(f.fd);
-  f = {};
+  f = seg_file{};
 }
 
 class fm_publisher final : public publisher_transport {
  public:
-  fm_publisher(fm_config cfg, int lock_fd, std::int64_t current)
+  fm_publisher(fm_config cfg, int lock_fd, std::int64_t current, bool use_pwrite)
       : cfg_(std::move(cfg)),
+        pwrite_(use_pwrite),
         host_(host_name()),
         lock_fd_(lock_fd),
         current_(current),
@@ -341,7 +347,19 @@ class fm_publisher final : public publisher_transport {
     auto& buf = buffers_[static_cast<std::size_t>(b)];
     // Data first: STAMP and CURRENT must never name bytes that a crash could lose.
     for (std::size_t i = 0; i < buf.used; ++i) {
-      if (buf.files[i].size > 0 && ::fdatasync(buf.files[i].fd) != 0) {
+      auto& f = buf.files[i];
+      for (std::uint64_t done = 0; pwrite_ && done < f.size;) {
+        ssize_t n =
+            ::pwrite(f.fd, f.staging.data() + done, f.size - done, static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          return make_error(errc::io_error, "file-mmap: pwrite " + segment_path(cfg_.dir, b, i) +
+                                                ": " + errno_text(errno) + " (update_id=" + id +
+                                                ")");
+        }
+        done += static_cast<std::uint64_t>(n);
+      }
+      if (f.size > 0 && ::fdatasync(f.fd) != 0) {
         return make_error(errc::io_error, "file-mmap: fdatasync " + segment_path(cfg_.dir, b, i) +
                                               ": " + errno_text(errno) + " (update_id=" + id + ")");
       }
@@ -424,7 +442,7 @@ class fm_publisher final : public publisher_transport {
       }
       if (f.size != sizes[i]) {
         if (f.mapped && f.size > 0) ::munmap(f.base, f.size);
-        f.mapped = false;
+        f.mapped = f.ready = false;
         f.base = nullptr;
         if (::ftruncate(f.fd, static_cast<off_t>(sizes[i])) != 0) return fail("ftruncate");
         f.size = sizes[i];
@@ -437,17 +455,26 @@ class fm_publisher final : public publisher_transport {
           }
         }
       }
-      if (!f.mapped && f.size > 0) {
+      if (!f.ready && pwrite_) {
+        f.staging.resize(f.size);
+        f.base = f.staging.data();
+      } else if (!f.ready && f.size > 0) {
         void* p = ::mmap(nullptr, f.size, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
         if (p == MAP_FAILED) return fail("mmap");
         f.base = static_cast<std::byte*>(p);
+        f.mapped = true;
       }
-      f.mapped = true;
+      f.ready = true;
     }
     return {};
   }
 
   fm_config cfg_;
+  // Copy into staging memory and pwrite() it at expose(), instead of writing through the
+  // file's mapping: on a disk filesystem every page written through a mapping faults again
+  // after each writeback (page_mkwrite); on tmpfs the mapping is the memory itself and pwrite
+  // would only add a copy. See README.md for the figures.
+  bool pwrite_;
   std::string host_;
   int lock_fd_;
   std::mutex mutex_;
@@ -700,7 +727,13 @@ class file_mmap_transport final : public transport {
                std::to_string((*cur)->weight_version) + " in buffer-" + std::to_string(current) +
                "; it stays readable until a newer version replaces it");
     }
-    return std::unique_ptr<publisher_transport>(std::make_unique<fm_publisher>(cfg_, fd, current));
+    bool use_pwrite = cfg_.write == "pwrite";
+    if (cfg_.write == "auto") {
+      struct statfs sf {};
+      use_pwrite = !(::statfs(cfg_.dir.c_str(), &sf) == 0 && sf.f_type == TMPFS_MAGIC);
+    }
+    return std::unique_ptr<publisher_transport>(
+        std::make_unique<fm_publisher>(cfg_, fd, current, use_pwrite));
   }
 
   result<std::unique_ptr<consumer_transport>> make_consumer() override {
@@ -746,6 +779,11 @@ transport_entry file_mmap_entry() {
             auto timeout = reader.get_uint("lease_timeout_ms", 10000, 10, 86400000);
             if (!timeout) return timeout.error();
             cfg.lease_timeout = std::chrono::milliseconds(*timeout);
+            cfg.write = reader.get_string("write", "auto");
+            if (cfg.write != "auto" && cfg.write != "mmap" && cfg.write != "pwrite") {
+              return make_error(errc::invalid_argument, "file-mmap option write: \"" + cfg.write +
+                                                            "\" is not one of auto, mmap, pwrite");
+            }
             if (auto ok = reader.finish(); !ok) return ok.error();
             if (cfg.dir.empty()) {
               return make_error(errc::invalid_argument,

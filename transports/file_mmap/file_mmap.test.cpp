@@ -333,6 +333,10 @@ TEST(file_mmap_options, dir_is_required_and_buffers_checked) {
   ASSERT_FALSE(unknown);
   EXPECT_TRUE(contains(unknown.error().message, "slots")) << unknown.error().message;
   EXPECT_TRUE(make_transport("file-mmap", {{"dir", "/nowhere"}, {"buffers", "3"}}));
+  auto write = make_transport("file-mmap", {{"dir", "/nowhere"}, {"write", "fast"}});
+  ASSERT_FALSE(write);
+  EXPECT_TRUE(contains(write.error().message, "option write")) << write.error().message;
+  EXPECT_TRUE(make_transport("file-mmap", {{"dir", "/nowhere"}, {"write", "mmap"}}));
 }
 
 TEST(file_mmap_options, no_state_file_means_no_version_yet) {
