@@ -44,12 +44,14 @@ void add_point_flags(CLI::App* bench, bench_state& s) {
       ->add_option("--mode", opt.mode,
                    "local: publisher and consumer in one process over local-clone; "
                    "shared-memory: the consumer is a separate process importing zero-copy; "
+                   "file-mmap: the same through files in a fresh folder inside --dir, against "
+                   "the real cp (and cp + sync -d) of the same bytes into that folder; "
                    "ucx: the consumer is a separate process pulling over UCX on loopback, "
                    "against ucx_perftest with the same transports and message size; "
                    "cluster: control-plane overhead per update for each --consumers count; "
                    "fanout: time to commit across emulated nodes (network namespaces with "
                    "rate-limited links, root only) for each --plan, against one consumer")
-      ->check(CLI::IsMember({"local", "shared-memory", "ucx", "cluster", "fanout"}))
+      ->check(CLI::IsMember({"local", "shared-memory", "file-mmap", "ucx", "cluster", "fanout"}))
       ->capture_default_str();
   bench->add_flag("--smoke", opt.smoke,
                   "quick run for tests: 8 MiB in 16 tensors (unless --layout/--bytes), at most "
@@ -87,8 +89,15 @@ void add_point_flags(CLI::App* bench, bench_state& s) {
       ->check(CLI::Range(1, 1024));
   bench
       ->add_option("--slots", opt.slots,
-                   "shared-memory ring size (at least 2: the active version and the incoming one)")
+                   "shared-memory ring size, or file-mmap buffers (at least 2: the active version "
+                   "and the incoming one)")
       ->check(CLI::Range(2u, 64u))
+      ->capture_default_str();
+  bench
+      ->add_option("--dir", opt.dir,
+                   "file-mmap mode: where the run makes its folder (removed afterwards): "
+                   "/dev/shm for tmpfs, /var/tmp for a disk, an NFS mount for NFS")
+      ->check(CLI::ExistingDirectory)
       ->capture_default_str();
   bench->add_option("--ucx-tls", opt.ucx_tls,
                     "ucx mode: UCX_TLS for both processes and the baseline, e.g. tcp, sm, "

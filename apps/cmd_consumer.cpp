@@ -7,6 +7,7 @@
 
 #include "common.hpp"
 #include "subcommand.hpp"
+#include "wsync/cluster/standalone_consumer.hpp"
 #include "wsync/http/consumer_process.hpp"
 
 namespace wsync::cli {
@@ -19,12 +20,26 @@ struct consumer_state {
   std::vector<std::string> transport_settings;
   bool standalone = false;
   bool enable_http = false;
+  follow_options follow;  // --standalone --transport file-mmap: poll DIR/CURRENT
 };
 
 int consumer_start(consumer_state& s) {
   consumer_options& opt = s.options;
   if (const char* dev = std::getenv("WSYNC_SERVER_DEV_MODE"); dev && std::string(dev) == "1") {
     s.enable_http = true;
+  }
+  if (s.standalone && opt.transport == "file-mmap") {
+    if (s.enable_http || !s.coordinator.empty()) {
+      std::cerr << "wsync: --standalone --transport file-mmap: polls the directory; takes no "
+                   "--coordinator nor --enable-weight-transfer\n";
+      return 2;
+    }
+    if (!transport_settings_from(s.transport_settings, s.follow.transport_settings)) return 2;
+    s.follow.rank = opt.rank;
+    s.follow.transport = opt.transport;
+    s.follow.model_id = opt.model_id;
+    s.follow.verify = opt.verify;
+    return consumer_follow_run(s.follow);
   }
   if (s.standalone) {
     if (!s.enable_http) {
@@ -58,7 +73,11 @@ int consumer_start(consumer_state& s) {
 void add_http_flags(CLI::App* cons, consumer_state& s) {
   cons->add_flag("--standalone", s.standalone,
                  "no coordinator: one rank driven only over HTTP, as a vLLM server would be "
-                 "(needs --enable-weight-transfer)");
+                 "(needs --enable-weight-transfer); or, with --transport file-mmap "
+                 "--transport-option dir=DIR, one rank that polls DIR/CURRENT and installs each "
+                 "new version it finds there (TorchRL's pull model) until SIGINT/SIGTERM");
+  add_milliseconds(cons, "--poll-ms", s.follow.poll,
+                   "with --standalone --transport file-mmap: how often DIR/CURRENT is read");
   cons->add_flag("--enable-weight-transfer", s.enable_http,
                  "serve the vLLM-compatible HTTP surface (or set WSYNC_SERVER_DEV_MODE=1); off "
                  "by default");
@@ -106,7 +125,8 @@ subcommand add_consumer(CLI::App& app) {
       ->capture_default_str();
   cons->add_option("--node", opt.node, "node name shown in status")->capture_default_str();
   add_transport(cons, opt.transport, state->transport_settings);
-  cons->add_option("--model", opt.model_id, "model id to follow (not with --standalone)");
+  cons->add_option("--model", opt.model_id,
+                   "model id to follow (with --standalone: only file-mmap, optional)");
   add_token(cons, opt.coordinator.token);
   add_tls(cons, opt.coordinator.tls);
   add_http_flags(cons, *state);

@@ -26,8 +26,10 @@ int publisher_start(publisher_state& s) {
     return 2;
   }
   if (s.standalone) {
-    if (s.manifest_out.empty()) {
-      std::cerr << "wsync: --standalone: needs --manifest-out FILE\n";
+    if (!transport_settings_from(s.transport_settings, opt.transport_settings)) return 2;
+    if (s.manifest_out.empty() && opt.transport != "file-mmap") {
+      std::cerr << "wsync: --standalone: needs --manifest-out FILE (or --transport file-mmap "
+                   "--transport-option dir=DIR)\n";
       return 2;
     }
     return publisher_standalone_run(opt, s.manifest_out);
@@ -74,11 +76,14 @@ subcommand add_publisher(CLI::App& app) {
                   "coordinator host:port (not with --standalone)")
       ->envname("WSYNC_COORDINATOR");
   pub->add_flag("--standalone", state->standalone,
-                "no coordinator: publish the versions into shared memory, write their manifests "
-                "to --manifest-out and hold them until SIGINT/SIGTERM (feeds an HTTP-driven "
-                "consumer)");
+                "no coordinator. Over shared memory: publish the versions, write their "
+                "manifests to --manifest-out and hold them until SIGINT/SIGTERM (feeds an "
+                "HTTP-driven consumer). With --transport file-mmap --transport-option dir=DIR: "
+                "publish each version (--interval-ms apart) durably into DIR, where `wsync "
+                "consumer --standalone --transport file-mmap` polls for it, then exit");
   pub->add_option("--manifest-out", state->manifest_out,
-                  "with --standalone: file that gets one manifest JSON per line");
+                  "with --standalone: file that gets one manifest JSON per line (optional with "
+                  "file-mmap)");
   pub->add_option("--rank", opt.rank, "publisher rank (0..ranks-1); default $RANK or $SLURM_PROCID")
       ->envname("RANK")
       ->required();

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -32,6 +33,60 @@ host_buffer::host_buffer(std::uint64_t n) : size_(std::max<std::uint64_t>(n, 1))
 
 host_buffer::~host_buffer() {
   ::munmap(data_, size_);
+}
+
+namespace {
+
+// Runs `argv` (argv[0] an absolute path) and waits for it; true when it exited 0.
+bool run_program(const std::vector<std::string>& argv, std::string* why) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  if (int rc = ::posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ); rc != 0) {
+    *why = argv[0] + ": posix_spawn: " + std::strerror(rc);
+    return false;
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  *why = argv[0] + " " + argv.back() + " failed (status " + std::to_string(status) + ")";
+  return false;
+}
+
+}  // namespace
+
+std::optional<double> cp_seconds(const std::string& dir, const std::byte* source, std::uint64_t n,
+                                 unsigned repeat, bool then_sync, std::string* why) {
+  std::string from = dir + "/cp-baseline-source";
+  std::string to = dir + "/cp-baseline-copy";
+  int fd = ::open(from.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return *why = "open " + from + ": " + std::strerror(errno), std::nullopt;
+  for (std::uint64_t done = 0; done < n;) {
+    ssize_t w = ::write(fd, source + done, n - done);
+    if (w <= 0) {
+      *why = "write " + from + ": " + std::strerror(errno);
+      ::close(fd);
+      ::unlink(from.c_str());
+      return std::nullopt;
+    }
+    done += static_cast<std::uint64_t>(w);
+  }
+  ::close(fd);
+  std::vector<double> rounds;
+  bool ok = true;
+  for (unsigned i = 0; ok && i < repeat + 1; ++i) {
+    ::unlink(to.c_str());
+    double t0 = now_s();
+    ok = run_program({"/bin/cp", from, to}, why) &&
+         (!then_sync || run_program({"/bin/sync", "-d", to}, why));
+    if (i > 0) rounds.push_back(now_s() - t0);
+  }
+  ::unlink(to.c_str());
+  ::unlink(from.c_str());
+  if (!ok) return std::nullopt;
+  return median(rounds);
 }
 
 copy_baselines copy_baselines_measure(const std::byte* source, std::uint64_t n, unsigned repeat) {

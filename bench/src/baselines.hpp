@@ -40,6 +40,13 @@ struct copy_baselines {
 /// Medians of `repeat` rounds of each over the `n` bytes at `source`, after one untimed round.
 copy_baselines copy_baselines_measure(const std::byte* source, std::uint64_t n, unsigned repeat);
 
+/// Median seconds of `repeat` rounds (after one untimed) of the real /bin/cp copying a file of
+/// the `n` bytes at `source` into a new file of `dir` (the target removed before each round);
+/// with `then_sync`, each round also runs `/bin/sync -d` on the copy (cp itself never syncs).
+/// nullopt with the reason in *why when a round failed.
+std::optional<double> cp_seconds(const std::string& dir, const std::byte* source, std::uint64_t n,
+                                 unsigned repeat, bool then_sync, std::string* why);
+
 /// The bandwidth ucx_perftest reports for `test` ("tag_bw", "ucp_get") between two processes on
 /// loopback, in GB/s; nullopt with the reason in *why when it could not be measured.
 std::optional<double> perftest_gbps(const std::string& tls, const std::string& test,

@@ -2,12 +2,14 @@
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -100,8 +102,23 @@ struct point_run {
   std::ostream& out;
   json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
   bool ucx = opt.mode == "ucx";
+  bool fmm = opt.mode == "file-mmap";
   bool two_processes = opt.mode != "local";
-  std::string transport_name = ucx ? "ucx" : opt.mode == "local" ? "local-clone" : "shared-memory";
+  std::string transport_name = ucx                   ? "ucx"
+                               : fmm                 ? "file-mmap"
+                               : opt.mode == "local" ? "local-clone"
+                                                     : "shared-memory";
+  // file-mmap: the run's directory, removed when the run ends (declared before the transport,
+  // so it goes after it). The forked consumer leaves with _exit and never removes it.
+  struct dir_guard {
+    std::string path;
+    ~dir_guard() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } fmm_dir;
+  std::string fs_type;
+  std::optional<double> cp_s, cp_sync_s;
   model_layout layout;
   unsigned repeat = 0;
   unsigned slots = 0;
@@ -137,8 +154,10 @@ int row_finish(point_run& r, const std::string& status, const std::string& why) 
 
 std::optional<run_stop> mode_check(const point_run& r) {
   const auto& opt = r.opt;
-  if (opt.mode != "local" && opt.mode != "shared-memory" && opt.mode != "ucx") {
-    return failed("unknown mode \"" + opt.mode + "\" (known: local, shared-memory, ucx)");
+  if (opt.mode != "local" && opt.mode != "shared-memory" && opt.mode != "ucx" &&
+      opt.mode != "file-mmap") {
+    return failed("unknown mode \"" + opt.mode +
+                  "\" (known: local, shared-memory, file-mmap, ucx)");
   }
   if (r.ucx && !transport_known("ucx")) {
     return blocked(
@@ -174,7 +193,8 @@ std::optional<run_stop> layout_choose(point_run& r) {
   r.row["repeat"] = r.repeat;
   r.row["verify"] = opt.verify;
 
-  if (r.two_processes) r.topts["slots"] = std::to_string(r.slots);
+  if (r.two_processes && !r.fmm) r.topts["slots"] = std::to_string(r.slots);
+  if (r.fmm) r.topts["buffers"] = std::to_string(r.slots);
   if (r.ucx) {
     r.topts["tls"] = opt.ucx_tls;
     if (opt.ucx_chunk_bytes) r.topts["chunk_bytes"] = std::to_string(opt.ucx_chunk_bytes);
@@ -193,6 +213,38 @@ std::optional<run_stop> memory_check(const point_run& r) {
                    std::to_string(need >> 20) + " MiB (source, baseline and " +
                    std::to_string(r.slots) + " slots of " + std::to_string(r.bytes >> 20) +
                    " MiB) but only " + std::to_string(avail >> 20) + " MiB are available");
+  }
+  return std::nullopt;
+}
+
+// file-mmap: a fresh directory inside --dir, with room for the buffers and the cp baseline's
+// two files.
+std::optional<run_stop> dir_prepare(point_run& r) {
+  if (!r.fmm) return std::nullopt;
+  // Not "wsync-*": in /dev/shm those names belong to the shared-memory leak checks.
+  std::string tmpl = r.opt.dir + "/fmm-bench-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) {
+    return failed("--dir " + r.opt.dir + ": mkdtemp: " + std::strerror(errno));
+  }
+  r.fmm_dir.path = tmpl;
+  r.topts["dir"] = tmpl;
+  r.row["dir"] = tmpl;
+  std::ifstream mounts("/proc/self/mounts");
+  std::string dev, at, type, rest;
+  std::size_t best = 0;
+  auto canonical = std::filesystem::canonical(tmpl).string();
+  while (mounts >> dev >> at >> type && std::getline(mounts, rest)) {
+    if (canonical.rfind(at, 0) == 0 && at.size() >= best) best = at.size(), r.fs_type = type;
+  }
+  r.row["fs_type"] = r.fs_type;
+  struct statvfs sv {};
+  std::uint64_t need = r.bytes * (r.slots + 2);
+  if (::statvfs(tmpl.c_str(), &sv) == 0 &&
+      static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize < need / 10 * 11) {
+    return blocked("blocked: --dir " + r.opt.dir + " has " +
+                   std::to_string(static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize >> 20) +
+                   " MiB free; the run needs about " + std::to_string(need >> 20) + " MiB (" +
+                   std::to_string(r.slots) + " buffers and the cp baseline's two files)");
   }
   return std::nullopt;
 }
@@ -433,13 +485,29 @@ bool row_fill(point_run& r, bool ok) {
   row["baseline"] = {{"name", "memcpy"}, {"gbps", memcpy_gbps}};
   row["ratio_to_baseline"] = memcpy_gbps > 0 ? gbps(bytes, publish) / memcpy_gbps : 0;
   if (r.ucx && ok) ok = ucx_baseline_add(r);
+  if (r.fmm && r.cp_s) {
+    // Against cp of the same bytes into the same directory: publish time over cp time, as
+    // bandwidths (> 1: publishing is faster than cp).
+    row["memcpy_baseline"] = row["baseline"];
+    row["baseline"] = {{"name", "cp"}, {"seconds", *r.cp_s}, {"gbps", gbps(r.src_bytes, *r.cp_s)}};
+    row["ratio_to_baseline"] = publish > 0 ? *r.cp_s / publish : 0;
+    row["cp_sync_baseline"] = {{"name", "cp+sync -d"},
+                               {"seconds", r.cp_sync_s.value_or(0)},
+                               {"gbps", gbps(r.src_bytes, r.cp_sync_s.value_or(0))}};
+    row["ratio_to_cp_sync"] = publish > 0 && r.cp_sync_s ? *r.cp_sync_s / publish : 0;
+  }
   row["publish_gbps"] = gbps(bytes, publish);
   row["verify_gbps"] = opt.verify ? gbps(bytes, verify) : 0;
   row["hash_baseline"] = {{"name", "xxh3-1thread"}, {"gbps", hash_gbps}};
   row["verify_ratio"] = opt.verify && hash_gbps > 0 ? gbps(bytes, verify) / hash_gbps : 0;
   row["copy_threads"] = r.copy_threads;
   std::string transport_notes =
-      opt.mode == "local"
+      r.fmm ? "file-mmap: " + std::to_string(r.slots) + " buffers of pre-sized files in " +
+                  r.fmm_dir.path + " (" + r.fs_type +
+                  "); publish = copy into the writable mapping + fdatasync + STAMP and CURRENT "
+                  "renames with fsyncs; the consumer is a separate process (pid " +
+                  std::to_string(r.child) + ") mapping the files read-only per update"
+      : opt.mode == "local"
           ? "local-clone: publisher and consumer in one process; import copies"
           : opt.mode + ": " + std::to_string(r.slots) +
                 "-slot pooled ring; consumer is a separate process (pid " +
@@ -459,11 +527,26 @@ int bench_one(const bench_options& opt, std::ostream& out) {
   install_interrupt_handlers();
   if (auto stop = layout_choose(r)) return row_finish(r, stop->status, stop->why);
   if (auto stop = memory_check(r)) return row_finish(r, stop->status, stop->why);
+  if (auto stop = dir_prepare(r)) return row_finish(r, stop->status, stop->why);
   // Fork the consumer before anything else exists in this process: no threads, no mappings.
   if (auto stop = consumer_start(r)) return row_finish(r, stop->status, stop->why);
   source_fill(r);
   // Baselines in the same run: single-thread memcpy into pre-faulted memory, single-thread xxh3.
   r.copy = copy_baselines_measure(r.source->data(), r.src_bytes, r.repeat);
+  if (r.fmm) {
+    // cp of the same bytes into the same directory, with and without syncing the copy.
+    std::string why;
+    r.cp_s = cp_seconds(r.fmm_dir.path, r.source->data(), r.src_bytes, r.repeat, false, &why);
+    if (r.cp_s) {
+      r.cp_sync_s = cp_seconds(r.fmm_dir.path, r.source->data(), r.src_bytes, r.repeat, true, &why);
+    }
+    if (!r.cp_s || !r.cp_sync_s) {
+      ::close(r.channel);  // nothing was published: the consumer holds nothing
+      ::kill(r.child, SIGKILL);
+      ::waitpid(r.child, nullptr, 0);
+      return row_finish(r, "fail", "cp baseline: " + why);
+    }
+  }
   if (auto stop = publisher_start(r)) return row_finish(r, stop->status, stop->why);
   bool ok = updates_run(r);
   ok = run_shutdown(r, ok);

@@ -1,6 +1,7 @@
-// `wsync publisher --standalone`: a trainer rank with no coordinator and no CAF. It publishes its
-// versions into shared memory, writes their manifests for an HTTP-driven consumer to import, and
-// holds them until it is told to stop.
+// `wsync publisher --standalone`: a trainer rank with no coordinator and no CAF. Over shared
+// memory it publishes its versions, writes their manifests for an HTTP-driven consumer to import,
+// and holds them until it is told to stop. Over file-mmap it publishes them into a directory
+// that polling consumers follow, and leaves.
 
 #include "wsync/cluster/standalone_publisher.hpp"
 
@@ -16,14 +17,54 @@
 #include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync {
+namespace {
+
+// file-mmap: nothing to hold after publishing. Each version is durable in DIR once publish()
+// returns, and consumers that poll DIR/CURRENT pull it; the process leaves after the last one.
+int publish_into_directory(const publisher_options& o, const std::string& manifest_out) {
+  std::string who = "publisher rank " + std::to_string(o.rank);
+  auto dir = o.transport_settings.find("dir");
+  if (dir == o.transport_settings.end() || dir->second.empty()) {
+    return log_error(who + ": file-mmap option dir: required (--transport-option dir=DIR)"), 2;
+  }
+  auto shard = shard_load(publisher_shard(o));
+  if (!shard) return log_error(shard.error().message), 1;
+  auto t = make_transport("file-mmap", o.transport_settings);
+  if (!t) return log_error(who + ": " + t.error().message), 2;
+  auto pt = (*t)->make_publisher();
+  if (!pt) return log_error(who + ": " + pt.error().message), 1;
+  publisher_config cfg;
+  cfg.model_id = publisher_model_id(o);
+  cfg.source_rank = o.rank;
+  weight_publisher publisher(std::move(*pt), "file-mmap", cfg);
+  std::ofstream out;
+  if (!manifest_out.empty()) out.open(manifest_out);
+  for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
+    if (v != o.first_version && o.interval.count() > 0 && stop_requested_within(o.interval)) break;
+    // No expected consumer: the buffer is free for this process at once; CURRENT and the
+    // readers' leases are what keep it from being overwritten.
+    auto m = publisher.publish(shard->tensors, v, {}, {{"rank", std::to_string(o.rank)}});
+    if (!m) return log_error(m.error().message), 1;
+    log_info(who + ": published weight_version " + std::to_string(v) + " into " + dir->second +
+             " (" + m->transport_handle + ", " + std::to_string(m->total_bytes) + " bytes)");
+    if (out.is_open()) out << manifest_to_json(*m) << "\n" << std::flush;
+  }
+  log_info(who + ": done; " + dir->second + "/CURRENT names weight_version " +
+           std::to_string(publisher.last_version()));
+  return 0;
+}
+
+}  // namespace
 
 int publisher_standalone_run(const publisher_options& o, const std::string& manifest_out) {
   block_stop_signals();
+  if (o.transport == "file-mmap") return publish_into_directory(o, manifest_out);
   // The manifests go to consumers that map the publisher's memory on this host: a transport
   // flag asking for anything else would be ignored, so refuse it instead.
   if (o.transport != "shared-memory" || !o.transport_settings.empty()) {
     return log_error("publisher rank " + std::to_string(o.rank) +
-                     ": --standalone publishes over shared memory only; drop --transport " +
+                     ": --standalone publishes over shared memory or file-mmap only; drop "
+                     "--transport " +
                      o.transport + " and its --transport-option settings"),
            2;
   }

@@ -61,6 +61,17 @@ out=$(env -u WSYNC_TOKEN "$wsync" coordinator --port 0 2>&1) && fail "coordinato
 grep -q "token" <<<"$out" || fail "missing token not explained: $out"
 out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null --transport ucx 2>&1) &&
   fail "publisher --standalone accepted a transport it does not use"
-grep -q -- "--standalone publishes over shared memory only" <<<"$out" ||
+grep -q -- "--standalone publishes over shared memory or file-mmap only" <<<"$out" ||
   fail "publisher --standalone: ignored transport not explained: $out"
+# file-mmap without its directory: both standalone sides name the missing option.
+out=$("$wsync" publisher --standalone --rank 0 --transport file-mmap 2>&1) &&
+  fail "publisher --standalone --transport file-mmap ran without dir"
+grep -q "file-mmap option dir: required" <<<"$out" || fail "missing dir not explained: $out"
+out=$("$wsync" consumer --standalone --rank 0 --transport file-mmap 2>&1) &&
+  fail "consumer --standalone --transport file-mmap ran without dir"
+grep -q "file-mmap option dir: required" <<<"$out" || fail "missing dir not explained: $out"
+out=$("$wsync" consumer --standalone --transport file-mmap --transport-option dir=/tmp \
+  --enable-weight-transfer 2>&1) && fail "consumer --standalone file-mmap took HTTP too"
+grep -q "polls the directory" <<<"$out" || fail "file-mmap with HTTP not explained: $out"
+"$wsync" consumer --help | grep -q "polls DIR/CURRENT" || fail "consumer --help does not explain file-mmap"
 echo "cli: pass"

@@ -1,5 +1,6 @@
 #include "wsync/transports/registry.hpp"
 
+#include "file_mmap/file_mmap.hpp"
 #include "local_clone/local_clone.hpp"
 #include "shared_memory/shared_memory.hpp"
 #if WSYNC_HAVE_UCX
@@ -43,6 +44,7 @@ void register_builtin_transports(transport_registry& registry) {
   // One line per transport; adding a transport means adding its folder and a line here.
   (void)registry.add(local_clone_entry());
   (void)registry.add(shared_memory_entry());
+  (void)registry.add(file_mmap_entry());
 #if WSYNC_HAVE_UCX
   (void)registry.add(ucx_entry());
 #endif

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_consumer.hpp"
@@ -43,7 +45,15 @@ std::byte pattern(std::size_t i, std::size_t n, std::uint64_t v) {
 class transport_suite : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    auto t = make_transport(GetParam());
+    transport_options options;
+    if (std::string(GetParam()) == "file-mmap") {
+      // The one transport that needs a place: a fresh directory per test, removed in TearDown.
+      std::string tmpl = (std::filesystem::temp_directory_path() / "wsync-suite-XXXXXX").string();
+      ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
+      dir_ = tmpl;
+      options["dir"] = dir_;
+    }
+    auto t = make_transport(GetParam(), options);
     ASSERT_TRUE(t) << t.error().message;
     transport_ = std::move(*t);
     publisher_config cfg;
@@ -61,6 +71,7 @@ class transport_suite : public ::testing::TestWithParam<const char*> {
     publisher_.reset();
     transport_.reset();
     EXPECT_EQ(own_shm_entries(), std::vector<std::string>{}) << "left in /dev/shm";
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
   void set_tensors(std::vector<std::size_t> sizes, std::uint64_t version) {
@@ -101,6 +112,7 @@ class transport_suite : public ::testing::TestWithParam<const char*> {
     }
   }
 
+  std::string dir_;
   std::unique_ptr<transport> transport_;
   std::unique_ptr<weight_publisher> publisher_;
   std::vector<std::vector<std::byte>> bytes_;
@@ -391,7 +403,7 @@ TEST_P(transport_suite, inconsistent_tensor_is_refused_before_any_memory_is_take
 
 // Every transport compiled in; those that need hardware this machine lacks are not registered.
 std::vector<const char*> suite_transports() {
-  std::vector<const char*> names = {"local-clone", "shared-memory"};
+  std::vector<const char*> names = {"local-clone", "shared-memory", "file-mmap"};
   if (transport_known("ucx")) names.push_back("ucx");
   return names;
 }

@@ -20,6 +20,7 @@ weight_consumer::weight_consumer(std::unique_ptr<consumer_transport> transport,
                                  consumer_config config)
     : transport_(std::move(transport)), config_(config) {
   if (config_.verify_threads == 0) config_.verify_threads = 1;
+  transport_->rank_set(config_.rank);
 }
 
 weight_consumer::~weight_consumer() {

@@ -202,6 +202,12 @@ result<weight_update_manifest> weight_publisher::publish(
                           std::to_string(weight_version) + " is not above " +
                           std::to_string(last_version_) + " (" + update_context(m) + ")");
   }
+  // Under the lock, so that announcements follow version order.
+  if (auto ok = transport_->announce(m); !ok) {
+    transport_->release(m.update_id);
+    return make_error(ok.error().code,
+                      ok.error().message + " (rank=" + std::to_string(m.source_rank) + ")");
+  }
   published_any_ = true;
   last_version_ = weight_version;
   publication p;

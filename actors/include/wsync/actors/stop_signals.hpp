@@ -4,6 +4,9 @@
 
 #include <signal.h>
 
+#include <chrono>
+#include <ctime>
+
 namespace wsync {
 
 /// Blocks SIGINT and SIGTERM in this thread (and every thread started after), so that
@@ -34,6 +37,17 @@ inline bool stop_requested() {
   sigaddset(&set, SIGTERM);
   timespec zero{0, 0};
   return sigtimedwait(&set, nullptr, &zero) > 0;
+}
+
+/// Waits up to `d` for SIGINT or SIGTERM (consumed): true when one came. A pacing sleep that a
+/// stop request cuts short.
+inline bool stop_requested_within(std::chrono::milliseconds d) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  timespec t{static_cast<time_t>(d.count() / 1000), static_cast<long>(d.count() % 1000) * 1000000};
+  return sigtimedwait(&set, nullptr, &t) > 0;
 }
 
 }  // namespace wsync

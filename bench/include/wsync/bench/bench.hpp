@@ -9,7 +9,7 @@
 namespace wsync {
 
 struct bench_options {
-  std::string mode = "shared-memory";  ///< "local", "shared-memory" or "ucx"
+  std::string mode = "shared-memory";  ///< "local", "shared-memory", "file-mmap" or "ucx"
   bool smoke = false;                  ///< small and quick: 8 MiB in 16 tensors, 3 repeats
   std::string layout;                  ///< model layout name; empty: qwen2.5-0.5b or --bytes
   std::uint64_t bytes = 0;             ///< synthetic layout size (with `tensors`)
@@ -17,7 +17,10 @@ struct bench_options {
   unsigned repeat = 5;
   bool verify = true;
   unsigned copy_threads = 2;
-  unsigned slots = 2;
+  unsigned slots = 2;  ///< slots of the ring (file-mmap: buffers)
+  /// file-mmap mode: where to make the run's directory (a fresh fmm-bench-* folder inside it,
+  /// removed afterwards); /dev/shm measures tmpfs, /var/tmp a disk.
+  std::string dir = "/var/tmp";
   /// ucx mode: UCX_TLS of both processes and of the ucx_perftest baseline; empty runs two rows,
   /// "tcp" and "sm" (shared memory).
   std::string ucx_tls;

@@ -46,6 +46,12 @@ class publisher_transport {
   /// Seals what the caller wrote and returns the opaque handle consumers import with.
   virtual result<std::string> expose(const update_id& id) = 0;
 
+  /// Called by weight_publisher once the manifest is built around expose()'s handle and its
+  /// version accepted, before publish() returns it: a transport that announces updates itself
+  /// (file-mmap's CURRENT state file) does it here. An error fails the publish, and the caller
+  /// then releases the update. Default: nothing to announce.
+  virtual result<void> announce(const weight_update_manifest& /*manifest*/) { return {}; }
+
   /// Gives the update's memory back; called exactly once per acquired update, after every
   /// consumer released it or when publishing failed. Unknown ids are ignored.
   virtual void release(const update_id& id) = 0;
@@ -63,6 +69,10 @@ class consumer_transport {
 
   /// Drops this process's hold on the update; its spans become invalid.
   virtual void release(const update_id& id) = 0;
+
+  /// The consumer rank this transport serves (weight_consumer calls it once, at construction),
+  /// for transports that name their readers in shared state (file-mmap's leases).
+  virtual void rank_set(std::int32_t /*rank*/) {}
 
   /// Where other consumers reach this one to pull, chunk by chunk, the updates it imports (it
   /// relays them while its own import is still running); empty when this transport cannot

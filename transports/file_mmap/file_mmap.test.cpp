@@ -1,0 +1,349 @@
+// file-mmap on a tmpfs directory and on a disk directory: buffers reused in place, a held buffer
+// refused naming its holder, leases of dead or silent readers expiring, the state file outliving
+// its publisher, stale handles refused. Children are forked before they make any transport and
+// leave with _exit; an alarm bounds their life.
+
+#include "file_mmap/file_mmap.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "wsync/transports/weight_consumer.hpp"
+#include "wsync/transports/weight_publisher.hpp"
+
+namespace wsync {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& s, std::string_view part) {
+  return s.find(part) != std::string::npos;
+}
+
+ino_t inode_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::string> leases_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir + "/leases")) {
+    if (e.path().extension() == ".lease") out.push_back(e.path().filename().string());
+  }
+  return out;
+}
+
+// The directory kinds the transport must work on. tmpfs: /dev/shm (names not starting with
+// "wsync-", which the shared-memory leak checks own). disk: /var/tmp, else the working folder.
+std::string base_for(const std::string& kind, std::string& why_not) {
+  auto is_tmpfs = [](const std::string& p) {
+    struct statfs sf {};
+    return ::statfs(p.c_str(), &sf) == 0 && sf.f_type == TMPFS_MAGIC;
+  };
+  if (kind == "tmpfs") {
+    if (is_tmpfs("/dev/shm") && ::access("/dev/shm", W_OK) == 0) return "/dev/shm";
+    why_not = "/dev/shm is not a writable tmpfs here";
+    return {};
+  }
+  for (std::string p : {std::string("/var/tmp"), fs::current_path().string()}) {
+    if (::access(p.c_str(), W_OK) == 0 && !is_tmpfs(p)) return p;
+  }
+  why_not = "neither /var/tmp nor the working folder is a writable non-tmpfs directory";
+  return {};
+}
+
+class file_mmap_test : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    auto base = base_for(GetParam(), why);
+    if (base.empty()) GTEST_SKIP() << GetParam() << ": " << why;
+    std::string tmpl = base + "/fmm-unit-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
+    dir_ = tmpl;
+    for (std::size_t i = 0; i < 3; ++i) {  // three segments of 1 MiB at most
+      std::vector<std::byte> b((i + 1) * 300000);
+      bytes_.push_back(std::move(b));
+    }
+  }
+
+  void TearDown() override {
+    publisher_.reset();
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  std::unique_ptr<transport> make(transport_options extra = {}) {
+    extra["dir"] = dir_;
+    auto t = make_transport("file-mmap", extra);
+    EXPECT_TRUE(t) << t.error().message;
+    return t ? std::move(*t) : nullptr;
+  }
+
+  void start_publisher(std::chrono::milliseconds wait = std::chrono::milliseconds(150),
+                       transport_options extra = {}) {
+    publisher_.reset();
+    transport_ = make(std::move(extra));
+    ASSERT_TRUE(transport_);
+    auto p = transport_->make_publisher();
+    ASSERT_TRUE(p) << p.error().message;
+    publisher_config cfg;
+    cfg.model_id = "fmm";
+    cfg.max_segment_bytes = 1 << 20;
+    cfg.slot_wait = wait;
+    publisher_ = std::make_unique<weight_publisher>(std::move(*p), "file-mmap", cfg);
+  }
+
+  // Publishes version v with bytes derived from v; no expected consumer, as standalone does:
+  // only CURRENT and the leases protect a buffer once publish() returns.
+  result<weight_update_manifest> publish(std::uint64_t v) {
+    sources_.clear();
+    for (std::size_t i = 0; i < bytes_.size(); ++i) {
+      for (std::size_t k = 0; k < bytes_[i].size(); ++k) {
+        bytes_[i][k] = std::byte((k * 7 + i + v * 13) & 0xff);
+      }
+      sources_.push_back({"t" + std::to_string(i),
+                          dtype::u8,
+                          {static_cast<std::int64_t>(bytes_[i].size())},
+                          {},
+                          bytes_[i].data(),
+                          bytes_[i].size()});
+    }
+    return publisher_->publish(sources_, v, {});
+  }
+
+  std::unique_ptr<weight_consumer> consumer(std::int32_t rank, transport_options extra = {}) {
+    auto t = make(std::move(extra));
+    auto c = t->make_consumer();
+    EXPECT_TRUE(c) << c.error().message;
+    return std::make_unique<weight_consumer>(std::move(*c), consumer_config{rank, 1});
+  }
+
+  int buffer_of(const weight_update_manifest& m) {
+    return nlohmann::json::parse(m.transport_handle).at("buffer").get<int>();
+  }
+
+  std::string dir_;
+  std::unique_ptr<transport> transport_;
+  std::unique_ptr<weight_publisher> publisher_;
+  std::vector<std::vector<std::byte>> bytes_;
+  std::vector<tensor_source> sources_;
+};
+
+TEST_P(file_mmap_test, buffers_alternate_and_are_reused_in_place) {
+  start_publisher();
+  std::map<std::string, ino_t> first;
+  std::size_t segments = 0;
+  for (std::uint64_t v = 1; v <= 6; ++v) {
+    auto m = publish(v);
+    ASSERT_TRUE(m) << "version " << v << ": " << m.error().message;
+    EXPECT_EQ(buffer_of(*m), static_cast<int>((v - 1) % 2)) << "version " << v;
+    segments = m->segments.size();
+    auto cur = file_mmap_current(dir_);
+    ASSERT_TRUE(cur && *cur);
+    EXPECT_EQ(**cur, *m);
+    for (std::size_t s = 0; s < m->segments.size(); ++s) {
+      char name[64];
+      std::snprintf(name, sizeof name, "/buffer-%d/segment-%04zu", buffer_of(*m), s);
+      auto ino = inode_of(dir_ + name);
+      ASSERT_NE(ino, 0u) << name;
+      auto [it, fresh] = first.emplace(name, ino);
+      EXPECT_EQ(it->second, ino) << name << ": a new file for version " << v;
+      (void)fresh;
+    }
+    // Every version reads back through the consumer, zero-copy from the same files.
+    auto c = consumer(0);
+    auto u = c->import_update(**cur);
+    ASSERT_TRUE(u) << u.error().message;
+    ASSERT_TRUE(c->verify(m->update_id)) << "version " << v;
+    for (std::size_t i = 0; i < bytes_.size(); ++i) {
+      EXPECT_EQ(std::memcmp((*u)->tensors[i].data, bytes_[i].data(), bytes_[i].size()), 0);
+    }
+    ASSERT_TRUE(c->release(m->update_id));
+    EXPECT_TRUE(leases_in(dir_).empty()) << "release gives the lease back";
+  }
+  EXPECT_GT(segments, 1u);
+  EXPECT_EQ(first.size(), 2 * segments);  // two buffers of the same files, nothing else
+}
+
+TEST_P(file_mmap_test, a_held_buffer_is_refused_naming_its_holder) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto c = consumer(3);
+  ASSERT_TRUE(c->import_update(*m1));  // rank 3 holds buffer-0
+  ASSERT_EQ(leases_in(dir_).size(), 1u);
+  auto lease = nlohmann::json::parse(read_text(dir_ + "/leases/" + leases_in(dir_)[0]));
+  EXPECT_EQ(lease.at("rank"), 3);
+  EXPECT_EQ(lease.at("pid"), ::getpid());
+  auto m2 = publish(2);  // buffer-1 is free
+  ASSERT_TRUE(m2) << m2.error().message;
+  auto m3 = publish(3);  // buffer-0 held by rank 3, buffer-1 is CURRENT
+  ASSERT_FALSE(m3);
+  EXPECT_EQ(m3.error().code, errc::timeout);
+  const auto& msg = m3.error().message;
+  EXPECT_TRUE(contains(msg, "no free buffer: held by ")) << msg;
+  EXPECT_TRUE(contains(msg, "rank 3 (pid " + std::to_string(::getpid()))) << msg;
+  EXPECT_TRUE(contains(msg, "update_id=")) << msg;
+  EXPECT_TRUE(contains(msg, "rank=0")) << msg;
+  EXPECT_TRUE(contains(msg, "field buffers")) << msg;
+  // The bytes rank 3 holds were not touched, and once it lets go the writer goes on.
+  ASSERT_TRUE(c->verify(m1->update_id));
+  ASSERT_TRUE(c->release(m1->update_id));
+  auto m3b = publish(3);
+  ASSERT_TRUE(m3b) << m3b.error().message;
+  EXPECT_EQ(buffer_of(*m3b), 0);
+}
+
+TEST_P(file_mmap_test, the_lease_of_a_dead_reader_expires) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(30);
+    auto c = consumer(5);
+    auto u = c->import_update(*m1);
+    ::_exit(u && c->verify(m1->update_id) ? 0 : 1);  // dies holding: no release
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not import";
+  ASSERT_EQ(leases_in(dir_).size(), 1u) << "the dead reader's lease stays behind";
+  ASSERT_TRUE(publish(2));
+  auto m3 = publish(3);  // needs buffer-0: its holder's pid is gone from this host
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_EQ(buffer_of(*m3), 0);
+  EXPECT_TRUE(leases_in(dir_).empty());
+}
+
+TEST_P(file_mmap_test, a_silent_lease_expires_after_the_lease_timeout) {
+  // A reader on another host: no pid to check, only its heartbeat.
+  start_publisher(std::chrono::milliseconds(3000), {{"lease_timeout_ms", "300"}});
+  ASSERT_TRUE(publish(1));
+  ASSERT_TRUE(publish(2));
+  std::string lease = dir_ + "/leases/buffer-0.1.remote.lease";
+  std::ofstream(lease) << R"({"host":"another-host","pid":1,"start":0,"rank":9})";
+  // Fresh heartbeat and a short wait: refused, naming the remote reader.
+  start_publisher(std::chrono::milliseconds(50), {{"lease_timeout_ms", "300"}});
+  auto refused = publish(3);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(contains(refused.error().message, "no free buffer: held by "))
+      << refused.error().message;
+  EXPECT_TRUE(contains(refused.error().message, "rank 9 (pid 1 on another-host"))
+      << refused.error().message;
+  // Nobody refreshes it: within the writer's wait it goes stale and the buffer comes free.
+  start_publisher(std::chrono::milliseconds(3000), {{"lease_timeout_ms", "300"}});
+  auto m3 = publish(3);
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_EQ(buffer_of(*m3), 0);
+  EXPECT_FALSE(fs::exists(lease));
+}
+
+TEST_P(file_mmap_test, a_live_reader_keeps_its_lease_fresh) {
+  // The heartbeat thread refreshes the lease: a reader that holds longer than the lease timeout
+  // keeps its buffer.
+  start_publisher(std::chrono::milliseconds(500), {{"lease_timeout_ms", "100"}});
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto c = consumer(1, {{"lease_timeout_ms", "100"}});
+  ASSERT_TRUE(c->import_update(*m1));
+  ASSERT_TRUE(publish(2));
+  auto m3 = publish(3);  // waits 500 ms, five lease timeouts: the lease must stay live
+  ASSERT_FALSE(m3);
+  EXPECT_TRUE(contains(m3.error().message, "no free buffer: held by rank 1")) << m3.error().message;
+  ASSERT_TRUE(c->release(m1->update_id));
+}
+
+TEST_P(file_mmap_test, the_state_file_outlives_its_publisher) {
+  start_publisher();
+  ASSERT_TRUE(publish(1));
+  auto m2 = publish(2);
+  ASSERT_TRUE(m2) << m2.error().message;
+  // One writer per directory.
+  auto second = make()->make_publisher();
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code, errc::blocked);
+  EXPECT_TRUE(contains(second.error().message, "already has a publisher"))
+      << second.error().message;
+  publisher_.reset();
+  transport_.reset();
+  EXPECT_FALSE(fs::exists(dir_ + "/CURRENT.tmp"));
+  auto cur = file_mmap_current(dir_);
+  ASSERT_TRUE(cur && *cur);
+  EXPECT_EQ(**cur, *m2);
+  // A new publisher leaves the CURRENT version alone and writes the other buffer.
+  start_publisher();
+  auto c = consumer(0);
+  auto u = c->import_update(**cur);
+  ASSERT_TRUE(u) << u.error().message;
+  ASSERT_TRUE(c->verify(m2->update_id));
+  ASSERT_TRUE(c->release(m2->update_id));
+  auto m3 = publish(3);
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_NE(buffer_of(*m3), buffer_of(*m2));
+}
+
+TEST_P(file_mmap_test, a_handle_to_a_rewritten_buffer_is_refused) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1);
+  ASSERT_TRUE(publish(2));
+  ASSERT_TRUE(publish(3));  // rewrote buffer-0, which m1 names
+  auto c = consumer(2);
+  auto u = c->import_update(*m1);
+  ASSERT_FALSE(u);
+  EXPECT_EQ(u.error().code, errc::unknown_update);
+  EXPECT_TRUE(contains(u.error().message, "unknown update_id: " + m1->update_id))
+      << u.error().message;
+  EXPECT_TRUE(contains(u.error().message, "is no longer in")) << u.error().message;
+  EXPECT_TRUE(contains(u.error().message, "rank=2")) << u.error().message;
+  EXPECT_TRUE(leases_in(dir_).empty()) << "a refused import leaves no lease";
+}
+
+INSTANTIATE_TEST_SUITE_P(on, file_mmap_test, ::testing::Values("tmpfs", "disk"));
+
+TEST(file_mmap_options, dir_is_required_and_buffers_checked) {
+  auto none = make_transport("file-mmap");
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, errc::invalid_argument);
+  EXPECT_TRUE(contains(none.error().message, "file-mmap option dir: required"))
+      << none.error().message;
+  for (const char* bad : {"1", "0", "65", "x"}) {
+    auto t = make_transport("file-mmap", {{"dir", "/nowhere"}, {"buffers", bad}});
+    ASSERT_FALSE(t) << "buffers=" << bad;
+    EXPECT_TRUE(contains(t.error().message, "buffers")) << t.error().message;
+  }
+  auto unknown = make_transport("file-mmap", {{"dir", "/nowhere"}, {"slots", "2"}});
+  ASSERT_FALSE(unknown);
+  EXPECT_TRUE(contains(unknown.error().message, "slots")) << unknown.error().message;
+  EXPECT_TRUE(make_transport("file-mmap", {{"dir", "/nowhere"}, {"buffers", "3"}}));
+  auto write = make_transport("file-mmap", {{"dir", "/nowhere"}, {"write", "fast"}});
+  ASSERT_FALSE(write);
+  EXPECT_TRUE(contains(write.error().message, "option write")) << write.error().message;
+  EXPECT_TRUE(make_transport("file-mmap", {{"dir", "/nowhere"}, {"write", "mmap"}}));
+}
+
+TEST(file_mmap_options, no_state_file_means_no_version_yet) {
+  auto none = file_mmap_current("/wsync-surely-missing");
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_FALSE(*none);
+}
+
+}  // namespace
+}  // namespace wsync
