@@ -51,6 +51,12 @@ int consumer_start(consumer_state& s) {
       std::cerr << "wsync: --standalone: takes no --coordinator (unset WSYNC_COORDINATOR)\n";
       return 2;
     }
+    if (!s.transport_settings.empty()) {
+      std::cerr << "wsync: --standalone over HTTP: the trainer names the transport and its "
+                   "options in the init call (init_info.transport, init_info.transport_options; "
+                   "SGLang: backend, transport_options), not --transport-option\n";
+      return 2;
+    }
     s.http.rank.rank = opt.rank;
     s.http.rank.node = opt.node;
     s.http.rank.verify = opt.verify;

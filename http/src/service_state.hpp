@@ -21,6 +21,7 @@
 #include "wsync/runtime/generation_control.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/transport.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 
 namespace wsync {
@@ -45,6 +46,11 @@ struct refusal {
   int status = 400;
   std::string message;
 };
+
+// An optional {"key": "value"} object of transport options at `j[key]`; numbers and booleans are
+// taken as their JSON text. nullopt (and `error`, naming `where`) when it is malformed.
+std::optional<transport_options> options_field(const json& j, const char* key,
+                                               const std::string& where, std::string& error);
 
 // "<where>.<key>", or "<key>" at the top of a body: how replies name a field.
 inline std::string field(const std::string& where, const std::string& key) {
@@ -121,7 +127,8 @@ struct weight_transfer_service::impl {
   // The four phases; one call at a time.
   mutable std::mutex phase_mutex;
   phase current = phase::uninitialized;
-  std::string transport;  ///< fixed by the first init
+  std::string transport;                 ///< fixed by the first init
+  transport_options transport_settings;  ///< and its options
   std::unique_ptr<weight_consumer> consumer;
   std::unique_ptr<rollout_executor> executor;
   std::vector<weight_update_manifest> shards;  ///< received since start
@@ -170,7 +177,9 @@ struct weight_transfer_service::impl {
 
   // The transport's consumer and the executor over it, made once; later calls must name the
   // same transport. Needs phase_mutex.
-  std::optional<refusal> open_transport(const std::string& name, const std::string& where);
+  // `options` (e.g. file-mmap's dir) come from the init call's transport_options.
+  std::optional<refusal> open_transport(const std::string& name, const transport_options& options,
+                                        const std::string& where);
 
   // Parses one manifest of an update (`mj`: a JSON object or its text, the field `at`) and adds
   // it to `shards` after checking it belongs: the initialised transport, the same update as the

@@ -78,6 +78,9 @@ http_reply weight_transfer_service::sglang_init_group(std::string_view body) {
                      "manifests instead");
     }
   }
+  std::string why;
+  auto options = options_field(*j, "transport_options", "", why);
+  if (!options) return failure(why);
   const std::string name = backend.value_or("nccl");
   if (name == "nccl") {
     return failure(
@@ -91,7 +94,7 @@ http_reply weight_transfer_service::sglang_init_group(std::string_view body) {
     return failure("group_name: \"" + g + "\" differs from the group \"" + s.sglang_group +
                    "\" this rank has; destroy it first");
   }
-  if (auto no = s.open_transport(name, "backend")) return failure(no->message);
+  if (auto no = s.open_transport(name, *options, "backend")) return failure(no->message);
   s.sglang_group = g;
   return success("weight update group \"" + g + "\" initialised over " + name);
 }

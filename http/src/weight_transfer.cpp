@@ -89,6 +89,9 @@ http_reply weight_transfer_service::init(std::string_view body) {
     if (!info["transport"].is_string()) return fail(400, "init_info.transport: must be a string");
     name = info["transport"].get<std::string>();
   }
+  std::string why;
+  auto options = options_field(info, "transport_options", "init_info", why);
+  if (!options) return fail(400, why);
   if (info.contains("master_address") || info.contains("nccl_unique_id_b64")) {
     return fail(400,
                 "init_info.master_address: blocked: NCCL rendezvous is not a wsync transport "
@@ -99,22 +102,51 @@ http_reply weight_transfer_service::init(std::string_view body) {
   if (s.current == phase::started) {
     return fail(409, s.conflict("init_weight_transfer_engine", "finish the update first"));
   }
-  if (auto no = s.open_transport(name, "init_info.transport")) return fail(no->status, no->message);
+  if (auto no = s.open_transport(name, *options, "init_info.transport")) {
+    return fail(no->status, no->message);
+  }
   return reply(200, {{"message", "Weight transfer initialized"}});
 }
 
-std::optional<refusal> weight_transfer_service::impl::open_transport(const std::string& name,
-                                                                     const std::string& where) {
+std::optional<transport_options> http_detail::options_field(const json& j, const char* key,
+                                                            const std::string& where,
+                                                            std::string& error) {
+  transport_options out;
+  if (!j.contains(key) || j[key].is_null()) return out;
+  const std::string at = field(where, key);
+  if (!j[key].is_object()) {
+    error = at + ": must be an object of option names to values, e.g. {\"dir\": \"/shared/w\"}";
+    return std::nullopt;
+  }
+  for (const auto& [k, v] : j[key].items()) {
+    if (v.is_string()) {
+      out[k] = v.get<std::string>();
+    } else if (v.is_number() || v.is_boolean()) {
+      out[k] = v.dump();
+    } else {
+      error = at + "." + k + ": must be a string or a number";
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+std::optional<refusal> weight_transfer_service::impl::open_transport(
+    const std::string& name, const transport_options& options, const std::string& where) {
   if (consumer) {
-    if (name == transport) return std::nullopt;
+    if (name == transport && options == transport_settings) return std::nullopt;
+    if (name == transport) {
+      return refusal{400, where + ": options differ from those this rank was initialised with"};
+    }
     return refusal{400, where + ": \"" + name + "\" differs from \"" + transport +
                             "\", which this rank was initialised with"};
   }
-  auto t = make_transport(name);
+  auto t = make_transport(name, options);
   if (!t) return refusal{400, where + ": " + t.error().message};
   auto c = (*t)->make_consumer();
   if (!c) return refusal{500, where + ": " + c.error().message};
   transport = name;
+  transport_settings = options;
   consumer = std::make_unique<weight_consumer>(std::move(*c), consumer_config{config.rank, 2});
   executor = std::make_unique<rollout_executor>(*consumer, runtime, runtime.gate(),
                                                 executor_config{config.verify});

@@ -73,5 +73,8 @@ grep -q "file-mmap option dir: required" <<<"$out" || fail "missing dir not expl
 out=$("$wsync" consumer --standalone --transport file-mmap --transport-option dir=/tmp \
   --enable-weight-transfer 2>&1) && fail "consumer --standalone file-mmap took HTTP too"
 grep -q "polls the directory" <<<"$out" || fail "file-mmap with HTTP not explained: $out"
+out=$("$wsync" consumer --standalone --enable-weight-transfer --transport-option dir=/tmp 2>&1) &&
+  fail "consumer --standalone over HTTP took --transport-option it would ignore"
+grep -q "init_info.transport_options" <<<"$out" || fail "ignored transport option not explained: $out"
 "$wsync" consumer --help | grep -q "polls DIR/CURRENT" || fail "consumer --help does not explain file-mmap"
 echo "cli: pass"

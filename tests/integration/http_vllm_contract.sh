@@ -107,6 +107,25 @@ expect wrong_token "$(post /pause)" 401 'bearer token'
 auth="Authorization: Bearer s3cret"
 expect right_token "$(get /is_paused)" 200 '"is_paused":false'
 
+# Transport options travel in init_info: a file-mmap directory written by a standalone publisher.
+mkdir "$work/fmm"
+"$wsync" publisher --standalone --rank 0 --layout synthetic:1048576:4 --versions 1 \
+  --transport file-mmap --transport-option "dir=$work/fmm" --manifest-out "$work/fmm.jsonl" \
+  >"$work/fmm_publisher.log" 2>&1 || fail "file-mmap publisher failed"
+WSYNC_SERVER_DEV_MODE=1 "$wsync" consumer --standalone --http-port 0 \
+  --http-port-file "$work/port3" >"$work/consumer3.log" 2>&1 &
+pids+=("$!")
+wait_for_file "$work/port3" || fail "consumer 3 did not start"
+base="http://127.0.0.1:$(cat "$work/port3")"
+auth="X-Nothing: 1"
+expect fmm_no_dir "$(post /init_weight_transfer_engine '{"init_info":{"transport":"file-mmap"}}')" 400 'dir: required'
+expect fmm_bad_options "$(post /init_weight_transfer_engine '{"init_info":{"transport":"file-mmap","transport_options":["dir"]}}')" 400 'init_info.transport_options: must be an object'
+expect fmm_init "$(post /init_weight_transfer_engine "{\"init_info\":{\"transport\":\"file-mmap\",\"transport_options\":{\"dir\":\"$work/fmm\"}}}")" 200 'Weight transfer initialized'
+expect fmm_other_dir "$(post /init_weight_transfer_engine '{"init_info":{"transport":"file-mmap","transport_options":{"dir":"/elsewhere"}}}')" 400 'options differ'
+expect fmm_start "$(post /start_weight_update)" 200 'started'
+expect fmm_update "$(post /update_weights "{\"update_info\":{\"manifest\":$(head -1 "$work/fmm.jsonl")}}")" 200 'Weights updated'
+expect fmm_finish "$(post /finish_weight_update)" 200 '"weight_version":1'
+
 # Off by default: without --enable-weight-transfer a standalone consumer refuses to start.
 env -u WSYNC_SERVER_DEV_MODE "$wsync" consumer --standalone >"$work/off.log" 2>&1 &&
   fail "a standalone consumer started without the HTTP surface enabled"
