@@ -23,23 +23,21 @@ int consumer_follow_run(const follow_options& o) {
                      o.transport + " has no state file to poll"),
            2;
   }
-  auto dir = o.transport_settings.find("dir");
-  if (dir == o.transport_settings.end() || dir->second.empty()) {
-    return log_error(who + ": file-mmap option dir: required (--transport-option dir=DIR)"), 2;
-  }
+  // The transport checks its options: a missing dir is named there.
   auto t = make_transport(o.transport, o.transport_settings);
   if (!t) return log_error(who + ": " + t.error().message), 2;
+  const std::string& dir = o.transport_settings.at("dir");
   auto c = (*t)->make_consumer();
   if (!c) return log_error(who + ": " + c.error().message), 1;
   weight_consumer consumer(std::move(*c), consumer_config{o.rank, 2});
   reference_runtime runtime;
   rollout_executor executor(consumer, runtime, runtime.gate(), executor_config{o.verify});
-  log_info(who + ": following " + dir->second + "/CURRENT every " + std::to_string(o.poll.count()) +
+  log_info(who + ": following " + dir + "/CURRENT every " + std::to_string(o.poll.count()) +
            " ms (file-mmap, no coordinator); SIGINT/SIGTERM stops");
   update_id last_tried;
   std::string last_problem;
   while (!stop_requested_within(o.poll)) {
-    auto cur = file_mmap_current(dir->second);
+    auto cur = file_mmap_current(dir);
     if (!cur) {
       // A state file being replaced is never half-read (rename), so this is a real problem;
       // say it once, keep polling.
@@ -52,8 +50,8 @@ int consumer_follow_run(const follow_options& o) {
     const auto& m = **cur;
     last_tried = m.update_id;
     if (!o.model_id.empty() && m.model_id != o.model_id) {
-      log_warn(who + ": " + dir->second + "/CURRENT holds model_id " + m.model_id + ", not " +
-               o.model_id + "; waiting for " + o.model_id + " (" + update_context(m) + ")");
+      log_warn(who + ": " + dir + "/CURRENT holds model_id " + m.model_id + ", not " + o.model_id +
+               "; waiting for " + o.model_id + " (" + update_context(m) + ")");
       continue;
     }
     auto report = executor.update_weights(m);

@@ -23,14 +23,12 @@ namespace {
 // returns, and consumers that poll DIR/CURRENT pull it; the process leaves after the last one.
 int publish_into_directory(const publisher_options& o, const std::string& manifest_out) {
   std::string who = "publisher rank " + std::to_string(o.rank);
-  auto dir = o.transport_settings.find("dir");
-  if (dir == o.transport_settings.end() || dir->second.empty()) {
-    return log_error(who + ": file-mmap option dir: required (--transport-option dir=DIR)"), 2;
-  }
-  auto shard = shard_load(publisher_shard(o));
-  if (!shard) return log_error(shard.error().message), 1;
+  // The transport checks its options (a missing dir is named there) before any tensor loads.
   auto t = make_transport("file-mmap", o.transport_settings);
   if (!t) return log_error(who + ": " + t.error().message), 2;
+  const std::string& dir = o.transport_settings.at("dir");
+  auto shard = shard_load(publisher_shard(o));
+  if (!shard) return log_error(shard.error().message), 1;
   auto pt = (*t)->make_publisher();
   if (!pt) return log_error(who + ": " + pt.error().message), 1;
   publisher_config cfg;
@@ -45,11 +43,11 @@ int publish_into_directory(const publisher_options& o, const std::string& manife
     // readers' leases are what keep it from being overwritten.
     auto m = publisher.publish(shard->tensors, v, {}, {{"rank", std::to_string(o.rank)}});
     if (!m) return log_error(m.error().message), 1;
-    log_info(who + ": published weight_version " + std::to_string(v) + " into " + dir->second +
-             " (" + m->transport_handle + ", " + std::to_string(m->total_bytes) + " bytes)");
+    log_info(who + ": published weight_version " + std::to_string(v) + " into " + dir + " (" +
+             m->transport_handle + ", " + std::to_string(m->total_bytes) + " bytes)");
     if (out.is_open()) out << manifest_to_json(*m) << "\n" << std::flush;
   }
-  log_info(who + ": done; " + dir->second + "/CURRENT names weight_version " +
+  log_info(who + ": done; " + dir + "/CURRENT names weight_version " +
            std::to_string(publisher.last_version()));
   return 0;
 }

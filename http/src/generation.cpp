@@ -69,12 +69,7 @@ http_reply weight_transfer_service::generate(std::string_view body) {
   reference_runtime* runtime = nullptr;
   {
     std::lock_guard lock(s.status_mutex);
-    for (const auto& slot : s.ranks) {
-      if (rank < 0 || slot.rank == rank) {
-        runtime = slot.runtime;
-        break;
-      }
-    }
+    if (const auto* slot = s.slot_of(rank)) runtime = slot->runtime;
   }
   if (!runtime) {
     return fail(rank < 0 ? 503 : 400,

@@ -3,6 +3,7 @@
 // rank_metrics.cpp: /status and /metrics; generation.cpp: pause and generate): the state behind
 // the public class, and the helpers that shape every reply. Private to the http module.
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -38,7 +39,9 @@ inline http_reply fail(int status, const std::string& message) {
   return reply(status, {{"error", message}});
 }
 
-// A JSON body, or the 400 that names what is wrong with it. An empty body is {} when allowed.
+// A JSON object body, or nullopt and `why` ("body: ..."). An empty body is {} when allowed.
+std::optional<json> read_body(std::string_view body, bool empty_ok, std::string& why);
+// read_body, with the 400 of vLLM's surface.
 std::optional<json> parse_body(std::string_view body, bool empty_ok, http_reply& error);
 
 // Why a call is refused: the HTTP status (vLLM's surface) and the message naming the field.
@@ -191,6 +194,22 @@ struct weight_transfer_service::impl {
   // and sets the version label when one is given and the install succeeded.
   rollout_report install(std::vector<weight_update_manifest> update,
                          const std::optional<std::string>& label_text);
+
+  // The lowest version any rank serves (0 before the first install). Needs status_mutex.
+  std::uint64_t lowest_active() const {
+    std::optional<std::uint64_t> lowest;
+    for (const auto& slot : ranks) lowest = std::min(lowest.value_or(slot.active), slot.active);
+    return lowest.value_or(0);
+  }
+
+  // The served rank `rank`, or the first one when rank < 0; nullptr when none. Needs
+  // status_mutex.
+  const rank_slot* slot_of(std::int64_t rank) const {
+    for (const auto& slot : ranks) {
+      if (rank < 0 || slot.rank == rank) return &slot;
+    }
+    return nullptr;
+  }
 
   // The version label readers see now.
   std::string version_label() const;

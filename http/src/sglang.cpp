@@ -26,9 +26,9 @@ http_reply failure(const std::string& message) {
 
 // The body as a JSON object, or the SGLang-shaped 400 naming what is wrong with it.
 std::optional<json> sglang_body(std::string_view body, bool empty_ok, http_reply& error) {
-  http_reply vllm_error;
-  auto j = parse_body(body, empty_ok, vllm_error);
-  if (!j) error = failure(json::parse(vllm_error.body).value("error", "body: unreadable"));
+  std::string why;
+  auto j = read_body(body, empty_ok, why);
+  if (!j) error = failure(why);
   return j;
 }
 

@@ -42,9 +42,7 @@ bool is_sha256_hex(const std::string& s) {
 
 std::string weight_transfer_service::impl::version_label() const {
   std::lock_guard lock(status_mutex);
-  std::optional<std::uint64_t> lowest;
-  for (const auto& slot : ranks) lowest = std::min(lowest.value_or(slot.active), slot.active);
-  const std::uint64_t v = lowest.value_or(0);
+  const std::uint64_t v = lowest_active();
   return !label.empty() && label_for == v ? label : std::to_string(v);
 }
 
@@ -73,9 +71,10 @@ http_reply weight_transfer_service::update_weight_version(std::string_view body)
     s.generation.pause(pause_mode::abort);
     s.generation.resume();
   }
-  const std::uint64_t active = active_version();
+  std::uint64_t active = 0;
   {
-    std::lock_guard lock(s.status_mutex);
+    std::lock_guard lock(s.status_mutex);  // the label names the version active at this moment
+    active = s.lowest_active();
     s.label = v.get<std::string>();
     s.label_for = active;
   }
@@ -131,13 +130,7 @@ http_reply weight_transfer_service::weight_checker(std::string_view body) {
   std::int32_t served = 0;
   {
     std::lock_guard lock(s.status_mutex);
-    for (const auto& slot : s.ranks) {
-      if (rank < 0 || slot.rank == rank) {
-        runtime = slot.runtime;
-        served = slot.rank;
-        break;
-      }
-    }
+    if (const auto* slot = s.slot_of(rank)) runtime = slot->runtime, served = slot->rank;
     if (action == "compare" && !baseline) baseline = s.checker_baseline;
   }
   if (!runtime) {

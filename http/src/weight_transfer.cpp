@@ -14,22 +14,29 @@
 
 namespace wsync {
 
-std::optional<json> http_detail::parse_body(std::string_view body, bool empty_ok,
-                                            http_reply& error) {
+std::optional<json> http_detail::read_body(std::string_view body, bool empty_ok, std::string& why) {
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) {
     if (empty_ok) return json::object();
-    error = fail(400, "body: a JSON object is required");
+    why = "body: a JSON object is required";
     return std::nullopt;
   }
   auto j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
-    error = fail(400, "body: invalid JSON format");
+    why = "body: invalid JSON format";
     return std::nullopt;
   }
   if (!j.is_object()) {
-    error = fail(400, "body: must be a JSON object");
+    why = "body: must be a JSON object";
     return std::nullopt;
   }
+  return j;
+}
+
+std::optional<json> http_detail::parse_body(std::string_view body, bool empty_ok,
+                                            http_reply& error) {
+  std::string why;
+  auto j = read_body(body, empty_ok, why);
+  if (!j) error = fail(400, why);
   return j;
 }
 
@@ -70,10 +77,7 @@ weight_transfer_service::~weight_transfer_service() {
 
 std::uint64_t weight_transfer_service::active_version() const {
   std::lock_guard lock(impl_->status_mutex);
-  std::optional<std::uint64_t> lowest;
-  for (const auto& slot : impl_->ranks)
-    lowest = std::min(lowest.value_or(slot.active), slot.active);
-  return lowest.value_or(0);
+  return impl_->lowest_active();
 }
 
 http_reply weight_transfer_service::init(std::string_view body) {
