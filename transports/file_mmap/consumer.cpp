@@ -1,0 +1,221 @@
+// The consumer half of file-mmap: read-only mappings of a buffer's files, held by a lease whose
+// heartbeat a background thread keeps fresh (README.md beside this file).
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <unordered_map>
+
+#include "file_mmap/file_mmap_common.hpp"
+#include "wsync/manifest/log.hpp"
+
+namespace wsync::file_mmap_detail {
+namespace {
+
+class fm_consumer final : public consumer_transport {
+ public:
+  explicit fm_consumer(fm_config cfg)
+      : cfg_(std::move(cfg)), host_(host_name()), start_(process_start_time(::getpid())) {}
+
+  ~fm_consumer() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+    for (auto& [id, h] : held_) drop(h);
+  }
+
+  void rank_set(std::int32_t rank) override { rank_ = rank; }
+
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    auto ctx = [&] {
+      return update_context(m.update_id, rank_);
+    };
+    auto h = handle_parse(m);
+    if (!h) return h.error();
+    std::lock_guard lock(mutex_);
+    if (held_.count(m.update_id)) {
+      return make_error(errc::invalid_argument,
+                        "file-mmap: update_id " + m.update_id + " imported twice (" + ctx() + ")");
+    }
+    // Our own dir, not the handle's: on a shared filesystem each host may mount it elsewhere.
+    std::string bdir = buffer_dir(cfg_.dir, h->buffer);
+    held entry;
+    if (auto ok = dir_ensure(cfg_.dir + "/leases"); !ok) {
+      return make_error(ok.error().code, ok.error().message + " (" + ctx() + ")");
+    }
+    auto nonce = random_hex(6);
+    entry.lease = cfg_.dir + "/leases/" + lease_prefix(h->buffer) + std::to_string(::getpid()) +
+                  "." + nonce + ".lease";
+    nlohmann::json who = {{"host", host_},
+                          {"pid", ::getpid()},
+                          {"start", start_},
+                          {"rank", rank_},
+                          {"buffer", h->buffer},
+                          {"update_id", m.update_id},
+                          {"weight_version", m.weight_version}};
+    // Written whole, then renamed: the writer never reads half a lease.
+    std::string tmp = cfg_.dir + "/leases/." + nonce + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << who.dump();
+      if (!out) {
+        return make_error(errc::io_error,
+                          "file-mmap: cannot write lease " + tmp + " (" + ctx() + ", field dir)");
+      }
+    }
+    if (::rename(tmp.c_str(), entry.lease.c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      return make_error(errc::io_error,
+                        "file-mmap: rename " + tmp + ": " + errno_text(err) + " (" + ctx() + ")");
+    }
+    // With the lease visible, STAMP tells whether the buffer still holds this update (the
+    // writer removes STAMP before it looks at leases, see fm_publisher::acquire).
+    auto stamp = file_read(bdir + "/STAMP");
+    auto sj = nlohmann::json::parse(stamp.value_or(""), nullptr, false);
+    if (!sj.is_object() || sj.value("update_id", "") != m.update_id) {
+      ::unlink(entry.lease.c_str());
+      struct stat st {};
+      if (::stat(bdir.c_str(), &st) != 0) {
+        return make_error(errc::unknown_update,
+                          "unknown update_id: " + m.update_id + ": no " + bdir +
+                              " (field transport_handle: this consumer's dir=" + cfg_.dir +
+                              ", the publisher writes dir=" + h->dir + ") (" + ctx() + ")");
+      }
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + m.update_id + " is no longer in " + bdir +
+                            ": the publisher is reusing it for a newer update (field "
+                            "transport_handle) (" +
+                            ctx() + ")");
+    }
+    std::vector<std::span<const std::byte>> spans;
+    for (std::size_t i = 0; i < h->segments; ++i) {
+      std::uint64_t n = m.segments[i].nbytes;
+      if (n == 0) {
+        spans.emplace_back();
+        continue;
+      }
+      std::string path = segment_path(cfg_.dir, h->buffer, i);
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st {};
+      if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < n) {
+        int err = errno;
+        if (fd >= 0) ::close(fd);
+        drop(entry);
+        return make_error(errc::invalid_manifest,
+                          "invalid manifest: segments[" + std::to_string(i) + "].nbytes: " + path +
+                              (fd < 0 ? " cannot be opened: " + errno_text(err)
+                                      : " holds fewer than " + std::to_string(n) + " bytes") +
+                              " (" + ctx() + ")");
+      }
+      // Read-only and shared: the page cache's pages, no copy (on NFS, the client's cache).
+      void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+      int err = errno;
+      ::close(fd);
+      if (p == MAP_FAILED) {
+        drop(entry);
+        return make_error(errc::io_error,
+                          "file-mmap: mmap " + path + ": " + errno_text(err) + " (" + ctx() + ")");
+      }
+      entry.maps.emplace_back(p, n);
+      spans.emplace_back(static_cast<const std::byte*>(p), n);
+    }
+    held_.emplace(m.update_id, std::move(entry));
+    if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { heartbeat_run(); });
+    return spans;
+  }
+
+  void release(const update_id& id) override {
+    std::lock_guard lock(mutex_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return;
+    drop(it->second);
+    held_.erase(it);
+  }
+
+ private:
+  struct held {
+    std::string lease;
+    std::vector<std::pair<void*, std::size_t>> maps;
+  };
+
+  // Unmaps first, then gives the lease back: the writer may resize the files once it is gone.
+  static void drop(held& h) {
+    for (auto [p, n] : h.maps) ::munmap(p, n);
+    h.maps.clear();
+    if (!h.lease.empty()) ::unlink(h.lease.c_str());
+  }
+
+  result<handle> handle_parse(const weight_update_manifest& m) const {
+    auto bad = [&](const std::string& why) -> error {
+      return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why +
+                                                    " (" + update_context(m.update_id, rank_) +
+                                                    ")");
+    };
+    auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+    if (!j.is_object()) return bad("not a file-mmap handle");
+    handle h;
+    try {
+      h.dir = j.at("dir").get<std::string>();
+      h.buffer = j.at("buffer").get<std::uint64_t>();
+      h.segments = j.at("segments").get<std::size_t>();
+    } catch (const nlohmann::json::exception& e) {
+      return bad(std::string("file-mmap handle field: ") + e.what());
+    }
+    if (h.buffer >= 64) return bad("buffer " + std::to_string(h.buffer) + " is out of range");
+    if (h.segments != m.segments.size()) {
+      return bad(std::to_string(h.segments) + " segment files for " +
+                 std::to_string(m.segments.size()) + " segments");
+    }
+    return h;
+  }
+
+  // Refreshes the mtime of every lease this consumer holds, so the writer sees it alive.
+  void heartbeat_run() {
+    auto period = std::max(cfg_.lease_timeout / 4, std::chrono::milliseconds(5));
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      cv_.wait_for(lock, period, [&] { return stop_; });
+      if (stop_) break;
+      for (const auto& [id, h] : held_) {
+        if (::utimensat(AT_FDCWD, h.lease.c_str(), nullptr, 0) != 0 && errno == ENOENT) {
+          log_warn("file-mmap: the lease on update_id " + id +
+                   " was removed by the writer (this reader's heartbeat stalled beyond "
+                   "lease_timeout_ms=" +
+                   std::to_string(cfg_.lease_timeout.count()) + "); rank " + std::to_string(rank_));
+        }
+      }
+    }
+  }
+
+  fm_config cfg_;
+  std::string host_;
+  std::uint64_t start_;
+  std::int32_t rank_ = -1;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::unordered_map<update_id, held> held_;
+  std::thread heartbeat_;
+};
+
+}  // namespace
+
+std::unique_ptr<consumer_transport> make_fm_consumer(fm_config cfg) {
+  return std::make_unique<fm_consumer>(std::move(cfg));
+}
+
+}  // namespace wsync::file_mmap_detail

@@ -1,0 +1,234 @@
+// The file helpers, the leases and the state file of the file-mmap transport.
+
+#include "file_mmap/file_mmap_common.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/log.hpp"
+
+namespace wsync::file_mmap_detail {
+
+std::string errno_text(int err) {
+  return std::string(std::strerror(err));
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+// Start time of a process in clock ticks since boot (/proc/<pid>/stat field 22); 0 when it does
+// not exist or already exited (a zombie). Tells a live reader from a pid reused by another.
+std::uint64_t process_start_time(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = text.rfind(')');
+  if (close == std::string::npos || close + 2 > text.size()) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    if (i == 3 && (field == "Z" || field == "X")) return 0;
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+std::string buffer_dir(const std::string& dir, std::uint64_t b) {
+  return dir + "/buffer-" + std::to_string(b);
+}
+
+std::string segment_path(const std::string& dir, std::uint64_t b, std::size_t i) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/segment-%04zu", i);
+  return buffer_dir(dir, b) + name;
+}
+
+std::optional<std::string> file_read(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+result<void> fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(errc::io_error, "open " + path + ": " + errno_text(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return make_error(errc::io_error, "fsync " + path + ": " + errno_text(err));
+  return {};
+}
+
+// Writes `text` to path.tmp, makes it durable, renames it over `path` and makes the rename
+// durable: readers see the old file or the new one, never a mix, also after a crash.
+// `before_rename` runs between the two (the fault-injection point).
+result<void> file_replace_durably(const std::string& path, const std::string& text,
+                                  const std::function<void()>& before_rename) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return make_error(errc::io_error, "open " + tmp + ": " + errno_text(errno));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return make_error(errc::io_error, "write " + tmp + ": " + errno_text(err));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return make_error(errc::io_error, "fsync " + tmp + ": " + errno_text(err));
+  }
+  ::close(fd);
+  if (before_rename) before_rename();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return make_error(errc::io_error, "rename " + tmp + ": " + errno_text(errno));
+  }
+  return fsync_path(path.substr(0, path.rfind('/')));
+}
+
+result<void> dir_ensure(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return {};
+    return make_error(errc::io_error, "file-mmap: " + path + " exists and is not a directory");
+  }
+  return make_error(errc::io_error, "file-mmap: mkdir " + path + ": " + errno_text(errno));
+}
+
+// --- leases -------------------------------------------------------------------------------
+// A reader holds buffer b while DIR/leases/buffer-<b>.<pid>.<nonce>.lease exists with a fresh
+// mtime (its heartbeat). The writer ignores, and removes, a lease whose heartbeat is older than
+// lease_timeout or whose process is gone from this host.
+
+std::string lease_prefix(std::uint64_t b) {
+  return "buffer-" + std::to_string(b) + ".";
+}
+
+namespace {
+
+struct lease_view {
+  std::string name;
+  std::string who;  // for "held by"
+  bool live = true;
+  std::string why_dead;
+};
+
+lease_view lease_judge(const std::string& leases, const std::string& name, const std::string& host,
+                       std::chrono::milliseconds timeout) {
+  lease_view v{name, "an unreadable lease " + name, true, {}};
+  std::string path = leases + "/" + name;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    v.live = false;  // released meanwhile
+    return v;
+  }
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  double age = static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
+               static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) / 1e9;
+  auto text = file_read(path);
+  auto j = nlohmann::json::parse(text.value_or(""), nullptr, false);
+  if (j.is_object()) {
+    std::string lhost = j.value("host", "");
+    int pid = j.value("pid", 0);
+    std::uint64_t start = j.value("start", std::uint64_t{0});
+    char age_text[32];
+    std::snprintf(age_text, sizeof age_text, "%.1f", age);
+    v.who = "rank " + std::to_string(j.value("rank", -1)) + " (pid " + std::to_string(pid) +
+            " on " + lhost + ", lease leases/" + name + ", heartbeat " + age_text + " s ago)";
+    if (lhost == host && pid > 0) {
+      std::uint64_t alive = process_start_time(pid);
+      if (alive == 0 || (start != 0 && alive != start)) {
+        v.live = false;
+        v.why_dead = "its process is gone";
+        return v;
+      }
+    }
+  }
+  if (age * 1000.0 > static_cast<double>(timeout.count())) {
+    v.live = false;
+    v.why_dead = "its heartbeat is older than lease_timeout_ms=" + std::to_string(timeout.count());
+  }
+  return v;
+}
+
+}  // namespace
+
+// Live leases on buffer b; removes the dead ones it finds (logged once, here).
+std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
+                                     const std::string& host, std::chrono::milliseconds timeout) {
+  std::vector<std::string> live;
+  std::string leases = dir + "/leases";
+  DIR* d = ::opendir(leases.c_str());
+  if (!d) return live;
+  std::vector<std::string> names;
+  auto prefix = lease_prefix(b);
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.rfind(prefix, 0) == 0 && n.size() > 6 && n.compare(n.size() - 6, 6, ".lease") == 0) {
+      names.push_back(n);
+    }
+  }
+  ::closedir(d);
+  for (const auto& n : names) {
+    auto v = lease_judge(leases, n, host, timeout);
+    if (v.live) {
+      live.push_back(v.who);
+    } else if (!v.why_dead.empty() && ::unlink((leases + "/" + n).c_str()) == 0) {
+      log_warn("file-mmap: buffer-" + std::to_string(b) + " freed from the lease of " + v.who +
+               ": " + v.why_dead);
+    }
+  }
+  return live;
+}
+
+result<std::optional<current_state>> current_read(const std::string& dir) {
+  std::string path = dir + "/CURRENT";
+  auto text = file_read(path);
+  if (!text) {
+    if (errno == ENOENT) return std::optional<current_state>{};
+    return make_error(errc::io_error, "file-mmap: cannot read " + path + ": " + errno_text(errno));
+  }
+  auto bad = [&](const std::string& why) -> error {
+    return make_error(errc::invalid_manifest, "invalid manifest: " + path + ": " + why);
+  };
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object() || j.value("format", "") != state_format) {
+    return bad(std::string("not a ") + state_format + " state file");
+  }
+  if (!j.contains("manifest") || !j["manifest"].is_object()) return bad("no manifest field");
+  auto m = manifest_from_json(j["manifest"].dump());
+  if (!m) return bad(m.error().message);
+  return std::optional<current_state>(
+      current_state{j.value("buffer", std::int64_t{-1}), std::move(*m)});
+}
+
+}  // namespace wsync::file_mmap_detail

@@ -1,0 +1,69 @@
+#pragma once
+// What the halves of the file-mmap transport share (README.md beside this file): its settings,
+// the handle, the file helpers, the leases and the state file. Private to the transport.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "wsync/manifest/manifest.hpp"
+#include "wsync/manifest/result.hpp"
+#include "wsync/transports/transport.hpp"
+
+namespace wsync::file_mmap_detail {
+
+inline constexpr char state_format[] = "wsync-file-mmap/1";
+inline constexpr auto lease_poll = std::chrono::milliseconds(20);
+
+struct fm_config {
+  std::string dir;
+  std::uint64_t buffers = 2;
+  std::chrono::milliseconds lease_timeout{10000};
+  bool crash_before_rename = false;  // fault injection for tests: WSYNC_FILE_MMAP_CRASH
+  std::string write = "auto";        // how the publisher writes: mmap, pwrite, auto
+};
+
+/// What a consumer reads from a manifest's transport_handle.
+struct handle {
+  std::string dir;
+  std::uint64_t buffer = 0;
+  std::size_t segments = 0;
+};
+
+std::string errno_text(int err);
+std::string host_name();
+/// Start time of a process in clock ticks since boot; 0 when it does not exist or is a zombie.
+std::uint64_t process_start_time(int pid);
+std::string buffer_dir(const std::string& dir, std::uint64_t b);
+std::string segment_path(const std::string& dir, std::uint64_t b, std::size_t i);
+std::optional<std::string> file_read(const std::string& path);
+result<void> fsync_path(const std::string& path);
+/// path.tmp, fsync, `before_rename`, rename over path, fsync of the folder.
+result<void> file_replace_durably(const std::string& path, const std::string& text,
+                                  const std::function<void()>& before_rename = {});
+result<void> dir_ensure(const std::string& path);
+
+/// "buffer-<b>.": how the leases on buffer b begin.
+std::string lease_prefix(std::uint64_t b);
+/// Who holds buffer b: one "rank R (pid P on HOST, ...)" per live lease; dead ones are removed.
+std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
+                                     const std::string& host, std::chrono::milliseconds timeout);
+
+/// DIR/CURRENT: the buffer it names and the manifest of the version there; nullopt when absent.
+struct current_state {
+  std::int64_t buffer = -1;
+  weight_update_manifest manifest;
+};
+result<std::optional<current_state>> current_read(const std::string& dir);
+
+/// The halves (publisher.cpp, consumer.cpp). `lock_fd` holds DIR/publisher.lock; `current` is
+/// the buffer CURRENT names (-1: none).
+std::unique_ptr<publisher_transport> make_fm_publisher(fm_config cfg, int lock_fd,
+                                                       std::int64_t current, bool use_pwrite);
+std::unique_ptr<consumer_transport> make_fm_consumer(fm_config cfg);
+
+}  // namespace wsync::file_mmap_detail
