@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "held_publisher.hpp"
 #include "pattern_tensors.hpp"
 #include "wsync/manifest/codec.hpp"
-#include "wsync/transports/registry.hpp"
 
 namespace wsync {
 namespace {
@@ -26,14 +26,8 @@ using namespace std::chrono_literals;
 class http_gateway_test : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto t = make_transport("shared-memory", {{"slots", "4"}});
-    ASSERT_TRUE(t);
-    auto pt = (*t)->make_publisher();
-    ASSERT_TRUE(pt);
-    publisher_config cfg;
-    cfg.model_id = "m";
-    cfg.release_when_answered = false;
-    publisher_ = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
+    publisher_ = test::held_shm_publisher("m");
+    ASSERT_TRUE(publisher_);
     auto port = gateway_.start();
     ASSERT_TRUE(port) << port.error().message;
     port_ = *port;
@@ -41,7 +35,7 @@ class http_gateway_test : public ::testing::Test {
   }
   void TearDown() override {
     gateway_.stop();
-    for (const auto& id : publisher_->held_updates()) (void)publisher_->release(id);
+    if (publisher_) test::release_held(*publisher_);
   }
 
   httplib::Client client() const {

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "held_publisher.hpp"
 #include "pattern_tensors.hpp"
 #include "wsync/http/weight_transfer.hpp"
 #include "wsync/manifest/codec.hpp"
-#include "wsync/transports/registry.hpp"
 
 namespace wsync {
 namespace {
@@ -36,17 +36,11 @@ std::string sha256_of(const tensor_source& t) {
 class sglang_test : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto t = make_transport("shared-memory", {{"slots", "4"}});
-    ASSERT_TRUE(t);
-    auto pt = (*t)->make_publisher();
-    ASSERT_TRUE(pt);
-    publisher_config cfg;
-    cfg.model_id = "m";
-    cfg.release_when_answered = false;
-    publisher_ = std::make_unique<weight_publisher>(std::move(*pt), "shared-memory", cfg);
+    publisher_ = test::held_shm_publisher("m");
+    ASSERT_TRUE(publisher_);
   }
   void TearDown() override {
-    for (const auto& id : publisher_->held_updates()) (void)publisher_->release(id);
+    if (publisher_) test::release_held(*publisher_);
   }
 
   json manifest(std::uint64_t version) {
@@ -73,6 +67,13 @@ class sglang_test : public ::testing::Test {
             {"manifest", m}};
   }
   static json body(const http_reply& r) { return json::parse(r.body); }
+  // Waits (up to 10 s) until a generation runs on the service.
+  void wait_for_generation() {
+    const std::string running = "\nwsync_generations_in_flight 1\n";
+    for (int i = 0; i < 10000 && service_.metrics().find(running) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
   void init() {
     auto r = service_.sglang_init_group(R"({"backend": "shared-memory"})");
     ASSERT_EQ(r.status, 200) << r.body;
@@ -210,7 +211,7 @@ TEST_F(sglang_test, pause_modes_map_onto_wsyncs_and_abort_all_requests_ends_gene
   auto held = std::async(std::launch::async, [&] {
     return body(service_.generate(R"({"steps": 400, "step_ms": 1})"));
   });
-  std::this_thread::sleep_for(20ms);
+  wait_for_generation();
   ASSERT_EQ(service_.sglang_pause(R"({"mode": "in_place"})").status, 200);
   ASSERT_EQ(service_.sglang_update(update_body(manifest(2)).dump()).status, 200);
   ASSERT_EQ(service_.sglang_continue("{}").status, 200);
@@ -222,7 +223,7 @@ TEST_F(sglang_test, pause_modes_map_onto_wsyncs_and_abort_all_requests_ends_gene
   auto live = std::async(std::launch::async, [&] {
     return body(service_.generate(R"({"steps": 100000, "step_ms": 1})"));
   });
-  std::this_thread::sleep_for(20ms);
+  wait_for_generation();
   auto b = update_body(manifest(3));
   b["abort_all_requests"] = true;
   ASSERT_EQ(service_.sglang_update(b.dump()).status, 200);

@@ -5,12 +5,7 @@ wsync=$(readlink -f "$1")
 name=cluster_safetensors
 source "$(dirname "$0")/processes.sh"
 header='{"__metadata__":{"format":"pt"},"a.weight":{"dtype":"BF16","shape":[64,32],"data_offsets":[0,4096]},"b.bias":{"dtype":"F32","shape":[100],"data_offsets":[4096,4496]}}'
-len=${#header}
-{
-  for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $(( (len >> (8 * i)) & 255 )))"; done
-  printf '%s' "$header"
-  head -c 4496 /dev/urandom
-} >"$work/model.safetensors"
+write_safetensors "$work/model.safetensors" "$header" 4496
 export WSYNC_TOKEN=st-token
 "$wsync" coordinator --port 0 --port-file "$work/port" >"$work/coordinator.log" 2>&1 &
 pids+=("$!")

@@ -29,11 +29,7 @@ start_consumer() {  # api portfile log
 # A checkpoint of two tensors; its bytes are what the weight checker must prove.
 header='{"__metadata__":{"format":"pt"},"model.embed.weight":{"dtype":"BF16","shape":[64,32],"data_offsets":[0,4096]},"model.norm.bias":{"dtype":"F32","shape":[100],"data_offsets":[4096,4496]}}'
 len=${#header}
-{
-  for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $(( (len >> (8 * i)) & 255 )))"; done
-  printf '%s' "$header"
-  head -c 4496 /dev/urandom
-} >"$work/model.safetensors"
+write_safetensors "$work/model.safetensors" "$header" 4496
 sha_embed=$(tail -c +$((9 + len)) "$work/model.safetensors" | head -c 4096 | sha256sum | cut -d' ' -f1)
 sha_norm=$(tail -c +$((9 + len + 4096)) "$work/model.safetensors" | head -c 400 | sha256sum | cut -d' ' -f1)
 

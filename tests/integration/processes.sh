@@ -25,6 +25,15 @@ check_no_segments() {
   ls /dev/shm | grep -q '^wsync-' && fail "a shared-memory segment was left behind: $(ls /dev/shm | grep '^wsync-')"
   return 0
 }
+# Writes a safetensors file: path, header JSON, bytes of random tensor data after it.
+write_safetensors() {
+  local len=${#2}
+  {
+    for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $(( (len >> (8 * i)) & 255 )))"; done
+    printf '%s' "$2"
+    head -c "$3" /dev/urandom
+  } >"$1"
+}
 # Waits up to 10 s until the coordinator at $2 lists at least $3 consumer ranks ($1: wsync).
 wait_for_consumers() {
   for _ in $(seq 200); do
