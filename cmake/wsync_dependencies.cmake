@@ -43,3 +43,29 @@ if(NOT WSYNC_WITH_UCX STREQUAL "OFF")
   endif()
 endif()
 find_program(WSYNC_UCX_PERFTEST ucx_perftest)
+
+# The Python module (python/): pybind11 (python3-pybind11 / pybind11-dev) and the headers of the
+# interpreter it is built for (python3-dev). That interpreter is Debian's /usr/bin/python3, the one
+# that sees python3-torch; a python3 earlier on PATH (pyenv, conda) usually does not. AUTO builds
+# the module when both are found and says so when not; ON makes them required.
+set(WSYNC_WITH_PYTHON AUTO CACHE STRING "Build the Python module: AUTO, ON or OFF")
+set(WSYNC_PYTHON /usr/bin/python3 CACHE FILEPATH "Interpreter the Python module is built for")
+set(WSYNC_HAVE_PYTHON OFF)
+if(NOT WSYNC_WITH_PYTHON STREQUAL "OFF")
+  set(Python_EXECUTABLE "${WSYNC_PYTHON}")
+  find_package(Python 3.9 COMPONENTS Interpreter Development.Module)
+  if(Python_FOUND)
+    set(PYBIND11_FINDPYTHON ON)
+    find_package(pybind11 2.6 CONFIG QUIET)
+  endif()
+  if(Python_FOUND AND pybind11_FOUND)
+    set(WSYNC_HAVE_PYTHON ON)
+    message(STATUS "wsync: Python module for ${Python_EXECUTABLE} (${Python_VERSION})")
+  elseif(WSYNC_WITH_PYTHON STREQUAL "ON")
+    message(FATAL_ERROR "WSYNC_WITH_PYTHON=ON but ${WSYNC_PYTHON} with its headers (python3-dev) "
+                        "or pybind11 (python3-pybind11) was not found")
+  else()
+    message(STATUS "wsync: ${WSYNC_PYTHON} headers (python3-dev) or pybind11 (python3-pybind11) "
+                   "not found: the Python module is off")
+  endif()
+endif()

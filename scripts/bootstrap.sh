@@ -11,6 +11,8 @@ packages=(
   libssl-dev
   # tests
   libgtest-dev libgmock-dev librapidcheck-dev curl
+  # the Python module (python/) for Debian's /usr/bin/python3, and its tests (CPU torch)
+  python3-dev python3-pybind11 python3-torch python3-pytest
   # the ucx transport and its benchmark baseline; the emulated cluster (namespaces, tc) and its test
   libucx-dev ucx-utils iproute2 procps
 )

@@ -1,7 +1,9 @@
 // A consumer rank: joins the coordinator, runs the rollout executor on every update it is
 // sent, and reports importing / acknowledged / rejected / released.
 
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include "guard.hpp"
 #include "protocol.hpp"
@@ -18,18 +20,35 @@ namespace {
 
 using namespace proto;
 
-// The rollout side of one rank; touched only by its (detached) actor's thread.
+// The rollout side of one rank; touched only by its actor's thread, except the atomics. It
+// installs through its own reference runtime (`wsync consumer`) or through an adapter and gate
+// the embedding program brings (rollout_rank).
 struct rollout_side {
   std::string relay_address;  ///< where other consumers pull from this rank (first: taken
                               ///< from the transport before the consumer owns it)
   weight_consumer consumer;
-  reference_runtime runtime;
+  std::unique_ptr<reference_runtime> own_runtime;  ///< null when the program brings an adapter
   rollout_executor executor;
   std::map<update_id, std::string> key_of;  ///< shard id -> update key, for release reports
+  std::atomic<bool> joined{false};
+  std::atomic<bool> refused{false};  ///< the coordinator refused the rank (bad token, ...)
+
   rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify)
+      : rollout_side(std::move(t), rank, verify, std::make_unique<reference_runtime>()) {}
+  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
+               install_adapter& adapter, generation_gate& gate)
       : relay_address(t->relay_address()),
         consumer(std::move(t), consumer_config{rank, 2}),
-        executor(consumer, runtime, runtime.gate(), executor_config{verify}) {}
+        executor(consumer, adapter, gate, executor_config{verify}) {}
+
+  std::uint64_t active_version() const { return executor.active_weight_version().value_or(0); }
+
+ private:
+  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
+               std::unique_ptr<reference_runtime> runtime)
+      : rollout_side(std::move(t), rank, verify, *runtime, runtime->gate()) {
+    own_runtime = std::move(runtime);
+  }
 };
 
 struct consumer_state {
@@ -44,7 +63,7 @@ using consumer_pointer = consumer_actor::pointer;
 void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello hello,
           std::shared_ptr<rollout_side> side) {
   const std::int32_t rank = hello.rank;
-  hello.active_weight_version = side->runtime.active_version();
+  hello.active_weight_version = side->active_version();
   std::set<std::string> held;
   for (const auto& [id, key] : side->key_of) held.insert(key);
   hello.held.assign(held.begin(), held.end());
@@ -54,10 +73,12 @@ void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello 
           [=](const std::string& token, const std::string& refusal) {
             if (token == hello.token && refusal.empty()) {
               st->joined = true;
+              side->joined = true;
               st->backoff = std::chrono::milliseconds(200);
               return;
             }
             log_error("consumer rank " + std::to_string(rank) + ": " + refusal);
+            side->refused = true;
             self->quit(caf::exit_reason::user_shutdown);
           },
           [=](caf::error& err) {
@@ -83,17 +104,18 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
       return;
     }
     st->joined = false;
+    side->joined = false;
     // Keep serving the active version and look for a restarted coordinator, with backoff.
     log_warn("consumer rank " + std::to_string(rank) +
              ": coordinator went away; serving active version " +
-             std::to_string(side->runtime.active_version()) + ", reconnecting");
+             std::to_string(side->active_version()) + ", reconnecting");
     self->delayed_send(self, st->backoff, reconnect_atom::value);
   });
   auto report = [=](const std::string& key, const std::string& state, std::string reason,
                     double seconds = 0) {
     self->send(st->coordinator, report_atom::value,
-               rank_report{hello.token, key, rank, state, std::move(reason),
-                           side->runtime.active_version(), seconds});
+               rank_report{hello.token, key, rank, state, std::move(reason), side->active_version(),
+                           seconds});
   };
   return {
       [=](update_atom, const update_available& msg) {
@@ -163,8 +185,7 @@ consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_a
         // Updates run to completion inside update_atom, so an aborted one is either already
         // rejected and released, or active — and the active version is kept.
         log_info("consumer rank " + std::to_string(rank) + ": update " + key +
-                 " was aborted; keeping active version " +
-                 std::to_string(side->runtime.active_version()));
+                 " was aborted; keeping active version " + std::to_string(side->active_version()));
       },
   };
 }
@@ -193,7 +214,7 @@ int consumer_run(const consumer_options& options) {
     auto c = (*t)->make_consumer();
     if (!c) return log_error(c.error().message), 1;
     auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
-    if (options.observer) options.observer->rank_started(options.rank + k, side->runtime);
+    if (options.observer) options.observer->rank_started(options.rank + k, *side->own_runtime);
     sides.push_back(side);
     auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
                             options.model_id, options.transport);
@@ -208,6 +229,72 @@ int consumer_run(const consumer_options& options) {
   int rc = run_until_stopped(sys.get(), endpoints);
   if (options.observer) options.observer->stopping();
   return rc;
+}
+
+struct rollout_rank::impl {
+  impl(std::chrono::milliseconds heartbeat, const tls_settings& tls) : sys(heartbeat, tls) {}
+  cluster_system sys;  // first: blocks the stop signals before any thread starts
+  std::shared_ptr<rollout_side> side;
+  caf::actor endpoint;
+};
+
+rollout_rank::rollout_rank(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+rollout_rank::~rollout_rank() {
+  stop_and_wait(impl_->sys.get(), std::vector<caf::actor>{impl_->endpoint});
+  impl_->endpoint = nullptr;
+  impl_->side->executor.release_active();
+}
+
+result<std::unique_ptr<rollout_rank>> rollout_rank::connect(const rollout_options& o,
+                                                            install_adapter& adapter,
+                                                            generation_gate& gate,
+                                                            consumer_observer* observer) {
+  auto p = std::make_unique<impl>(o.heartbeat, o.coordinator.tls);
+  const auto who = "consumer rank " + std::to_string(o.rank);
+  auto coordinator = p->sys.connect(o.coordinator);
+  if (!coordinator) {
+    return make_error(errc::io_error, who + ": cannot reach the coordinator at " +
+                                          o.coordinator.host + ":" +
+                                          std::to_string(o.coordinator.port) + ": " +
+                                          p->sys.get().render(coordinator.error()));
+  }
+  auto t = make_transport(o.transport, o.transport_settings);
+  if (!t) return t.error();
+  auto c = (*t)->make_consumer();
+  if (!c) return c.error();
+  p->side = std::make_shared<rollout_side>(std::move(*c), o.rank, o.verify, adapter, gate);
+  auto hello = hello_make(o.coordinator.token, o.rank, "consumer", o.node, o.model_id, o.transport);
+  hello.address = p->side->relay_address;
+  p->endpoint = caf::actor_cast<caf::actor>(p->sys.get().spawn<guarded<consumer_actor::base>>(
+      who, [=, c = *coordinator, side = p->side, where = o.coordinator,
+            connector = p->sys.connector()](consumer_actor::base* self) {
+        return consumer_impl(self, c, side, hello, where, connector, observer);
+      }));
+  auto rank = std::unique_ptr<rollout_rank>(new rollout_rank(std::move(p)));
+  const auto deadline = std::chrono::steady_clock::now() + o.join_timeout;
+  while (!rank->impl_->side->joined) {
+    if (rank->impl_->side->refused) {
+      return make_error(errc::invalid_argument,
+                        who + ": the coordinator refused the rank (see the log for why)");
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return make_error(errc::timeout, who + ": not joined to the coordinator at " +
+                                           o.coordinator.host + ":" +
+                                           std::to_string(o.coordinator.port) + " within " +
+                                           std::to_string(o.join_timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return rank;
+}
+
+std::uint64_t rollout_rank::active_weight_version() const {
+  return impl_->side->active_version();
+}
+
+bool rollout_rank::joined() const {
+  return impl_->side->joined;
 }
 
 }  // namespace wsync

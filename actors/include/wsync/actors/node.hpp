@@ -65,6 +65,8 @@ struct coordinator_options {
 int coordinator_run(const coordinator_options& options);
 
 class reference_runtime;
+class install_adapter;
+class generation_gate;
 struct rollout_report;
 
 /// Watches the ranks of a consumer process (the HTTP surface uses it for /status, /metrics and
@@ -158,6 +160,47 @@ class trainer_rank {
  private:
   struct impl;
   explicit trainer_rank(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+/// What a rollout rank embedded in another program (the Python module's RolloutRank) needs to
+/// join a cluster; the program brings its own install adapter and generation gate.
+struct rollout_options {
+  endpoint coordinator;
+  std::int32_t rank = 0;
+  std::string node = "n0";
+  std::string model_id;
+  std::string transport = "shared-memory";  ///< the data plane, with its options
+  transport_options transport_settings;
+  bool verify = true;
+  std::chrono::milliseconds join_timeout{10000};
+  std::chrono::milliseconds heartbeat{200};
+};
+
+/// The library API of a consumer rank: joins the coordinator and, on the actor system's
+/// threads, installs every update it is sent through `adapter` under `gate`, reporting to the
+/// coordinator as `wsync consumer` does. `adapter`, `gate` and `observer` (optional) must
+/// outlive it; `observer->rank_started` is not called (there is no reference runtime).
+class rollout_rank {
+ public:
+  /// Returns once the coordinator accepted the rank (or with why it did not within
+  /// join_timeout).
+  static result<std::unique_ptr<rollout_rank>> connect(const rollout_options& options,
+                                                       install_adapter& adapter,
+                                                       generation_gate& gate,
+                                                       consumer_observer* observer = nullptr);
+  /// Leaves the cluster in order (the coordinator sees the rank go), then releases what the
+  /// active version still holds.
+  ~rollout_rank();
+
+  /// The version readers see; 0 before the first install.
+  std::uint64_t active_weight_version() const;
+  /// Whether the rank is joined to a coordinator now (false while it reconnects).
+  bool joined() const;
+
+ private:
+  struct impl;
+  explicit rollout_rank(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
 

@@ -1,0 +1,102 @@
+#pragma once
+// What the bindings share: errors raised as wsync.WeightSyncError subclasses, tensors passed in
+// from Python, imported segments passed out, and the install adapter that calls back into
+// Python under the generation gate.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "views.hpp"
+#include "wsync/manifest/result.hpp"
+#include "wsync/runtime/generation_gate.hpp"
+#include "wsync/runtime/install_adapter.hpp"
+#include "wsync/transports/weight_publisher.hpp"
+
+namespace wsync::py {
+
+namespace pyb = pybind11;
+
+/// A wsync error on its way to Python; translated to wsync._errors.error_for(code, message).
+struct raised {
+  wsync::error err;
+};
+
+/// Throws `raised` for an error result, returns the value otherwise.
+template <class T>
+T unwrap(result<T> r) {
+  if (!r) throw raised{r.error()};
+  return std::move(r).value();
+}
+inline void unwrap(result<void> r) {
+  if (!r) throw raised{r.error()};
+}
+[[noreturn]] inline void raise(errc code, std::string message) {
+  throw raised{make_error(code, std::move(message))};
+}
+
+/// Registers the translator (module init).
+void errors_bind(pyb::module_& m);
+
+/// Python's tensor tuples (name, dtype name, shape, data pointer, nbytes) as publish sources.
+/// The tensors must be contiguous (wsync/_torch.py makes them so) and stay alive during the call.
+std::vector<tensor_source> sources_from(const pyb::list& tensors);
+
+/// The imported segments of one update as Python `Segment` objects, all holding one lease.
+pyb::list segments_to_py(const update_id& id, const std::vector<std::span<const std::byte>>& segs);
+
+/// The generation gate plus the longest any reader waited at it (the install pause).
+struct gate_meter {
+  generation_gate gate;
+  std::atomic<std::uint64_t> longest_wait_ns{0};
+  std::atomic<std::uint64_t> readers_total{0};
+  /// Enters the shared side with the GIL released; returns the seconds it waited.
+  double enter();
+  void exit() { gate.unlock_shared(); }
+  void reset() { longest_wait_ns = 0; }
+};
+
+/// An install_adapter whose stage/activate/discard are a Python object's methods:
+/// stage(update_id, shards) with shards a list of (Manifest, [Segment]), activate(update_id),
+/// discard(update_id), and the attribute references_import (bool).
+class python_adapter final : public install_adapter {
+ public:
+  explicit python_adapter(pyb::object target);
+  ~python_adapter() override;
+  result<void> stage(std::span<const imported_update* const> shards) override;
+  void activate(const update_id& id) noexcept override;
+  void discard(const update_id& id) noexcept override;
+  bool references_import() const override { return references_import_; }
+
+ private:
+  pyb::object target_;
+  bool references_import_ = false;
+};
+
+/// Runs `fn` with SIGINT and SIGTERM left as they were in the calling thread: the cluster's
+/// actor system blocks them for its threads (so a signal reaches Python's main thread), but
+/// must not take Ctrl-C away from the interpreter.
+template <class F>
+decltype(auto) keeping_signal_mask(F&& fn);
+
+}  // namespace wsync::py
+
+#include <signal.h>
+
+template <class F>
+decltype(auto) wsync::py::keeping_signal_mask(F&& fn) {
+  sigset_t old;
+  pthread_sigmask(SIG_SETMASK, nullptr, &old);
+  struct restore {
+    sigset_t mask;
+    ~restore() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } r{old};
+  return fn();
+}

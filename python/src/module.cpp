@@ -1,0 +1,297 @@
+// The _wsync extension: the manifest, the publisher and consumer halves over any transport, and
+// the rollout executor, for the pure-Python layer in python/wsync/ (which is the public API).
+// Every blocking call releases the GIL.
+
+#include <pybind11/operators.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <unistd.h>
+
+#include <mutex>
+
+#include "common.hpp"
+#include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/validate.hpp"
+#include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/registry.hpp"
+#include "wsync/transports/weight_consumer.hpp"
+
+namespace wsync::py {
+
+void cluster_bind(pyb::module_& m);
+
+namespace {
+
+std::string default_worker() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return std::string(host) + ":" + std::to_string(::getpid());
+}
+
+// One transport object per name and options in the process, shared by every bridge: halves made
+// by one object can always talk (local-clone's registry is per object), and it lives as long as
+// the process, so a deferred release never outlives it.
+transport& transport_make(const std::string& name, const transport_options& o) {
+  static std::mutex mutex;
+  static auto* made =
+      new std::map<std::pair<std::string, transport_options>, std::unique_ptr<transport>>;
+  std::lock_guard lock(mutex);
+  auto& slot = (*made)[{name, o}];
+  if (!slot) slot = unwrap(make_transport(name, o));
+  return *slot;
+}
+
+// The publisher half of a bridge.
+class publisher_half {
+ public:
+  publisher_half(const std::string& transport_name, const transport_options& options,
+                 publisher_config config)
+      : publisher_(lease_aware(unwrap(transport_make(transport_name, options).make_publisher())),
+                   transport_name, std::move(config)) {}
+
+  weight_update_manifest publish(const pyb::list& tensors, std::uint64_t version,
+                                 std::vector<std::int32_t> expected,
+                                 std::map<std::string, std::string> metadata) {
+    auto sources = sources_from(tensors);
+    pyb::gil_scoped_release unlocked;
+    return unwrap(publisher_.publish(sources, version, std::move(expected), std::move(metadata)));
+  }
+  void release(const update_id& id) {
+    pyb::gil_scoped_release unlocked;
+    unwrap(publisher_.release(id));
+  }
+  std::uint64_t last_version() const { return publisher_.last_version(); }
+  std::vector<update_id> held() const { return publisher_.held_updates(); }
+
+ private:
+  weight_publisher publisher_;
+};
+
+// The consumer half of a bridge; its weight_consumer is also what an executor drives.
+class consumer_half {
+ public:
+  consumer_half(const std::string& transport_name, const transport_options& options,
+                std::int32_t rank, unsigned verify_threads)
+      : consumer_(lease_aware(unwrap(transport_make(transport_name, options).make_consumer())),
+                  consumer_config{rank, verify_threads}) {}
+
+  pyb::list import_update(const weight_update_manifest& m) {
+    const imported_update* u = nullptr;
+    {
+      pyb::gil_scoped_release unlocked;
+      u = unwrap(consumer_.import_update(m));
+    }
+    return segments_to_py(m.update_id, u->segments);
+  }
+  void verify(const update_id& id) {
+    pyb::gil_scoped_release unlocked;
+    unwrap(consumer_.verify(id));
+  }
+  void mark_installed(const update_id& id) { unwrap(consumer_.mark_installed(id)); }
+  void acknowledge(const update_id& id) { unwrap(consumer_.acknowledge(id)); }
+  void reject(const update_id& id, std::string reason) {
+    unwrap(consumer_.reject(id, std::move(reason)));
+  }
+  void release(const update_id& id) {
+    pyb::gil_scoped_release unlocked;
+    unwrap(consumer_.release(id));
+  }
+  std::string state(const update_id& id) const {
+    return std::string(update_state_name(unwrap(consumer_.state(id))));
+  }
+  weight_consumer& get() { return consumer_; }
+
+ private:
+  weight_consumer consumer_;
+};
+
+// The rollout executor over a consumer half, installing through a Python installer object.
+class executor_handle {
+ public:
+  executor_handle(consumer_half& consumer, pyb::object installer, bool verify)
+      : adapter_(std::move(installer)),
+        executor_(consumer.get(), adapter_, meter_.gate, executor_config{verify}) {}
+  ~executor_handle() {
+    pyb::gil_scoped_release unlocked;
+    executor_.release_active();
+  }
+
+  pyb::dict update_weights(const std::vector<weight_update_manifest>& shards) {
+    rollout_report r;
+    {
+      pyb::gil_scoped_release unlocked;
+      r = executor_.update_weights(shards);
+    }
+    pyb::dict out;
+    out["update_id"] = r.id;
+    out["weight_version"] = r.weight_version;
+    out["acknowledged"] = r.acknowledged;
+    out["error_code"] =
+        r.failure ? pyb::cast(std::string(errc_name(r.failure->code))) : pyb::none();
+    out["error"] = r.failure ? pyb::cast(r.failure->message) : pyb::none();
+    out["released"] = r.released;
+    pyb::dict t;
+    t["import"] = r.timings.import;
+    t["verify"] = r.timings.verify;
+    t["install"] = r.timings.install;
+    t["ack"] = r.timings.ack;
+    t["release"] = r.timings.release;
+    t["total"] = r.timings.total;
+    out["timings"] = t;
+    return out;
+  }
+  // The executor's lock may be held by an install that waits for the GIL: never wait for it
+  // while holding the GIL.
+  std::optional<std::uint64_t> active_version() const {
+    pyb::gil_scoped_release unlocked;
+    return executor_.active_weight_version();
+  }
+  std::vector<update_id> release_active() {
+    pyb::gil_scoped_release unlocked;
+    return executor_.release_active();
+  }
+  gate_meter& meter() { return meter_; }
+
+ private:
+  gate_meter meter_;
+  python_adapter adapter_;
+  rollout_executor executor_;
+};
+
+void manifest_bind(pyb::module_& m) {
+  pyb::class_<tensor_descriptor>(m, "TensorInfo", "Where one tensor lies in an update.")
+      .def_readonly("name", &tensor_descriptor::name)
+      .def_property_readonly("dtype",
+                             [](const tensor_descriptor& d) { return dtype_name(d.dtype); })
+      .def_readonly("shape", &tensor_descriptor::shape)
+      .def_readonly("strides", &tensor_descriptor::strides)
+      .def_readonly("nbytes", &tensor_descriptor::nbytes)
+      .def_readonly("device", &tensor_descriptor::device)
+      .def_readonly("segment", &tensor_descriptor::segment)
+      .def_readonly("offset", &tensor_descriptor::offset)
+      .def_readonly("checksum", &tensor_descriptor::checksum)
+      .def("__repr__", [](const tensor_descriptor& d) {
+        return "TensorInfo(" + d.name + ", " + std::string(dtype_name(d.dtype)) + ", " +
+               std::to_string(d.nbytes) + " bytes)";
+      });
+
+  pyb::class_<weight_update_manifest>(
+      m, "Manifest",
+      "One published update (one publisher rank's shard of one version): immutable. Converts to "
+      "and from JSON and pickles, so it can reach rollout processes any way the trainer likes.")
+      .def_readonly("update_id", &weight_update_manifest::update_id)
+      .def_readonly("model_id", &weight_update_manifest::model_id)
+      .def_readonly("weight_version", &weight_update_manifest::weight_version)
+      .def_readonly("source_worker", &weight_update_manifest::source_worker)
+      .def_readonly("source_rank", &weight_update_manifest::source_rank)
+      .def_readonly("transport", &weight_update_manifest::transport)
+      .def_readonly("transport_handle", &weight_update_manifest::transport_handle)
+      .def_readonly("tensors", &weight_update_manifest::tensors)
+      .def_readonly("metadata", &weight_update_manifest::metadata)
+      .def_readonly("total_bytes", &weight_update_manifest::total_bytes)
+      .def_property_readonly("segment_bytes",
+                             [](const weight_update_manifest& x) {
+                               std::vector<std::uint64_t> out;
+                               for (const auto& s : x.segments) out.push_back(s.nbytes);
+                               return out;
+                             })
+      .def("to_json", &manifest_to_json, "The manifest as compact JSON text (every field).")
+      .def_static(
+          "from_json",
+          [](const std::string& text) {
+            auto parsed = unwrap(manifest_from_json(text));
+            unwrap(manifest_validate(parsed));
+            return parsed;
+          },
+          pyb::arg("text"), "Parses and validates JSON text made by to_json().")
+      .def("validate", [](const weight_update_manifest& x) { unwrap(manifest_validate(x)); })
+      .def(pyb::self == pyb::self)  // NOLINT: pybind11 operator idiom
+      .def(pyb::pickle([](const weight_update_manifest& x) { return manifest_to_json(x); },
+                       [](const std::string& text) { return unwrap(manifest_from_json(text)); }))
+      .def("__repr__", [](const weight_update_manifest& x) {
+        return "Manifest(update_id=" + x.update_id + ", model_id=" + x.model_id +
+               ", weight_version=" + std::to_string(x.weight_version) +
+               ", transport=" + x.transport + ", tensors=" + std::to_string(x.tensors.size()) +
+               ", total_bytes=" + std::to_string(x.total_bytes) + ")";
+      });
+}
+
+void halves_bind(pyb::module_& m) {
+  pyb::class_<segment>(m, "Segment", pyb::buffer_protocol(),
+                       "Imported bytes (read-only); keeps its update's memory while it lives.")
+      .def_buffer([](segment& s) {
+        return pyb::buffer_info(const_cast<std::byte*>(s.data), 1,  // NOLINT: read-only buffer
+                                pyb::format_descriptor<std::uint8_t>::format(), 1,
+                                {static_cast<pyb::ssize_t>(s.nbytes)}, {1}, true);
+      })
+      .def_property_readonly(
+          "address", [](const segment& s) { return reinterpret_cast<std::uintptr_t>(s.data); })
+      .def_property_readonly("nbytes", [](const segment& s) { return s.nbytes; })
+      .def("__len__", [](const segment& s) { return s.nbytes; });
+
+  pyb::class_<publisher_half>(m, "Publisher")
+      .def(pyb::init([](const std::string& transport, const transport_options& options,
+                        const std::string& model_id, const std::string& source_worker,
+                        std::int32_t source_rank, std::uint64_t max_segment_bytes,
+                        unsigned copy_threads, std::int64_t slot_wait_ms) {
+             publisher_config c;
+             c.model_id = model_id;
+             c.source_worker = source_worker.empty() ? default_worker() : source_worker;
+             c.source_rank = source_rank;
+             c.max_segment_bytes = max_segment_bytes;
+             c.copy_threads = copy_threads;
+             c.slot_wait = std::chrono::milliseconds(slot_wait_ms);
+             c.release_when_answered = false;  // the bridge's caller releases explicitly
+             return std::make_unique<publisher_half>(transport, options, c);
+           }),
+           pyb::arg("transport"), pyb::arg("options"), pyb::arg("model_id"),
+           pyb::arg("source_worker"), pyb::arg("source_rank"), pyb::arg("max_segment_bytes"),
+           pyb::arg("copy_threads"), pyb::arg("slot_wait_ms"))
+      .def("publish", &publisher_half::publish)
+      .def("release", &publisher_half::release)
+      .def("last_version", &publisher_half::last_version)
+      .def("held", &publisher_half::held);
+
+  pyb::class_<consumer_half>(m, "Consumer")
+      .def(pyb::init<const std::string&, const transport_options&, std::int32_t, unsigned>(),
+           pyb::arg("transport"), pyb::arg("options"), pyb::arg("rank"), pyb::arg("verify_threads"))
+      .def("import_update", &consumer_half::import_update)
+      .def("verify", &consumer_half::verify)
+      .def("mark_installed", &consumer_half::mark_installed)
+      .def("acknowledge", &consumer_half::acknowledge)
+      .def("reject", &consumer_half::reject)
+      .def("release", &consumer_half::release)
+      .def("state", &consumer_half::state);
+
+  pyb::class_<executor_handle>(m, "Executor")
+      .def(pyb::init<consumer_half&, pyb::object, bool>(), pyb::keep_alive<1, 2>(),
+           pyb::arg("consumer"), pyb::arg("installer"), pyb::arg("verify"))
+      .def("update_weights", &executor_handle::update_weights)
+      .def("active_version", &executor_handle::active_version)
+      .def("release_active", &executor_handle::release_active)
+      .def("gate_enter", [](executor_handle& e) { return e.meter().enter(); })
+      .def("gate_exit", [](executor_handle& e) { e.meter().exit(); })
+      .def("longest_wait",
+           [](executor_handle& e) {
+             return static_cast<double>(e.meter().longest_wait_ns.load()) / 1e9;
+           })
+      .def("reset_longest_wait", [](executor_handle& e) { e.meter().reset(); });
+}
+
+}  // namespace
+}  // namespace wsync::py
+
+PYBIND11_MODULE(_wsync, m) {
+  using namespace wsync::py;
+  m.doc() = "wsync's C++ core; use the `wsync` package, not this module.";
+  errors_bind(m);
+  manifest_bind(m);
+  halves_bind(m);
+  cluster_bind(m);
+  m.def(
+      "transports", [] { return wsync::builtin_transports().names(); },
+      "Names of the transports built into this module.");
+  m.def("releases_pending", &releases_pending,
+        "Update ids whose release waits for views still alive in this process.");
+}

@@ -1,0 +1,19 @@
+"""ctest's entry for one Python test file: exits 77 (ctest: skipped) with the reason when this
+interpreter lacks torch or the built module, else runs pytest on the file."""
+
+import sys
+
+try:
+    import torch  # noqa: F401
+except ImportError as e:
+    print(f"SKIP: python3-torch is not installed for {sys.executable}: {e}")
+    sys.exit(77)
+try:
+    import wsync  # noqa: F401
+except ImportError as e:
+    print(f"SKIP: the wsync module does not import with {sys.executable}: {e}")
+    sys.exit(77)
+
+import pytest  # noqa: E402
+
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))

@@ -1,0 +1,85 @@
+"""The cluster from Python, end to end: a trainer process trains a small decoder and publishes
+every optimizer step through a real coordinator; two rollout processes install each version
+into their own module and compute logits, which must equal the trainer's exactly."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import shm_entries, wsync_bin  # noqa: F401
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def start(role_args, env, log):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "cluster_roles.py"), *role_args],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(procs, limit=240):
+    deadline = time.monotonic() + limit
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(max(1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait())
+    return codes
+
+
+def test_trained_decoder_reaches_two_rollout_processes_exactly(coordinator, tmp_path):
+    steps = 4
+    before = shm_entries()
+    env = dict(coordinator.env(), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / "roles.log", "w")
+    rollouts = [start(["rollout", str(tmp_path), str(steps), str(r)], env, log) for r in range(2)]
+    trainer = start(["trainer", str(tmp_path), str(steps), "2"], env, log)
+    codes = finish([trainer, *rollouts])
+    log.close()
+    assert codes == [0, 0, 0], open(tmp_path / "roles.log").read()[-4000:]
+
+    refs = torch.load(tmp_path / "trainer.pt")
+    assert sorted(refs) == list(range(1, steps + 1))
+    for r in range(2):
+        got = torch.load(tmp_path / f"rollout{r}.pt")
+        for v in range(1, steps + 1):
+            assert torch.equal(got["logits"][v], refs[v]), f"rank {r} version {v}"
+        assert got["status"]["installed"] == steps and got["status"]["rejected"] == 0
+    # Versions differ (the trainer really trained).
+    assert not torch.equal(refs[1], refs[steps])
+    assert shm_entries() - before == set()
+
+
+def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinator, tmp_path):
+    before = shm_entries()
+    nbytes = str(256 << 20)
+    env = dict(coordinator.env(), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / "roles.log", "w")
+    rollout = start(["blob-rollout", str(tmp_path), nbytes], env, log)
+    trainer = start(["crash-trainer", str(tmp_path), nbytes], env, log)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "publishing-v2").exists():
+        assert trainer.poll() is None and time.monotonic() < deadline, \
+            open(tmp_path / "roles.log").read()[-4000:]
+        time.sleep(0.002)
+    time.sleep(0.01)
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    time.sleep(1.0)  # what the coordinator does about the lost trainer has happened
+    (tmp_path / "done").touch()
+    # The dead trainer could not unlink its slots; the restarted one sweeps them and goes on.
+    resumed = start(["resumed-trainer", str(tmp_path), nbytes], env, log)
+    assert finish([resumed, rollout]) == [0, 0], open(tmp_path / "roles.log").read()[-4000:]
+    log.close()
+    got = torch.load(tmp_path / "blob.pt")
+    assert got["after_kill"] == 1 and got["ones"], got
+    assert got["threes"] and got["status"]["active_weight_version"] == 3, got
+    coordinator.stop()
+    left = shm_entries() - before
+    assert left == set(), f"left in /dev/shm: {sorted(left)}"

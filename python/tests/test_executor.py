@@ -1,0 +1,88 @@
+"""Installing into a torch module: whole versions only, the first mismatch named with the
+previous version kept, and readers paused only for the switch."""
+
+import threading
+
+import pytest
+import torch
+
+import wsync
+
+
+def small_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8),
+                               torch.nn.LayerNorm(8))
+
+
+def test_install_into_module_then_keep_previous_on_each_mismatch():
+    trainer = small_model(1)
+    rollout_model = small_model(2)
+    pub = wsync.SharedMemoryTensorBridge(source_worker="trainer")
+    rollout = wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge(), model=rollout_model)
+    m1 = pub.publish(trainer, weight_version=1)
+    installed = rollout.update_weights(m1)
+    assert set(installed) == set(trainer.state_dict())
+    for name, t in trainer.state_dict().items():
+        assert torch.equal(rollout_model.state_dict()[name], t)
+    pub.release(m1.update_id)
+
+    good = {k: v.clone() for k, v in rollout_model.state_dict().items()}
+    state = {k: v + 1 for k, v in trainer.state_dict().items()}
+    cases = [
+        ({**state, "0.weight": torch.ones(3, 3)}, "tensor 0.weight: field shape"),
+        ({**state, "0.bias": state["0.bias"].double()}, "tensor 0.bias: field dtype"),
+        ({k: v for k, v in state.items() if k != "3.weight"}, "tensor 3.weight: missing"),
+        ({**state, "extra": torch.ones(1)}, "tensor extra: not in the model"),
+    ]
+    for version, (bad, text) in enumerate(cases, start=2):
+        m = pub.publish(bad, weight_version=version)
+        with pytest.raises(wsync.InstallFailedError, match=text):
+            rollout.update_weights(m)
+        assert rollout.active_weight_version == 1
+        for k, v in rollout_model.state_dict().items():
+            assert torch.equal(v, good[k]), (text, k)
+        pub.release(m.update_id)
+    rollout.release_weights()
+
+
+def test_readers_only_ever_see_whole_versions():
+    trainer = small_model(3)
+    rollout_model = small_model(4)
+    batch = torch.randn(16, 32, generator=torch.Generator().manual_seed(0))
+    versions = 12
+    states, refs = [], []
+    with torch.no_grad():
+        for v in range(versions):
+            for p in trainer.parameters():
+                p.add_(0.01 * (v + 1))
+            states.append({k: t.clone() for k, t in trainer.state_dict().items()})
+            refs.append(trainer(batch))
+    pub = wsync.SharedMemoryTensorBridge()
+    rollout = wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge(), model=rollout_model)
+    m = pub.publish(states[0], weight_version=1)
+    rollout.update_weights(m)
+    pub.release(m.update_id)
+
+    seen, torn = [], []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            with torch.no_grad(), rollout.generating():
+                out = rollout_model(batch)
+            match = [i for i, r in enumerate(refs) if torch.equal(out, r)]
+            (seen if len(match) == 1 else torn).append(match)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for v in range(1, versions):
+        m = pub.publish(states[v], weight_version=v + 1)
+        rollout.update_weights(m)
+        pub.release(m.update_id)
+    stop.set()
+    t.join()
+    rollout.release_weights()
+    assert not torn, f"{len(torn)} forward passes saw a mix of versions"
+    assert len({s[0] for s in seen}) > 1, "the reader never saw an update land"
+    assert rollout.longest_wait() < 1.0

@@ -1,0 +1,327 @@
+"""The cluster from Python: trainer ranks that publish through a coordinator and rollout ranks
+that install every committed version into a torch module in the background.
+
+Launch conventions: ``rank``/``ranks`` default to torchrun's ``RANK``/``WORLD_SIZE`` (else
+Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``, else 0/1), the coordinator address and the token to
+``WSYNC_COORDINATOR``/``WSYNC_TOKEN``, and the node name to ``WSYNC_NODE`` or the host name. So
+``torchrun --nproc-per-node 4 train.py`` connects four trainer ranks with no extra arguments.
+"""
+
+import concurrent.futures
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from wsync import _torch
+from wsync import _wsync
+from wsync._bridge import _Gate
+from wsync._errors import InvalidArgumentError, WeightSyncTimeoutError, error_for
+from wsync._install import ModuleInstaller, encode_metadata
+
+
+def _env_int(*names: str, default: int) -> int:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise InvalidArgumentError(f"environment {n}={v!r}: not an integer") from None
+    return default
+
+
+def launch_rank() -> int:
+    """This process's rank from torchrun (RANK) or Slurm (SLURM_PROCID); 0 otherwise."""
+    return _env_int("RANK", "SLURM_PROCID", default=0)
+
+
+def launch_world_size() -> int:
+    """Processes in the job from torchrun (WORLD_SIZE) or Slurm (SLURM_NTASKS); 1 otherwise."""
+    return _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1)
+
+
+def launch_local_rank() -> int:
+    """The node-local index from torchrun (LOCAL_RANK) or Slurm (SLURM_LOCALID); 0 otherwise."""
+    return _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
+
+
+def _address(coordinator: Optional[str]) -> Tuple[str, int]:
+    text = coordinator or os.environ.get("WSYNC_COORDINATOR", "")
+    if not text:
+        raise InvalidArgumentError("coordinator: give coordinator=\"host:port\" or set "
+                                   "WSYNC_COORDINATOR")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgumentError(f"coordinator: {text!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _token(token: Optional[str]) -> str:
+    t = token if token is not None else os.environ.get("WSYNC_TOKEN", "")
+    if not t:
+        raise InvalidArgumentError("token: give token=... or set WSYNC_TOKEN (the cluster token "
+                                   "the coordinator was started with)")
+    return t
+
+
+def _tls(tls: Optional[Sequence[str]]) -> List[str]:
+    if tls is None:
+        cert, key, ca = (os.environ.get(n, "") for n in
+                         ("WSYNC_TLS_CERT", "WSYNC_TLS_KEY", "WSYNC_TLS_CA"))
+        return [cert, key, ca] if cert else []
+    tls = list(tls)
+    if len(tls) != 3:
+        raise InvalidArgumentError("tls: give (certificate, key, ca_file) PEM paths")
+    return tls
+
+
+def _node(node: Optional[str]) -> str:
+    return node or os.environ.get("WSYNC_NODE") or socket.gethostname()
+
+
+def _interruptible(fn, *args):
+    """Runs a blocking call in a helper thread so Ctrl-C (KeyboardInterrupt) reaches the caller
+    at once; the call itself finishes in the background within its own timeout."""
+    box: Dict[str, Any] = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="wsync-call", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.05)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def coordinator_status(coordinator: Optional[str] = None, token: Optional[str] = None,
+                       tls: Optional[Sequence[str]] = None) -> dict:
+    """The coordinator's status table (docs/cluster.md) as a dict."""
+    host, port = _address(coordinator)
+    text = _interruptible(_wsync.coordinator_status, host, port, _token(token), _tls(tls))
+    return json.loads(text)
+
+
+def wait_for_consumers(count: int, coordinator: Optional[str] = None,
+                       token: Optional[str] = None, timeout: float = 60.0,
+                       tls: Optional[Sequence[str]] = None) -> dict:
+    """Waits until `count` consumer ranks joined the coordinator; returns its status table."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = coordinator_status(coordinator, token, tls)
+        ranks = [r for r in status.get("ranks", []) if r.get("role") == "consumer"
+                 and r.get("connected", True)]
+        if len(ranks) >= count:
+            return status
+        if time.monotonic() > deadline:
+            raise WeightSyncTimeoutError(f"wait_for_consumers: {len(ranks)} of {count} consumer "
+                                         f"ranks joined within {timeout} s")
+        time.sleep(0.05)
+
+
+class UpdateOutcome:
+    """How one published version ended, as the coordinator saw it.
+
+    Attributes:
+        committed: every consumer rank acknowledged in time.
+        reason: why it aborted ("" when committed).
+        ranks: the coordinator's per-rank table (list of dicts: rank, role, state, reason...).
+        table: the whole outcome object.
+        publish_s: this rank's copy + checksum + expose time.
+    """
+
+    def __init__(self, raw: dict) -> None:
+        self.table: Dict[str, Any] = json.loads(raw["outcome_json"]) if raw["outcome_json"] else {}
+        self.committed: bool = bool(raw["committed"])
+        self.reason: str = "" if self.committed else (self.table.get("reason") or raw["error"])
+        self.ranks: List[dict] = list(self.table.get("ranks", []))
+        self.publish_s: float = raw["publish_s"]
+
+    def __repr__(self) -> str:
+        state = "committed" if self.committed else f"aborted: {self.reason}"
+        return f"UpdateOutcome({state}, {len(self.ranks)} ranks)"
+
+
+class TrainerRank:
+    """A trainer rank joined to a wsync coordinator: publishes its shard of every version.
+
+    With ``ranks`` trainer ranks, rank r publishes the tensors i of the model's state dict with
+    ``i % ranks == r``; the coordinator commits a version when every consumer rank installed
+    every shard.
+
+    Args:
+        coordinator: ``"host:port"`` (default ``$WSYNC_COORDINATOR``).
+        model: the module (or state dict) :meth:`publish` sends when given none.
+        rank, ranks: this rank and how many trainer ranks share the model (default from
+            torchrun / Slurm, see the module note).
+        transport: the data plane (``"shared-memory"``, ``"file-mmap"``, ``"ucx"``).
+        token: the cluster token (default ``$WSYNC_TOKEN``).
+        model_id: the model's name in the cluster (default ``"model"``).
+        options: transport options; node: this host's name for topology (default hostname);
+        outcome_timeout: seconds to wait for a version's outcome; tls: (cert, key, ca) PEM paths
+            (default ``$WSYNC_TLS_CERT``, ``$WSYNC_TLS_KEY``, ``$WSYNC_TLS_CA``).
+    """
+
+    def __init__(self, coordinator: Optional[str] = None, model: Any = None,
+                 rank: Optional[int] = None, ranks: Optional[int] = None,
+                 transport: str = "shared-memory", token: Optional[str] = None,
+                 model_id: str = "model", options: Optional[Mapping] = None,
+                 node: Optional[str] = None, outcome_timeout: float = 60.0,
+                 tls: Optional[Sequence[str]] = None) -> None:
+        host, port = _address(coordinator)
+        self.rank = launch_rank() if rank is None else int(rank)
+        self.ranks = launch_world_size() if ranks is None else int(ranks)
+        if not 0 <= self.rank < self.ranks:
+            raise InvalidArgumentError(f"rank: {self.rank} is not in [0, {self.ranks})")
+        self.model = model
+        self.model_id = model_id
+        self._handle = _interruptible(
+            _wsync.TrainerRank, host, port, _token(token), self.rank, self.ranks, _node(node),
+            transport, {str(k): str(v) for k, v in (options or {}).items()}, model_id,
+            int(outcome_timeout * 1000), _tls(tls))
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def _shard(self, source: Any) -> List[Tuple[str, torch.Tensor]]:
+        pairs = _torch.named_tensors(source)
+        return [p for i, p in enumerate(pairs) if i % self.ranks == self.rank]
+
+    def publish(self, model: Any = None, weight_version: Optional[int] = None,
+                metadata: Optional[Mapping[str, Any]] = None) -> UpdateOutcome:
+        """Publishes this rank's shard of `model` (default: the constructor's) as
+        `weight_version` and waits for the version's outcome (committed, or aborted with the
+        reason and the per-rank table). Raises WeightSyncError only when the publish itself
+        failed (e.g. VersionNotMonotonicError)."""
+        if weight_version is None:
+            raise InvalidArgumentError("publish: field weight_version: required")
+        source = self.model if model is None else model
+        if source is None:
+            raise InvalidArgumentError("publish: no model given here or to TrainerRank()")
+        tuples, keep = _torch.publish_sources(self._shard(source))
+        raw = _interruptible(self._handle.publish, tuples, int(weight_version),
+                             encode_metadata(metadata))
+        del keep
+        if raw["error"] and not raw["outcome_json"]:
+            raise _publish_error(raw["error"])
+        return UpdateOutcome(raw)
+
+    def publish_async(self, model: Any = None, weight_version: Optional[int] = None,
+                      metadata: Optional[Mapping[str, Any]] = None
+                      ) -> "concurrent.futures.Future[UpdateOutcome]":
+        """:meth:`publish` in a background thread (one at a time, in call order); the tensors
+        must not change until the future is done."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wsync-pub")
+        return self._pool.submit(self.publish, model, weight_version, metadata)
+
+    def close(self) -> None:
+        """Leaves the cluster."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> "TrainerRank":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _publish_error(text: str):
+    code = "invalid_argument"
+    if "weight_version must increase monotonically" in text:
+        code = "version_not_monotonic"
+    elif "cannot reach the coordinator" in text or "coordinator" in text and "lost" in text:
+        code = "io_error"
+    elif "timed out" in text or "timeout" in text:
+        code = "timeout"
+    return error_for(code, text)
+
+
+class RolloutRank(_Gate):
+    """A rollout rank joined to a wsync coordinator that keeps a torch module on the newest
+    committed version, in the background.
+
+    Every update the coordinator sends is imported, verified, checked against the module
+    (names, shapes, dtypes), copied into a spare set of tensors and switched in by reference
+    under the generation gate; the rank then acknowledges. Readers wrap each forward pass in
+    ``with rank.generating():`` and so never see a half-updated module; they wait only for the
+    switch. A failed update is rejected and the module keeps its version.
+
+    Args:
+        coordinator, token, node, tls, options, transport: as for :class:`TrainerRank`.
+        model: the ``torch.nn.Module`` to keep updated (its state_dict names must match the
+            trainer's).
+        rank: this consumer rank (default from torchrun / Slurm).
+        model_id: the model's name in the cluster (default ``"model"``).
+        verify: recompute checksums before installing (default on).
+        join_timeout: seconds to wait for the coordinator to accept the rank.
+    """
+
+    def __init__(self, coordinator: Optional[str] = None, model: Optional[torch.nn.Module] = None,
+                 rank: Optional[int] = None, transport: str = "shared-memory",
+                 token: Optional[str] = None, model_id: str = "model",
+                 options: Optional[Mapping] = None, node: Optional[str] = None,
+                 verify: bool = True, join_timeout: float = 10.0,
+                 tls: Optional[Sequence[str]] = None) -> None:
+        if model is None:
+            raise InvalidArgumentError("RolloutRank: field model: a torch.nn.Module is required")
+        host, port = _address(coordinator)
+        self.rank = launch_rank() if rank is None else int(rank)
+        self.model = model
+        self.installer = ModuleInstaller(model)
+        self._handle = _interruptible(
+            _wsync.RolloutRank, host, port, _token(token), self.rank, _node(node), transport,
+            {str(k): str(v) for k, v in (options or {}).items()}, model_id, bool(verify),
+            int(join_timeout * 1000), _tls(tls), self.installer)
+
+    @property
+    def active_weight_version(self) -> int:
+        """The version readers see now; 0 before the first install."""
+        return self._handle.active_version() if self._handle is not None else 0
+
+    def status(self) -> dict:
+        """What the rank did: active_weight_version, joined, updates / installed / rejected
+        counts, the last update (version, error, import/verify/install seconds), and
+        longest_gate_wait_s (the longest a generation step waited for an install)."""
+        return self._handle.status()
+
+    def wait_for_version(self, version: int, timeout: float = 60.0) -> int:
+        """Blocks until the active version is at least `version`; returns it."""
+        deadline = time.monotonic() + timeout
+        while self.active_weight_version < version:
+            if time.monotonic() > deadline:
+                raise WeightSyncTimeoutError(
+                    f"rank {self.rank}: version {version} not active within {timeout} s "
+                    f"(active {self.active_weight_version}; last update: "
+                    f"{self.status().get('last_update')})")
+            time.sleep(0.005)
+        return self.active_weight_version
+
+    def reset_longest_wait(self) -> None:
+        """Starts a new measurement of the longest gate wait."""
+        self._handle.reset_longest_wait()
+
+    def close(self) -> None:
+        """Leaves the cluster; the module keeps the version it has."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> "RolloutRank":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

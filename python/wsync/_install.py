@@ -1,0 +1,131 @@
+"""Installers: how an executor's update gets into Python objects, in two steps.
+
+``stage(update_id, shards)`` runs outside the generation gate and may fail (the previous version
+stays); ``activate(update_id)`` runs under the exclusive side of the gate and only swaps
+references, so readers wait for the switch alone, never for a copy.
+"""
+
+import json
+from typing import Dict, List, Optional
+
+import torch
+
+from wsync import _torch
+from wsync._errors import InstallFailedError
+
+
+def _update_tensors(shards) -> Dict[str, torch.Tensor]:
+    views: Dict[str, torch.Tensor] = {}
+    for manifest, segments in shards:
+        _torch.views_of(manifest, segments, views)
+    return views
+
+
+class ViewInstaller:
+    """No runtime: the active weights are the imported views themselves (zero-copy). The
+    executor keeps the import until the next version is active."""
+
+    references_import = True
+
+    def __init__(self) -> None:
+        self.active: Dict[str, torch.Tensor] = {}
+        self._staged: Dict[str, Dict[str, torch.Tensor]] = {}
+
+    def stage(self, update_id: str, shards) -> None:
+        self._staged[update_id] = _update_tensors(shards)
+
+    def activate(self, update_id: str) -> None:
+        self.active = self._staged.pop(update_id)
+
+    def discard(self, update_id: str) -> None:
+        self._staged.pop(update_id, None)
+
+
+class ModuleInstaller:
+    """Installs into a torch.nn.Module's parameters and buffers (its state_dict names).
+
+    stage() checks the update against the module (names, shapes, dtypes: the first mismatch
+    fails the install) and copies it into a spare set of tensors beside the active one;
+    activate() points each parameter's ``.data`` at the spare set, which then holds the
+    previous version and becomes the next spare. Tied tensors (one tensor under two names) stay
+    tied. Memory: one extra copy of the model.
+    """
+
+    references_import = False
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        self.model = model
+        self.targets: Dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        # One slot per distinct tensor: tied names share it.
+        self._slot_of: Dict[str, int] = {}
+        self._slot_tensor: List[torch.Tensor] = []
+        by_id: Dict[int, int] = {}
+        for name, t in self.targets.items():
+            key = id(t)
+            if key not in by_id:
+                by_id[key] = len(self._slot_tensor)
+                self._slot_tensor.append(t)
+            self._slot_of[name] = by_id[key]
+        self._spare: Optional[List[torch.Tensor]] = None
+        self._staged: Dict[str, List[torch.Tensor]] = {}
+        self.active_update: Optional[str] = None
+
+    def check(self, update_id: str, views: Dict[str, torch.Tensor]) -> None:
+        """InstallFailedError naming the first difference between the update and the module."""
+        where = f"update_id={update_id}"
+        for name, target in self.targets.items():
+            v = views.get(name)
+            if v is None:
+                raise InstallFailedError(f"install: tensor {name}: missing from the update "
+                                         f"({where})")
+            if tuple(v.shape) != tuple(target.shape):
+                raise InstallFailedError(
+                    f"install: tensor {name}: field shape: update has {list(v.shape)}, the model "
+                    f"has {list(target.shape)} ({where})")
+            if v.dtype != target.dtype:
+                raise InstallFailedError(
+                    f"install: tensor {name}: field dtype: update has {v.dtype}, the model has "
+                    f"{target.dtype} ({where})")
+        for name in views:
+            if name not in self.targets:
+                raise InstallFailedError(f"install: tensor {name}: not in the model ({where})")
+
+    def stage(self, update_id: str, shards) -> None:
+        views = _update_tensors(shards)
+        self.check(update_id, views)
+        spare = self._spare
+        if spare is None:
+            spare = [torch.empty_like(t.data) for t in self._slot_tensor]
+        self._spare = None
+        with torch.no_grad():
+            for name, slot in self._slot_of.items():
+                spare[slot].copy_(views[name])
+        self._staged[update_id] = spare
+
+    def activate(self, update_id: str) -> None:
+        staged = self._staged.pop(update_id)
+        previous = []
+        for slot, t in enumerate(self._slot_tensor):
+            previous.append(t.data)
+            t.data = staged[slot]
+        self._spare = previous
+        self.active_update = update_id
+
+    def discard(self, update_id: str) -> None:
+        staged = self._staged.pop(update_id, None)
+        if staged is not None and self._spare is None:
+            self._spare = staged
+
+
+def encode_metadata(metadata) -> Dict[str, str]:
+    """Manifest metadata is text: str values go as they are, others as JSON text."""
+    if metadata is None:
+        return {}
+    out = {}
+    for k, v in dict(metadata).items():
+        if not isinstance(k, str):
+            raise TypeError(f"metadata keys must be str, got {k!r}")
+        out[k] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    return out

@@ -1,0 +1,127 @@
+"""Torch tensors in and out of wsync: dtype names, publish sources, zero-copy views.
+
+Views: ``torch.frombuffer`` over the imported segment (read-only bytes, a ``Segment`` object that
+holds its update's memory), then a slice, a dtype view and a shape view per tensor. Torch keeps
+the ``Segment`` alive as long as any tensor made from it, so the bytes stay mapped until the last
+view goes (see :mod:`wsync._bridge` for what that means for ``release``).
+"""
+
+import warnings
+from typing import Any, Dict, Iterable, List, Mapping, Tuple
+
+import torch
+
+from wsync._errors import InvalidArgumentError
+
+_TORCH_TO_WSYNC = {
+    torch.float64: "f64",
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+for _name, _wire in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")):
+    if hasattr(torch, _name):
+        _TORCH_TO_WSYNC[getattr(torch, _name)] = _wire
+
+_WSYNC_TO_TORCH = {wire: dt for dt, wire in _TORCH_TO_WSYNC.items()}
+# A torch without float8 types (before 2.1) gets fp8 tensors as their raw bytes.
+_WSYNC_TO_TORCH.setdefault("fp8_e4m3", torch.uint8)
+_WSYNC_TO_TORCH.setdefault("fp8_e5m2", torch.uint8)
+
+
+def wire_dtype(name: str, t: torch.Tensor) -> str:
+    """The wire name of a tensor's dtype, or InvalidArgumentError naming the tensor."""
+    try:
+        return _TORCH_TO_WSYNC[t.dtype]
+    except KeyError:
+        raise InvalidArgumentError(
+            f"tensor {name}: field dtype: wsync cannot carry {t.dtype}; it carries "
+            + ", ".join(str(d) for d in _TORCH_TO_WSYNC)
+        ) from None
+
+
+def torch_dtype(wire: str) -> torch.dtype:
+    """The torch dtype for a wire dtype name."""
+    return _WSYNC_TO_TORCH[wire]
+
+
+def named_tensors(source: Any) -> List[Tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of an nn.Module (its state_dict), a mapping or an iterable of pairs."""
+    if isinstance(source, torch.nn.Module):
+        items: Iterable = source.state_dict().items()
+    elif isinstance(source, Mapping):
+        items = source.items()
+    else:
+        items = source
+    out = []
+    seen = set()
+    for pair in items:
+        try:
+            name, t = pair
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                "publish: expects an nn.Module, a state dict or an iterable of (name, tensor) "
+                f"pairs, got an item {type(pair).__name__}"
+            ) from None
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"publish: field name: tensor names must be non-empty str, "
+                                       f"got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"tensor {name}: expected a torch.Tensor, got "
+                                       f"{type(t).__name__}")
+        if name in seen:
+            raise InvalidArgumentError(f"tensor {name}: field name: appears twice")
+        seen.add(name)
+        out.append((name, t))
+    return out
+
+
+def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
+    """The extension's tensor tuples and the tensors that back them (keep those alive).
+
+    Non-contiguous tensors are made contiguous (one copy each); CPU only: this module was built
+    without CUDA transports, so a device tensor is refused rather than copied behind the caller's
+    back.
+    """
+    tuples = []
+    keep = []
+    for name, t in pairs:
+        if t.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"tensor {name}: field device: {t.device} tensors need a CUDA transport, which "
+                "this build of wsync does not have; pass CPU tensors (t.cpu())"
+            )
+        wire = wire_dtype(name, t)
+        t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        keep.append(t)
+        tuples.append((name, wire, list(t.shape), t.data_ptr(), t.numel() * t.element_size()))
+    return tuples, keep
+
+
+def views_of(manifest: Any, segments: list, out: Dict[str, torch.Tensor]) -> None:
+    """Adds the manifest's tensors to `out` as views of `segments` (no copy)."""
+    with warnings.catch_warnings():
+        # The segments are read-only on purpose; torch warns that it has no read-only tensors.
+        warnings.simplefilter("ignore", UserWarning)
+        bases = [torch.frombuffer(s, dtype=torch.uint8) if len(s) else None for s in segments]
+    for info in manifest.tensors:
+        dt = _WSYNC_TO_TORCH[info.dtype]
+        if info.nbytes == 0:
+            out[info.name] = torch.empty(info.shape, dtype=dt)
+            continue
+        v = bases[info.segment][info.offset:info.offset + info.nbytes]
+        if dt is not torch.uint8:
+            v = v.view(dt)
+        if info.strides:
+            v = v.as_strided(info.shape, info.strides)
+        else:
+            v = v.view(info.shape)
+        out[info.name] = v
