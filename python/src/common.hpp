@@ -57,7 +57,8 @@ struct gate_meter {
   generation_gate gate;
   std::atomic<std::uint64_t> longest_wait_ns{0};
   std::atomic<std::uint64_t> readers_total{0};
-  /// Enters the shared side with the GIL released; returns the seconds it waited.
+  /// Enters the shared side with the GIL released; returns the seconds an install held it
+  /// back (generation_gate::lock_shared_timed).
   double enter();
   void exit() { gate.unlock_shared(); }
   void reset() { longest_wait_ns = 0; }
@@ -65,7 +66,9 @@ struct gate_meter {
 
 /// An install_adapter whose stage/activate/discard are a Python object's methods:
 /// stage(update_id, shards) with shards a list of (Manifest, [Segment]), activate(update_id),
-/// discard(update_id), and the attribute references_import (bool).
+/// discard(update_id), and the attribute references_import (bool). stage() may return copy
+/// jobs, (dest address, shard index, segment index, offset, nbytes) each, which the adapter runs
+/// after giving the GIL back: the bulk of an install never holds up other Python threads.
 class python_adapter final : public install_adapter {
  public:
   explicit python_adapter(pyb::object target);

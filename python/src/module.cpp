@@ -14,6 +14,7 @@
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/validate.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/sources/shard.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 
@@ -196,6 +197,20 @@ void manifest_bind(pyb::module_& m) {
                                for (const auto& s : x.segments) out.push_back(s.nbytes);
                                return out;
                              })
+      .def(
+          "view_plan",
+          [](const weight_update_manifest& x) {
+            // Everything views_of() needs, in one call: a property access per field and tensor
+            // costs more than the views themselves.
+            pyb::list out;
+            for (const auto& d : x.tensors) {
+              out.append(pyb::make_tuple(
+                  d.name, std::string(dtype_name(d.dtype)), pyb::tuple(pyb::cast(d.shape)),
+                  pyb::tuple(pyb::cast(d.strides)), d.segment, d.offset, d.nbytes));
+            }
+            return out;
+          },
+          "(name, dtype, shape, strides, segment, offset, nbytes) of every tensor.")
       .def("to_json", &manifest_to_json, "The manifest as compact JSON text (every field).")
       .def_static(
           "from_json",
@@ -292,6 +307,20 @@ PYBIND11_MODULE(_wsync, m) {
   m.def(
       "transports", [] { return wsync::builtin_transports().names(); },
       "Names of the transports built into this module.");
+  m.def(
+      "layout",
+      [](const std::string& name) {
+        auto l = unwrap(wsync::layout_parse(name));
+        pybind11::list out;
+        for (const auto& t : l.tensors) {
+          out.append(
+              pybind11::make_tuple(t.name, std::string(wsync::dtype_name(t.dtype)), t.shape));
+        }
+        return out;
+      },
+      pybind11::arg("name"),
+      "A model layout's tensors as (name, dtype, shape): a real checkpoint's (\"qwen2.5-0.5b\", "
+      "...) or \"synthetic:<bytes>:<tensors>\".");
   m.def("releases_pending", &releases_pending,
         "Update ids whose release waits for views still alive in this process.");
 }

@@ -21,8 +21,14 @@ def wsync_bin() -> str:
     return path
 
 
-def shm_entries() -> set:
-    return set(glob.glob("/dev/shm/wsync-*"))
+def shm_entries(pids=None) -> set:
+    """wsync segments in /dev/shm, only those created by `pids` when given (segment names start
+    with their creator's pid: other tests may hold segments of their own meanwhile)."""
+    found = set(glob.glob("/dev/shm/wsync-*"))
+    if pids is None:
+        return found
+    prefixes = tuple(f"/dev/shm/wsync-{p}-" for p in pids)
+    return {f for f in found if f.startswith(prefixes)}
 
 
 class Coordinator:

@@ -3,6 +3,7 @@ views and their lifetime, dtypes, errors with the C++ texts, manifests as JSON a
 
 import gc
 import json
+import os
 import pickle
 
 import pytest
@@ -120,7 +121,7 @@ def test_non_contiguous_inputs_are_published_by_value():
 
 
 def test_views_keep_their_update_until_the_last_one_goes():
-    before = shm_entries()
+    before = shm_entries([os.getpid()])
     pub = wsync.SharedMemoryTensorBridge()
     con = wsync.SharedMemoryTensorBridge()
     m1 = pub.publish({"w": torch.full((256,), 1.0)}, weight_version=1)
@@ -138,7 +139,7 @@ def test_views_keep_their_update_until_the_last_one_goes():
     pub.release(m2.update_id)
     del pub, con  # the publisher's pool of segments goes with it
     gc.collect()
-    assert shm_entries() - before == set()
+    assert shm_entries([os.getpid()]) - before == set()
 
 
 def test_errors_carry_the_core_texts():

@@ -35,11 +35,11 @@ def finish(procs, limit=240):
 
 def test_trained_decoder_reaches_two_rollout_processes_exactly(coordinator, tmp_path):
     steps = 4
-    before = shm_entries()
     env = dict(coordinator.env(), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
     log = open(tmp_path / "roles.log", "w")
     rollouts = [start(["rollout", str(tmp_path), str(steps), str(r)], env, log) for r in range(2)]
     trainer = start(["trainer", str(tmp_path), str(steps), "2"], env, log)
+    pids = [p.pid for p in (trainer, *rollouts)]
     codes = finish([trainer, *rollouts])
     log.close()
     assert codes == [0, 0, 0], open(tmp_path / "roles.log").read()[-4000:]
@@ -53,11 +53,10 @@ def test_trained_decoder_reaches_two_rollout_processes_exactly(coordinator, tmp_
         assert got["status"]["installed"] == steps and got["status"]["rejected"] == 0
     # Versions differ (the trainer really trained).
     assert not torch.equal(refs[1], refs[steps])
-    assert shm_entries() - before == set()
+    assert shm_entries(pids) == set()
 
 
 def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinator, tmp_path):
-    before = shm_entries()
     nbytes = str(256 << 20)
     env = dict(coordinator.env(), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
     log = open(tmp_path / "roles.log", "w")
@@ -74,6 +73,7 @@ def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinat
     time.sleep(1.0)  # what the coordinator does about the lost trainer has happened
     (tmp_path / "done").touch()
     # The dead trainer could not unlink its slots; the restarted one sweeps them and goes on.
+    assert shm_entries([trainer.pid]), "expected the killed trainer's slots to be orphaned"
     resumed = start(["resumed-trainer", str(tmp_path), nbytes], env, log)
     assert finish([resumed, rollout]) == [0, 0], open(tmp_path / "roles.log").read()[-4000:]
     log.close()
@@ -81,5 +81,5 @@ def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinat
     assert got["after_kill"] == 1 and got["ones"], got
     assert got["threes"] and got["status"]["active_weight_version"] == 3, got
     coordinator.stop()
-    left = shm_entries() - before
+    left = shm_entries([trainer.pid, resumed.pid, rollout.pid])
     assert left == set(), f"left in /dev/shm: {sorted(left)}"

@@ -6,7 +6,7 @@ references, so readers wait for the switch alone, never for a copy.
 """
 
 import json
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -45,7 +45,8 @@ class ModuleInstaller:
     """Installs into a torch.nn.Module's parameters and buffers (its state_dict names).
 
     stage() checks the update against the module (names, shapes, dtypes: the first mismatch
-    fails the install) and copies it into a spare set of tensors beside the active one;
+    fails the install) and has the extension copy it, without the GIL, into a spare set of
+    tensors beside the active one;
     activate() points each parameter's ``.data`` at the spare set, which then holds the
     previous version and becomes the next spare. Tied tensors (one tensor under two names) stay
     tied. Memory: one extra copy of the model.
@@ -69,48 +70,72 @@ class ModuleInstaller:
                 self._slot_tensor.append(t)
             self._slot_of[name] = by_id[key]
         self._spare: Optional[List[torch.Tensor]] = None
+        self._active: Optional[List[torch.Tensor]] = None  # what the slots point at now
         self._staged: Dict[str, List[torch.Tensor]] = {}
         self.active_update: Optional[str] = None
 
-    def check(self, update_id: str, views: Dict[str, torch.Tensor]) -> None:
-        """InstallFailedError naming the first difference between the update and the module."""
+    def check(self, update_id: str, found: Dict[str, Tuple[str, list]]) -> None:
+        """InstallFailedError naming the first difference between the update (name -> (wire
+        dtype, shape)) and the module."""
         where = f"update_id={update_id}"
         for name, target in self.targets.items():
-            v = views.get(name)
-            if v is None:
+            got = found.get(name)
+            if got is None:
                 raise InstallFailedError(f"install: tensor {name}: missing from the update "
                                          f"({where})")
-            if tuple(v.shape) != tuple(target.shape):
+            dtype, shape = got
+            if list(shape) != list(target.shape):
                 raise InstallFailedError(
-                    f"install: tensor {name}: field shape: update has {list(v.shape)}, the model "
+                    f"install: tensor {name}: field shape: update has {list(shape)}, the model "
                     f"has {list(target.shape)} ({where})")
-            if v.dtype != target.dtype:
+            want = _torch.wire_dtype(name, target)
+            if dtype != want:
                 raise InstallFailedError(
-                    f"install: tensor {name}: field dtype: update has {v.dtype}, the model has "
-                    f"{target.dtype} ({where})")
-        for name in views:
+                    f"install: tensor {name}: field dtype: update has {dtype}, the model has "
+                    f"{want} ({where})")
+        for name in found:
             if name not in self.targets:
                 raise InstallFailedError(f"install: tensor {name}: not in the model ({where})")
 
-    def stage(self, update_id: str, shards) -> None:
-        views = _update_tensors(shards)
-        self.check(update_id, views)
+    def stage(self, update_id: str, shards) -> List[tuple]:
+        """Checks the update against the module and returns the copies into the spare set, for
+        the extension to run without the GIL."""
+        found: Dict[str, Tuple[str, list]] = {}
+        where: Dict[str, tuple] = {}
+        for k, (manifest, _segments) in enumerate(shards):
+            for info in manifest.tensors:
+                if info.strides:
+                    raise InstallFailedError(f"install: tensor {info.name}: field strides: "
+                                             "strided updates are not installed into modules")
+                found[info.name] = (info.dtype, info.shape)
+                where[info.name] = (k, info.segment, info.offset, info.nbytes)
+        self.check(update_id, found)
         spare = self._spare
         if spare is None:
             spare = [torch.empty_like(t.data) for t in self._slot_tensor]
+        jobs = []
+        done = set()
+        for name, slot in self._slot_of.items():
+            if slot in done:  # a tied tensor: one copy
+                continue
+            done.add(slot)
+            dest = spare[slot]
+            shard, segment, offset, nbytes = where[name]
+            if nbytes != dest.numel() * dest.element_size():
+                raise InstallFailedError(f"install: tensor {name}: field nbytes: {nbytes} "
+                                         f"does not match its shape and dtype ({update_id})")
+            jobs.append((dest.data_ptr(), shard, segment, offset, nbytes))
         self._spare = None
-        with torch.no_grad():
-            for name, slot in self._slot_of.items():
-                spare[slot].copy_(views[name])
         self._staged[update_id] = spare
+        return jobs
 
     def activate(self, update_id: str) -> None:
         staged = self._staged.pop(update_id)
-        previous = []
-        for slot, t in enumerate(self._slot_tensor):
-            previous.append(t.data)
-            t.data = staged[slot]
-        self._spare = previous
+        if self._active is None:  # the module's own tensors: they become the first spare
+            self._active = [t.data for t in self._slot_tensor]
+        for t, new in zip(self._slot_tensor, staged):
+            t.data = new
+        self._spare, self._active = self._active, staged
         self.active_update = update_id
 
     def discard(self, update_id: str) -> None:

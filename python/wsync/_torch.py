@@ -35,6 +35,9 @@ _WSYNC_TO_TORCH.setdefault("fp8_e4m3", torch.uint8)
 _WSYNC_TO_TORCH.setdefault("fp8_e5m2", torch.uint8)
 
 
+_ITEMSIZE = {dt: torch.tensor([], dtype=dt).element_size() for dt in set(_WSYNC_TO_TORCH.values())}
+
+
 def wire_dtype(name: str, t: torch.Tensor) -> str:
     """The wire name of a tensor's dtype, or InvalidArgumentError naming the tensor."""
     try:
@@ -106,22 +109,32 @@ def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
     return tuples, keep
 
 
+def _contiguous_strides(shape) -> list:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(int(shape[i + 1]), 1)
+    return strides
+
+
 def views_of(manifest: Any, segments: list, out: Dict[str, torch.Tensor]) -> None:
-    """Adds the manifest's tensors to `out` as views of `segments` (no copy)."""
+    """Adds the manifest's tensors to `out` as views of `segments` (no copy).
+
+    Each segment is viewed once per dtype it holds; each tensor is then one as_strided of that
+    view (tensors are 256-byte aligned, so every offset is a whole number of elements)."""
     with warnings.catch_warnings():
         # The segments are read-only on purpose; torch warns that it has no read-only tensors.
         warnings.simplefilter("ignore", UserWarning)
         bases = [torch.frombuffer(s, dtype=torch.uint8) if len(s) else None for s in segments]
-    for info in manifest.tensors:
-        dt = _WSYNC_TO_TORCH[info.dtype]
-        if info.nbytes == 0:
-            out[info.name] = torch.empty(info.shape, dtype=dt)
+    typed: Dict[tuple, torch.Tensor] = {}
+    for name, wire, shape, strides, segment, offset, nbytes in manifest.view_plan():
+        dt = _WSYNC_TO_TORCH[wire]
+        if nbytes == 0:
+            out[name] = torch.empty(shape, dtype=dt)
             continue
-        v = bases[info.segment][info.offset:info.offset + info.nbytes]
-        if dt is not torch.uint8:
-            v = v.view(dt)
-        if info.strides:
-            v = v.as_strided(info.shape, info.strides)
-        else:
-            v = v.view(info.shape)
-        out[info.name] = v
+        base = typed.get((segment, dt))
+        if base is None:
+            raw = bases[segment]
+            size = _ITEMSIZE[dt]
+            base = typed[(segment, dt)] = raw[:raw.numel() - raw.numel() % size].view(dt)
+        out[name] = base.as_strided(shape, strides or _contiguous_strides(shape),
+                                    offset // _ITEMSIZE[dt])

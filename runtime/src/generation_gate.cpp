@@ -3,9 +3,19 @@
 namespace wsync {
 
 void generation_gate::lock_shared() {
+  (void)lock_shared_timed();
+}
+
+std::chrono::nanoseconds generation_gate::lock_shared_timed() {
   std::unique_lock lock(mutex_);
-  cv_.wait(lock, [&] { return !writer_ && writers_waiting_ == 0; });
+  std::chrono::nanoseconds held_back{0};
+  if (writer_ || writers_waiting_ > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cv_.wait(lock, [&] { return !writer_ && writers_waiting_ == 0; });
+    held_back = std::chrono::steady_clock::now() - t0;
+  }
   ++readers_;
+  return held_back;
 }
 
 void generation_gate::unlock_shared() {

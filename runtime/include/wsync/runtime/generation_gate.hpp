@@ -3,6 +3,7 @@
 // Writer-preferring: once an install waits, new generations wait behind it, so hundreds of
 // readers cannot starve an update.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -14,6 +15,9 @@ class generation_gate {
  public:
   /// Shared side: one generation step. Blocks while an install holds or waits for the gate.
   void lock_shared();
+  /// lock_shared() that says how long an install held this generation back (zero when no
+  /// install held or waited for the gate): the pause installs cost readers.
+  std::chrono::nanoseconds lock_shared_timed();
   void unlock_shared();
   /// Exclusive side: waits for running generations to finish and holds new ones back.
   void lock();

@@ -1,0 +1,175 @@
+"""Benchmark of the Python layer, printing one JSON row per figure (like ``wsync bench``).
+
+    /usr/bin/python3 -m wsync.bench [--layout qwen2.5-0.5b] [--repeat 5] [--transport T]
+
+Rows (medians over --repeat, each against a baseline measured in the same run):
+- ``python-publish``: ``bridge.publish(module)`` (the Python API: state_dict walk, dtype and
+  contiguity checks, then the C++ publisher) against the C++ publisher given the same tensors'
+  pointers directly; ``ratio`` = python / C++ (goal <= 1.05).
+- ``python-import``: ``import_update`` into torch views without verification (goal <= 2 ms for
+  290 tensors), and with checksums verified.
+- ``python-install``: ``RolloutExecutor(model=...)`` updates of a module of the layout while a
+  reader thread runs generation steps at the gate: install time, and the longest any step waited
+  at the gate (goal <= 1 ms).
+"""
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from typing import Dict, List
+
+import torch
+
+import wsync
+from wsync import _torch, _wsync
+
+
+def layout_module(layout: str) -> torch.nn.Module:
+    """A module whose state_dict has the layout's names, dtypes and shapes (values random)."""
+    root = torch.nn.Module()
+    g = torch.Generator().manual_seed(0)
+    for name, dtype, shape in _wsync.layout(layout):
+        *path, leaf = name.split(".")
+        mod = root
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, torch.nn.Module())
+            mod = getattr(mod, part)
+        dt = _torch.torch_dtype(dtype)
+        t = torch.randn(shape, generator=g).to(dt) if dt.is_floating_point else \
+            torch.zeros(shape, dtype=dt)
+        mod.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+    return root
+
+
+def median(xs: List[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def bench_publish(model, transport: str, repeat: int) -> Dict:
+    bridge = wsync.make_weight_bridge(transport, source_worker="bench")
+    pub = bridge._publisher_half()
+    tuples, keep = _torch.publish_sources(_torch.named_tensors(model))
+    py, cxx = [], []
+    version = 0
+    for _ in range(repeat + 1):  # the first round warms the pool and is not counted
+        version += 1
+        t0 = time.perf_counter()
+        m = bridge.publish(model, weight_version=version)
+        t1 = time.perf_counter()
+        bridge.release(m.update_id)
+        version += 1
+        t2 = time.perf_counter()
+        m = pub.publish(tuples, version, [], {})
+        t3 = time.perf_counter()
+        pub.release(m.update_id)
+        if version > 2:
+            py.append(t1 - t0)
+            cxx.append(t3 - t2)
+    del keep
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return {"mode": "python-publish", "transport": transport, "tensors": len(tuples),
+            "bytes": nbytes, "repeat": repeat, "python_api_s": median(py),
+            "cxx_publisher_s": median(cxx), "ratio": median(py) / median(cxx), "goal": 1.05,
+            "status": "pass"}
+
+
+def bench_import(model, transport: str, repeat: int) -> Dict:
+    pub = wsync.make_weight_bridge(transport, source_worker="bench")
+    con = wsync.make_weight_bridge(transport, source_worker="bench")
+    plain, verified, first = [], [], None
+    for v in range(1, repeat + 2):
+        m = pub.publish(model, weight_version=v)
+        t0 = time.perf_counter()
+        views = con.import_update(m, verify=False)
+        dt = time.perf_counter() - t0
+        assert len(views) == len(m.tensors)
+        del views
+        con.release(m.update_id)
+        if first is None:
+            first = dt
+        else:
+            plain.append(dt)
+        pub.release(m.update_id)
+    for v in range(repeat + 2, 2 * repeat + 2):
+        m = pub.publish(model, weight_version=v)
+        t0 = time.perf_counter()
+        views = con.import_update(m, verify=True)
+        verified.append(time.perf_counter() - t0)
+        del views
+        con.release(m.update_id)
+        pub.release(m.update_id)
+    n = len(model.state_dict())
+    return {"mode": "python-import", "transport": transport, "tensors": n, "repeat": repeat,
+            "import_s": median(plain), "first_import_s": first,
+            "per_tensor_us": median(plain) / n * 1e6, "verified_import_s": median(verified),
+            "goal_import_s": 0.002, "status": "pass"}
+
+
+def bench_install(model, transport: str, repeat: int, layout: str) -> Dict:
+    target = layout_module(layout)
+    pub = wsync.make_weight_bridge(transport, source_worker="bench")
+    ex = wsync.RolloutExecutor(wsync.make_weight_bridge(transport), model=target)
+    first = next(iter(target.parameters()))
+    stop = threading.Event()
+    steps = [0]
+
+    def reader():
+        while not stop.is_set():
+            with ex.generating():
+                float(first.view(-1)[0])  # a (tiny) generation step reading the weights
+            steps[0] += 1
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    installs, waits, totals = [], [], []
+    for v in range(1, repeat + 2):
+        m = pub.publish(model, weight_version=v)
+        ex._handle.reset_longest_wait()
+        ex.update_weights(m)
+        r = ex.last_report
+        if v > 1:
+            installs.append(r["timings"]["install"])
+            totals.append(r["timings"]["total"])
+            waits.append(ex.longest_wait())
+        pub.release(m.update_id)
+    stop.set()
+    t.join()
+    ex.release_weights()
+    return {"mode": "python-install", "transport": transport, "repeat": repeat,
+            "install_s": median(installs), "update_total_s": median(totals),
+            "longest_gate_wait_s": max(waits), "median_longest_gate_wait_s": median(waits),
+            "reader_steps": steps[0], "goal_gate_wait_s": 0.001, "status": "pass"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m wsync.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layout", default="qwen2.5-0.5b",
+                   help="model layout: a checkpoint's name or synthetic:<bytes>:<tensors>")
+    p.add_argument("--repeat", type=int, default=5, help="measured rounds per figure")
+    p.add_argument("--transport", default="shared-memory", help="wsync transport")
+    p.add_argument("--only", choices=["publish", "import", "install"], action="append",
+                   help="run only these figures (repeatable)")
+    a = p.parse_args(argv)
+    if a.repeat < 1:
+        p.error("--repeat must be at least 1")
+    torch.set_num_threads(2)
+    model = layout_module(a.layout)
+    want = a.only or ["publish", "import", "install"]
+    for name in want:
+        if name == "publish":
+            row = bench_publish(model, a.transport, a.repeat)
+        elif name == "import":
+            row = bench_import(model, a.transport, a.repeat)
+        else:
+            row = bench_install(model, a.transport, a.repeat, a.layout)
+        row["layout"] = a.layout
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
