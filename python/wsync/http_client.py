@@ -215,6 +215,44 @@ class VLLMHTTPClient:
         answer = self._request("GET", "/get_world_size?" + query)
         return int(self._field(answer, "world_size", "/get_world_size"))
 
+    # -- weight version and weight checker (vLLM's newest routes) -------------------------------
+
+    def weight_info(self) -> JSON:
+        """The label of the weights served (``GET /weight_info``): ``{"weight_version": str}``."""
+        return self._request("GET", "/weight_info")
+
+    def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> JSON:
+        """Relabels the active weights (``POST /update_weight_version``).
+
+        Args:
+            new_version: the new label (a non-empty string).
+            abort_all_requests: end in-flight generations first.
+        """
+        return self._request("POST", "/update_weight_version",
+                             {"new_version": new_version,
+                              "abort_all_requests": bool(abort_all_requests)})
+
+    def weight_checker(self, action: str = "checksum", baseline: Optional[Dict[str, str]] = None,
+                       rank: Optional[int] = None) -> JSON:
+        """Proves what a rank serves (``POST /weight_checker``).
+
+        Args:
+            action: ``checksum`` (SHA-256 of every active tensor, kept as the rank's baseline),
+                ``compare`` (against ``baseline`` or the kept one) or ``reset``.
+            baseline: ``{name: sha256 hex}`` for ``compare``.
+            rank: the rank of a coordinator-driven process (default: its first).
+
+        Returns:
+            ``checksum``: ``{"checksums": {...}, "weight_version": int, "rank": int}``;
+            ``compare``: ``{"match": bool, "mismatches": [...], "compared": int, ...}``.
+        """
+        body: JSON = {"action": action}
+        if baseline is not None:
+            body["baseline"] = baseline
+        if rank is not None:
+            body["rank"] = rank
+        return self._request("POST", "/weight_checker", body)
+
     # -- wsync's own routes ---------------------------------------------------------------------
 
     def status(self) -> JSON:
