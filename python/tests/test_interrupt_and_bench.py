@@ -1,0 +1,61 @@
+"""Ctrl-C reaches a Python caller blocked in a cluster call at once, and the Python benchmark
+prints its JSON rows."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import wsync_bin
+from wsync import bench
+
+CHILD = r"""
+import sys, torch, wsync
+wsync.wait_for_consumers(1, timeout=30)
+rank = wsync.TrainerRank()
+print("publishing", flush=True)
+try:
+    rank.publish({"w": torch.ones(1024)}, weight_version=1)  # the consumer is frozen: blocks
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(0)
+print("returned", flush=True)
+sys.exit(3)
+"""
+
+
+def test_ctrl_c_interrupts_a_publish_waiting_for_its_outcome(coordinator):
+    consumer = subprocess.Popen([wsync_bin(), "consumer", "--coordinator", coordinator.address,
+                                 "--model", "model"], env=coordinator.env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
+                             env=coordinator.env())
+        line = p.stdout.readline().strip()
+        consumer.send_signal(signal.SIGSTOP)  # the outcome now waits for the frozen rank
+        assert line == "publishing"
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        answer = p.stdout.readline().strip()
+        took = time.monotonic() - t0
+        assert answer == "interrupted", answer
+        assert took < 0.5, f"KeyboardInterrupt came {took:.3f} s after SIGINT"
+        p.communicate(timeout=30)
+        assert p.returncode == 0
+    finally:
+        consumer.send_signal(signal.SIGCONT)
+        consumer.terminate()
+        consumer.wait(15)
+
+
+def test_bench_prints_one_json_row_per_figure(capsys):
+    assert bench.main(["--layout", "synthetic:4194304:8", "--repeat", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["mode"] for r in rows] == ["python-publish", "python-import", "python-install"]
+    for r in rows:
+        assert r["status"] == "pass" and r["layout"] == "synthetic:4194304:8"
+    assert rows[0]["ratio"] > 0 and rows[1]["tensors"] == 8
+    assert rows[2]["longest_gate_wait_s"] >= 0
