@@ -1,5 +1,6 @@
 """ctest's entry for one Python test file: exits 77 (ctest: skipped) with the reason when this
-interpreter lacks torch or the built module, else runs pytest on the file."""
+interpreter lacks torch or the built module, else runs pytest on the file (or, with
+`--script FILE`, runs FILE as a program)."""
 
 import sys
 
@@ -13,6 +14,13 @@ try:
 except ImportError as e:
     print(f"SKIP: the wsync module does not import with {sys.executable}: {e}")
     sys.exit(77)
+
+if sys.argv[1:2] == ["--script"]:
+    import runpy  # noqa: E402
+
+    sys.argv = sys.argv[2:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    sys.exit(0)
 
 import pytest  # noqa: E402
 
