@@ -4,7 +4,8 @@
 # its imports changed to these (docs/python.md, "Switching from RL-Kernel").
 #
 #   PYTHONPATH=build/default/python /usr/bin/python3 examples/python/bridge.py
-#   PYTHONPATH=build/default/python /usr/bin/python3 examples/python/bridge.py --transport local-clone
+#   PYTHONPATH=build/default/python /usr/bin/python3 examples/python/bridge.py \
+#       --transport local-clone    # or file-mmap (--dir DIR, default a temporary one)
 #
 # In real use the trainer and the rollout worker are separate processes on one host, and the
 # manifest travels between them any way you like (it pickles, and converts to and from JSON).

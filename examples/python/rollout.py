@@ -81,11 +81,10 @@ def main() -> int:
               flush=True)
         last = None
         while True:
-            # Read the version outside the block: inside, it would wait for an install that
-            # waits for the block (docs/python.md, "Known problems"). It may lag by one switch.
-            version = rank.active_weight_version
             with rank.generating() as waited:
-                # Everything in here sees one whole version of the weights.
+                # Everything in here sees one whole version of the weights, and the version
+                # read here is the one those weights are.
+                version = rank.active_weight_version
                 out = generate(model, prompt, 6) if version else None
                 if version != last:
                     print(f"rollout {rank.rank}: v{version} {prompt} -> {out} "

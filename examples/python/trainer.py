@@ -26,7 +26,8 @@
 #       --redirects 1 --tee 1 examples/python/trainer.py --rollouts 2 --steps 20
 #
 # (--redirects 1 --tee 1 only because Debian 12's torch 1.13 cannot parse its own default "0"
-# under Python 3.11; a newer torchrun needs neither.)
+# under Python 3.11; a newer torchrun needs neither. It also keeps per-rank logs in
+# /tmp/torchelastic_*.)
 #
 # Versions must grow for the coordinator's whole life: a second run against the same coordinator
 # needs --first-version 21 (or a fresh coordinator). Use Debian's /usr/bin/python3: it is the

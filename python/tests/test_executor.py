@@ -71,9 +71,13 @@ def test_readers_only_ever_see_whole_versions():
     def reader():
         while not stop.is_set():
             with torch.no_grad(), rollout.generating():
+                # Reading the version inside the gate must neither block an install nor
+                # disagree with the weights the step reads.
+                version = rollout.active_weight_version
                 out = rollout_model(batch)
             match = [i for i, r in enumerate(refs) if torch.equal(out, r)]
-            (seen if len(match) == 1 else torn).append(match)
+            ok = len(match) == 1 and match[0] == version - 1
+            (seen if ok else torn).append(match)
 
     t = threading.Thread(target=reader)
     t.start()

@@ -6,8 +6,9 @@ consumer, or by a publisher in the same process) while some of its tensors are s
 does not unmap or recycle that memory: the release waits, in the background, until the last
 tensor is dropped, and happens then. So a tensor never reads another version's bytes or freed
 memory; keep tensors only as long as you need them (``releases_pending()`` lists the updates
-whose release is waiting). The tensors are read-only: the shared-memory mapping is, and a write
-through one faults.
+whose release is waiting). Treat the tensors as read-only: shared-memory and file-mmap map the
+bytes read-only (a write faults); local-clone hands out the publisher's copy, which a write would
+corrupt.
 """
 
 from contextlib import contextmanager

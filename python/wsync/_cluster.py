@@ -4,7 +4,7 @@ that install every committed version into a torch module in the background.
 Launch conventions: ``rank``/``ranks`` default to torchrun's ``RANK``/``WORLD_SIZE`` (else
 Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``, else 0/1), the coordinator address and the token to
 ``WSYNC_COORDINATOR``/``WSYNC_TOKEN``, and the node name to ``WSYNC_NODE`` or the host name. So
-``torchrun --nproc-per-node 4 train.py`` connects four trainer ranks with no extra arguments.
+``torchrun --nproc_per_node 4 train.py`` connects four trainer ranks with no extra arguments.
 """
 
 import concurrent.futures
@@ -119,8 +119,7 @@ def wait_for_consumers(count: int, coordinator: Optional[str] = None,
     deadline = time.monotonic() + timeout
     while True:
         status = coordinator_status(coordinator, token, tls)
-        ranks = [r for r in status.get("ranks", []) if r.get("role") == "consumer"
-                 and r.get("connected", True)]
+        ranks = [r for r in status.get("ranks", []) if r.get("role") == "consumer"]
         if len(ranks) >= count:
             return status
         if time.monotonic() > deadline:
@@ -133,7 +132,8 @@ class UpdateOutcome:
     """How one published version ended, as the coordinator saw it.
 
     Attributes:
-        committed: every consumer rank acknowledged in time.
+        committed: every consumer rank answered before the deadline and at least one
+            installed it (a rank that failed is named in ``ranks``).
         reason: why it aborted ("" when committed).
         ranks: the coordinator's per-rank table (list of dicts: rank, role, state, reason...).
         table: the whole outcome object.
@@ -207,9 +207,14 @@ class TrainerRank:
         if source is None:
             raise InvalidArgumentError("publish: no model given here or to TrainerRank()")
         tuples, keep = _torch.publish_sources(self._shard(source))
-        raw = _interruptible(self._handle.publish, tuples, int(weight_version),
-                             encode_metadata(metadata))
-        del keep
+        handle, version, meta = self._handle, int(weight_version), encode_metadata(metadata)
+
+        def call():
+            # Holds `keep` (the contiguous copies the tuples point into) for as long as the C++
+            # publish runs, even when Ctrl-C left this frame early.
+            return handle.publish(tuples, version, meta) if keep is not None else None
+
+        raw = _interruptible(call)
         if raw["error"] and not raw["outcome_json"]:
             raise _publish_error(raw["error"])
         return UpdateOutcome(raw)

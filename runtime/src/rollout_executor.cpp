@@ -117,8 +117,12 @@ rollout_report rollout_executor::update_weights(std::span<const weight_update_ma
     }
   }
   {
+    // The version switches with the weights: a reader inside the gate sees both or neither.
     std::unique_lock exclusive(gate_);
     adapter_.activate(report.id);
+    std::lock_guard active(active_mutex_);
+    active_version_ = report.weight_version;
+    active_id_ = report.id;
   }
   report.timings.install = seconds_since(t);
 
@@ -132,8 +136,6 @@ rollout_report rollout_executor::update_weights(std::span<const weight_update_ma
   }
   report.timings.ack = seconds_since(t);
 
-  active_version_ = report.weight_version;
-  active_id_ = report.id;
   // The previous imports are no longer read by anyone: the gate was held exclusively above.
   for (const auto& id : held_) {
     if (auto released = consumer_.release(id); !released) {
@@ -154,12 +156,12 @@ rollout_report rollout_executor::update_weights(std::span<const weight_update_ma
 }
 
 std::optional<std::uint64_t> rollout_executor::active_weight_version() const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(active_mutex_);
   return active_version_;
 }
 
 std::optional<update_id> rollout_executor::active_update() const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(active_mutex_);
   return active_id_;
 }
 

@@ -50,7 +50,8 @@ class rollout_executor {
     return update_weights(std::span<const weight_update_manifest>(&manifest, 1));
   }
 
-  /// Version readers see; nullopt before the first successful update.
+  /// Version readers see; nullopt before the first successful update. Never waits for an
+  /// update in flight, so a reader may call it inside the gate.
   std::optional<std::uint64_t> active_weight_version() const;
   std::optional<update_id> active_update() const;
 
@@ -64,6 +65,8 @@ class rollout_executor {
   generation_gate& gate_;
   executor_config config_;
   mutable std::mutex mutex_;  ///< one update at a time
+  /// Guards the two below, which change under the exclusive gate; never held while waiting.
+  mutable std::mutex active_mutex_;
   std::optional<std::uint64_t> active_version_;
   std::optional<update_id> active_id_;
   std::vector<update_id> held_;  ///< imports kept alive for the active weights
