@@ -51,7 +51,11 @@ find_program(WSYNC_UCX_PERFTEST ucx_perftest)
 set(WSYNC_WITH_PYTHON AUTO CACHE STRING "Build the Python module: AUTO, ON or OFF")
 set(WSYNC_PYTHON /usr/bin/python3 CACHE FILEPATH "Interpreter the Python module is built for")
 set(WSYNC_HAVE_PYTHON OFF)
-if(NOT WSYNC_WITH_PYTHON STREQUAL "OFF")
+if(NOT WSYNC_SANITIZER STREQUAL "" AND NOT WSYNC_WITH_PYTHON STREQUAL "ON")
+  # An extension built with a sanitizer loads only into an interpreter started with its runtime
+  # preloaded; the sanitizer presets leave the module out rather than build one nobody can load.
+  message(STATUS "wsync: the Python module is off in sanitizer builds")
+elseif(NOT WSYNC_WITH_PYTHON STREQUAL "OFF")
   set(Python_EXECUTABLE "${WSYNC_PYTHON}")
   find_package(Python 3.9 COMPONENTS Interpreter Development.Module)
   if(Python_FOUND)
