@@ -36,12 +36,16 @@ class trainer_handle {
   }
   pyb::dict publish(const pyb::list& tensors, std::uint64_t version,
                     std::map<std::string, std::string> metadata) {
-    if (!rank_) raise(errc::illegal_transition, "TrainerRank: closed");
+    // A local reference: close() from another thread (after a Ctrl-C left this call running)
+    // drops the handle's, and the rank goes when this call is done with it.
+    auto rank = rank_;
+    if (!rank) raise(errc::illegal_transition, "TrainerRank: closed");
     auto sources = sources_from(tensors);
     publish_outcome out;
     {
       pyb::gil_scoped_release unlocked;
-      out = rank_->publish(sources, version, std::move(metadata));
+      out = rank->publish(sources, version, std::move(metadata));
+      rank.reset();  // may be the last reference: the rank stops here, without the GIL
     }
     pyb::dict d;
     d["committed"] = out.committed;
@@ -51,12 +55,13 @@ class trainer_handle {
     return d;
   }
   void close() {
+    auto rank = std::move(rank_);
     pyb::gil_scoped_release unlocked;
-    rank_.reset();
+    rank.reset();
   }
 
  private:
-  std::unique_ptr<trainer_rank> rank_;
+  std::shared_ptr<trainer_rank> rank_;
 };
 
 // What the rank did with each update, for status().
@@ -119,16 +124,22 @@ class rollout_handle {
   }
   ~rollout_handle() { close(); }
   void close() {
+    auto rank = std::move(rank_);
     pyb::gil_scoped_release unlocked;  // an install in flight needs the GIL to finish
-    rank_.reset();
+    rank.reset();
   }
   // The executor's lock may be held by an install that waits for the GIL: never wait for it
   // while holding the GIL.
   std::uint64_t active_version() const {
+    // A local reference, dropped without the GIL: if close() ran meanwhile, the rank stops
+    // here, and stopping may wait for an install that needs the GIL.
+    auto rank = rank_;
     pyb::gil_scoped_release unlocked;
-    return rank_ ? rank_->active_weight_version() : 0;
+    const std::uint64_t v = rank ? rank->active_weight_version() : 0;
+    rank.reset();
+    return v;
   }
-  bool joined() const { return rank_ && rank_->joined(); }
+  bool joined() const { return rank_ && rank_->joined(); }  // GIL held: close() cannot run
   pyb::dict status() const {
     const auto version = active_version();
     auto d = reports_.snapshot();
@@ -144,7 +155,7 @@ class rollout_handle {
   gate_meter meter_;
   python_adapter adapter_;
   report_keeper reports_;
-  std::unique_ptr<rollout_rank> rank_;  // last: stops before what it uses goes
+  std::shared_ptr<rollout_rank> rank_;  // last: stops before what it uses goes
 };
 
 }  // namespace
@@ -197,8 +208,9 @@ void cluster_bind(pyb::module_& m) {
       .def("joined", &rollout_handle::joined)
       .def("status", &rollout_handle::status)
       .def("close", &rollout_handle::close)
-      .def("gate_enter", [](rollout_handle& r) { return r.meter().enter(); })
-      .def("gate_exit", [](rollout_handle& r) { r.meter().exit(); })
+      .def(
+          "gate_enter", [](rollout_handle& r) { return std::make_unique<gate_ticket>(r.meter()); },
+          pyb::keep_alive<0, 1>())
       .def("reset_longest_wait", [](rollout_handle& r) { r.meter().reset(); });
 
   m.def(

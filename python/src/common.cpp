@@ -69,13 +69,47 @@ double gate_meter::enter() {
   return static_cast<double>(w) / 1e9;
 }
 
+void gate_ticket_bind(pyb::module_& m) {
+  pyb::class_<gate_ticket>(m, "GateTicket", "One generation step's hold on the gate.")
+      .def("exit", &gate_ticket::exit, "Leaves the gate (once; later calls do nothing).")
+      .def_property_readonly("waited", &gate_ticket::waited,
+                             "Seconds an install held this step back.");
+}
+
 python_adapter::python_adapter(pyb::object target) : target_(std::move(target)) {
   references_import_ = pyb::bool_(target_.attr("references_import"));
+  swaps_slots_ = pyb::hasattr(target_, "slots");
 }
 
 python_adapter::~python_adapter() {
   pyb::gil_scoped_acquire gil;
+  interrupt_.reset();
   target_ = pyb::object();
+}
+
+void python_adapter::take_interrupt() {
+  if (!interrupt_) return;
+  auto e = std::move(*interrupt_);
+  interrupt_.reset();
+  throw e;
+}
+
+void python_adapter::swap_slots(const update_id& id) {
+  // C API calls only (dict.pop, getattr and setattr of C properties): no bytecode, so no
+  // signal handler can run in the middle.
+  pyb::list slots = target_.attr("slots");
+  pyb::list staged = target_.attr("_staged").attr("pop")(id);
+  pyb::object active = target_.attr("_active");
+  if (active.is_none()) {
+    pyb::list own;
+    for (const auto& t : slots) own.append(t.attr("data"));
+    active = own;
+  }
+  const auto n = std::min(pyb::len(slots), pyb::len(staged));
+  for (std::size_t i = 0; i < n; ++i) slots[i].attr("data") = staged[i];
+  target_.attr("_spare") = active;
+  target_.attr("_active") = staged;
+  target_.attr("active_update") = pyb::str(id);
 }
 
 namespace {
@@ -129,43 +163,59 @@ result<void> run_copies(std::span<const imported_update* const> shards,
 }  // namespace
 
 result<void> python_adapter::stage(std::span<const imported_update* const> shards) {
+  const auto& id = shards.front()->manifest.update_id;
   std::vector<copy_job> jobs;
   {
     pyb::gil_scoped_acquire gil;
+    bool staged = false;
     try {
       pyb::list parts;
       for (const auto* u : shards) {
         parts.append(pyb::make_tuple(pyb::cast(u->manifest),
                                      segments_to_py(u->manifest.update_id, u->segments)));
       }
-      pyb::object asked = target_.attr("stage")(shards.front()->manifest.update_id, parts);
+      pyb::object asked = target_.attr("stage")(id, parts);
+      staged = true;
       if (!asked.is_none()) {
         for (const auto& item : asked) {
           auto t = item.cast<pyb::tuple>();
-          jobs.push_back({reinterpret_cast<std::byte*>(t[0].cast<std::uintptr_t>()),
-                          t[1].cast<std::size_t>(), t[2].cast<std::size_t>(),
-                          t[3].cast<std::uint64_t>(), t[4].cast<std::uint64_t>()});
+          copy_job j{reinterpret_cast<std::byte*>(t[0].cast<std::uintptr_t>()),
+                     t[1].cast<std::size_t>(), t[2].cast<std::size_t>(), t[3].cast<std::uint64_t>(),
+                     t[4].cast<std::uint64_t>()};
+          if (j.nbytes > 0) jobs.push_back(j);
         }
       }
     } catch (pyb::error_already_set& e) {
+      if (staged) discard(id);
+      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) {
+        interrupt_.emplace(std::move(e));
+        return make_error(errc::install_failed, "install interrupted (" + std::string(id) + ")");
+      }
       // A WeightSyncError from the installer carries its own text; anything else is named.
       if (e.matches(pyb::module_::import("wsync._errors").attr("WeightSyncError"))) {
         std::string message = pyb::str(e.value());
-        PyErr_Clear();
         return make_error(errc::install_failed, message);
       }
       return make_error(errc::install_failed, python_failure("install failed", e));
+    } catch (const std::exception& e) {
+      if (staged) discard(id);
+      return make_error(errc::install_failed,
+                        std::string("install failed: the installer's copy jobs: ") + e.what());
     }
   }
   if (jobs.empty()) return {};
   auto copied = run_copies(shards, jobs);
-  if (!copied) discard(shards.front()->manifest.update_id);
+  if (!copied) discard(id);
   return copied;
 }
 
 void python_adapter::activate(const update_id& id) noexcept {
   pyb::gil_scoped_acquire gil;
   try {
+    if (swaps_slots_) {
+      swap_slots(id);
+      return;
+    }
     target_.attr("activate")(id);
   } catch (pyb::error_already_set& e) {
     log_error(python_failure("activate raised (it must not)", e));

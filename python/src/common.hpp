@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "views.hpp"
@@ -64,11 +66,38 @@ struct gate_meter {
   void reset() { longest_wait_ns = 0; }
 };
 
+/// One generation step's hold on the gate, as a Python object: leaving it twice is harmless,
+/// and an object dropped without leaving (Ctrl-C between entering and the `try`) leaves in its
+/// destructor, so the gate is never held forever.
+class gate_ticket {
+ public:
+  explicit gate_ticket(gate_meter& meter) : meter_(&meter), waited_(meter.enter()) {}
+  ~gate_ticket() { exit(); }
+  gate_ticket(const gate_ticket&) = delete;
+  gate_ticket& operator=(const gate_ticket&) = delete;
+  void exit() {
+    if (meter_) std::exchange(meter_, nullptr)->exit();
+  }
+  double waited() const { return waited_; }
+
+ private:
+  gate_meter* meter_;
+  double waited_;
+};
+
+/// Binds gate_ticket (module init).
+void gate_ticket_bind(pyb::module_& m);
+
 /// An install_adapter whose stage/activate/discard are a Python object's methods:
 /// stage(update_id, shards) with shards a list of (Manifest, [Segment]), activate(update_id),
 /// discard(update_id), and the attribute references_import (bool). stage() may return copy
 /// jobs, (dest address, shard index, segment index, offset, nbytes) each, which the adapter runs
 /// after giving the GIL back: the bulk of an install never holds up other Python threads.
+/// An installer with a `slots` attribute (a list of tensors) is switched by the adapter itself,
+/// through the C API: each slot's `.data` becomes the staged list `_staged.pop(update_id)`, the
+/// previous tensors go to `_spare`. No Python bytecode runs, so a Ctrl-C cannot stop a switch
+/// half-way. A KeyboardInterrupt raised while staging fails the update and is kept for the
+/// caller to re-raise (take_interrupt).
 class python_adapter final : public install_adapter {
  public:
   explicit python_adapter(pyb::object target);
@@ -78,9 +107,16 @@ class python_adapter final : public install_adapter {
   void discard(const update_id& id) noexcept override;
   bool references_import() const override { return references_import_; }
 
+  /// Throws the KeyboardInterrupt (or SystemExit) that stopped the last stage, if any. GIL held.
+  void take_interrupt();
+
  private:
+  void swap_slots(const update_id& id);
+
   pyb::object target_;
   bool references_import_ = false;
+  bool swaps_slots_ = false;
+  std::optional<pyb::error_already_set> interrupt_;
 };
 
 /// Runs `fn` with SIGINT and SIGTERM left as they were in the calling thread: the cluster's

@@ -77,16 +77,19 @@ class consumer_half {
       : consumer_(lease_aware(unwrap(transport_make(transport_name, options).make_consumer())),
                   consumer_config{rank, verify_threads}) {}
 
+  // weight_consumer reads an update's bytes without its lock while importing and verifying,
+  // so a release from another Python thread must wait for those: ops_ serialises them (taken
+  // with the GIL released; nothing under it needs the GIL).
   pyb::list import_update(const weight_update_manifest& m) {
-    const imported_update* u = nullptr;
-    {
-      pyb::gil_scoped_release unlocked;
-      u = unwrap(consumer_.import_update(m));
-    }
+    pyb::gil_scoped_release unlocked;
+    std::lock_guard op(ops_);
+    const imported_update* u = unwrap(consumer_.import_update(m));
+    pyb::gil_scoped_acquire gil;
     return segments_to_py(m.update_id, u->segments);
   }
   void verify(const update_id& id) {
     pyb::gil_scoped_release unlocked;
+    std::lock_guard op(ops_);
     unwrap(consumer_.verify(id));
   }
   void mark_installed(const update_id& id) { unwrap(consumer_.mark_installed(id)); }
@@ -96,6 +99,7 @@ class consumer_half {
   }
   void release(const update_id& id) {
     pyb::gil_scoped_release unlocked;
+    std::lock_guard op(ops_);
     unwrap(consumer_.release(id));
   }
   std::string state(const update_id& id) const {
@@ -104,6 +108,7 @@ class consumer_half {
   weight_consumer& get() { return consumer_; }
 
  private:
+  std::mutex ops_;
   weight_consumer consumer_;
 };
 
@@ -124,6 +129,7 @@ class executor_handle {
       pyb::gil_scoped_release unlocked;
       r = executor_.update_weights(shards);
     }
+    adapter_.take_interrupt();  // Ctrl-C while staging: the update was rejected; now raise it
     pyb::dict out;
     out["update_id"] = r.id;
     out["weight_version"] = r.weight_version;
@@ -285,8 +291,9 @@ void halves_bind(pyb::module_& m) {
       .def("update_weights", &executor_handle::update_weights)
       .def("active_version", &executor_handle::active_version)
       .def("release_active", &executor_handle::release_active)
-      .def("gate_enter", [](executor_handle& e) { return e.meter().enter(); })
-      .def("gate_exit", [](executor_handle& e) { e.meter().exit(); })
+      .def(
+          "gate_enter", [](executor_handle& e) { return std::make_unique<gate_ticket>(e.meter()); },
+          pyb::keep_alive<0, 1>())
       .def("longest_wait",
            [](executor_handle& e) {
              return static_cast<double>(e.meter().longest_wait_ns.load()) / 1e9;
@@ -303,6 +310,7 @@ PYBIND11_MODULE(_wsync, m) {
   errors_bind(m);
   manifest_bind(m);
   halves_bind(m);
+  gate_ticket_bind(m);
   cluster_bind(m);
   m.def(
       "transports", [] { return wsync::builtin_transports().names(); },

@@ -94,3 +94,64 @@ def test_readers_only_ever_see_whole_versions():
     assert not torn, f"{len(torn)} forward passes saw a mix of versions"
     assert {s[0] for s in seen} >= set(range(1, versions)), "the reader missed a version"
     assert rollout.longest_wait() < 1.0
+
+
+def test_layouts_empty_tensors_and_devices_the_installer_must_handle():
+    class Odd(torch.nn.Module):
+        def __init__(self, seed):
+            super().__init__()
+            torch.manual_seed(seed)
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.empty = torch.nn.Parameter(torch.zeros(0, 4))
+            self.t = torch.nn.Parameter(torch.randn(6, 5).t())  # a transposed (strided) tensor
+
+    trainer, rollout_model = Odd(1), Odd(2).to(memory_format=torch.channels_last)
+    pub = wsync.SharedMemoryTensorBridge()
+    rollout = wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge(), model=rollout_model)
+    for v in (1, 2):
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(1.0)
+        m = pub.publish(trainer, weight_version=v)
+        rollout.update_weights(m)
+        pub.release(m.update_id)
+        for name, t in trainer.state_dict().items():
+            assert torch.equal(rollout_model.state_dict()[name], t), (v, name)
+    rollout.release_weights()
+    with pytest.raises(wsync.InvalidArgumentError, match="field device: meta"):
+        wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge(),
+                              model=torch.nn.Linear(2, 2, device="meta"))
+
+
+def test_ctrl_c_while_staging_rejects_the_update_and_reaches_the_caller():
+    import _thread
+
+    trainer, rollout_model = small_model(5), small_model(6)
+    pub = wsync.SharedMemoryTensorBridge()
+    rollout = wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge(), model=rollout_model)
+    m = pub.publish(trainer, weight_version=1)
+    rollout.update_weights(m)
+    pub.release(m.update_id)
+    before = {k: v.clone() for k, v in rollout_model.state_dict().items()}
+
+    stage = rollout.installer.stage
+
+    def interrupted_stage(update_id, shards):
+        _thread.interrupt_main()  # as if Ctrl-C came now
+        return stage(update_id, shards)
+
+    rollout.installer.stage = interrupted_stage
+    m = pub.publish({k: v + 1 for k, v in trainer.state_dict().items()}, weight_version=2)
+    with pytest.raises(KeyboardInterrupt):
+        rollout.update_weights(m)
+    rollout.installer.stage = stage
+    assert rollout.active_weight_version == 1
+    for k, v in rollout_model.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert not rollout.installer._staged
+    pub.release(m.update_id)
+    m = pub.publish({k: v + 2 for k, v in trainer.state_dict().items()}, weight_version=3)
+    rollout.update_weights(m)
+    assert rollout.active_weight_version == 3
+    pub.release(m.update_id)
+    rollout.release_weights()

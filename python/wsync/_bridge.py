@@ -211,12 +211,13 @@ class _Gate:
     @contextmanager
     def generating(self) -> Iterator[float]:
         """Runs the block as one generation step: it sees one whole version from start to end;
-        an install switches versions only between steps. Yields the seconds it waited."""
-        waited = self._handle.gate_enter()
+        an install switches versions only between steps. Yields the seconds an install held it
+        back."""
+        ticket = self._handle.gate_enter()  # leaves the gate when dropped, even on Ctrl-C here
         try:
-            yield waited
+            yield ticket.waited
         finally:
-            self._handle.gate_exit()
+            ticket.exit()
 
 
 class RolloutExecutor(_Gate):

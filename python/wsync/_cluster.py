@@ -7,12 +7,14 @@ Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``, else 0/1), the coordinator address an
 ``torchrun --nproc_per_node 4 train.py`` connects four trainer ranks with no extra arguments.
 """
 
+import atexit
 import concurrent.futures
 import json
 import os
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -82,6 +84,20 @@ def _tls(tls: Optional[Sequence[str]]) -> List[str]:
 
 def _node(node: Optional[str]) -> str:
     return node or os.environ.get("WSYNC_NODE") or socket.gethostname()
+
+
+# Ranks still open at interpreter exit are closed first: a rank's threads must not try to take
+# the GIL while the interpreter is being torn down.
+_open_ranks: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_ranks() -> None:
+    for rank in list(_open_ranks):
+        try:
+            rank.close()
+        except Exception:  # at exit: nothing left to report to
+            pass
 
 
 def _interruptible(fn, *args):
@@ -190,6 +206,7 @@ class TrainerRank:
             transport, {str(k): str(v) for k, v in (options or {}).items()}, model_id,
             int(outcome_timeout * 1000), _tls(tls))
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        _open_ranks.add(self)
 
     def _shard(self, source: Any) -> List[Tuple[str, torch.Tensor]]:
         pairs = _torch.named_tensors(source)
@@ -291,6 +308,7 @@ class RolloutRank(_Gate):
             _wsync.RolloutRank, host, port, _token(token), self.rank, _node(node), transport,
             {str(k): str(v) for k, v in (options or {}).items()}, model_id, bool(verify),
             int(join_timeout * 1000), _tls(tls), self.installer)
+        _open_ranks.add(self)
 
     @property
     def active_weight_version(self) -> int:

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from wsync import _torch
-from wsync._errors import InstallFailedError
+from wsync._errors import InstallFailedError, InvalidArgumentError
 
 
 def _update_tensors(shards) -> Dict[str, torch.Tensor]:
@@ -59,9 +59,16 @@ class ModuleInstaller:
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         self.model = model
         self.targets: Dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        for name, t in self.targets.items():
+            if t.device.type != "cpu":
+                raise InvalidArgumentError(
+                    f"model: tensor {name}: field device: {t.device}; this build of wsync "
+                    "installs into CPU modules only (no CUDA transport); install into a CPU "
+                    "copy and move it, or use a CPU model")
         # One slot per distinct tensor: tied names share it.
         self._slot_of: Dict[str, int] = {}
         self._slot_tensor: List[torch.Tensor] = []
+        self.slots = self._slot_tensor  # the extension switches these (python_adapter)
         by_id: Dict[int, int] = {}
         for name, t in self.targets.items():
             key = id(t)
@@ -110,9 +117,11 @@ class ModuleInstaller:
                 found[info.name] = (info.dtype, info.shape)
                 where[info.name] = (k, info.segment, info.offset, info.nbytes)
         self.check(update_id, found)
-        spare = self._spare
-        if spare is None:
-            spare = [torch.empty_like(t.data) for t in self._slot_tensor]
+        # Spares are plain row-major CPU tensors (the copies are byte copies): a slot whose
+        # previous tensor had another layout (channels_last, a transposed view) gets a fresh one.
+        spare = self._spare or [None] * len(self._slot_tensor)
+        spare = [s if s is not None and s.is_contiguous() else
+                 torch.empty(t.shape, dtype=t.dtype) for s, t in zip(spare, self._slot_tensor)]
         jobs = []
         done = set()
         for name, slot in self._slot_of.items():
@@ -124,7 +133,8 @@ class ModuleInstaller:
             if nbytes != dest.numel() * dest.element_size():
                 raise InstallFailedError(f"install: tensor {name}: field nbytes: {nbytes} "
                                          f"does not match its shape and dtype ({update_id})")
-            jobs.append((dest.data_ptr(), shard, segment, offset, nbytes))
+            if nbytes:
+                jobs.append((dest.data_ptr(), shard, segment, offset, nbytes))
         self._spare = None
         self._staged[update_id] = spare
         return jobs
