@@ -48,6 +48,9 @@ subcommand add_coordinator(CLI::App& app) {
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
   add_tls(coord, opt.listen.tls);
+  coord->add_flag("--insecure", opt.insecure,
+                  "listen on a non-loopback --host without TLS anyway (refused otherwise; warned "
+                  "at every start)");
   return {coord, [state] {
             return coordinator_start(*state);
           }};

@@ -17,6 +17,7 @@ struct subcommand {
 };
 
 subcommand add_bench(CLI::App& app);
+subcommand add_certs(CLI::App& app);
 subcommand add_coordinator(CLI::App& app);
 subcommand add_consumer(CLI::App& app);
 subcommand add_publisher(CLI::App& app);

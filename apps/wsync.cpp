@@ -34,9 +34,9 @@ int main(int argc, char** argv) {
                "merged) as TOML and exit")
       ->configurable(false);
   // In --help order: a braced list runs its calls left to right.
-  const std::vector<subcommand> subcommands = {add_bench(app),    add_coordinator(app),
-                                               add_consumer(app), add_publisher(app),
-                                               add_status(app),   add_demo(app)};
+  const std::vector<subcommand> subcommands = {
+      add_bench(app),  add_coordinator(app), add_consumer(app), add_publisher(app),
+      add_status(app), add_demo(app),        add_certs(app)};
 
   launcher_environment();
   try {

@@ -1,6 +1,10 @@
 // The coordinator actor: authenticates ranks, feeds their messages to the coordinator_book and
 // carries out the effects the book returns. All decisions live in the book.
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -384,7 +388,44 @@ proto::coordinator_actor coordinator_spawn(caf::actor_system& sys, std::string t
       });
 }
 
+bool host_is_loopback(const std::string& host) {
+  if (host.empty()) return false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found) return false;
+  bool all = true;
+  for (auto* a = found; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      auto ip = ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr);
+      all = all && (ip >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      all = all &&
+            IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    } else {
+      all = false;
+    }
+  }
+  ::freeaddrinfo(found);
+  return all;
+}
+
 int coordinator_run(const coordinator_options& options) {
+  // Off loopback, a coordinator without TLS lets any host that reaches the port speak CAF's
+  // protocol to it; the token guards every state change, but not the transport.
+  if (!options.listen.tls.enabled() && !host_is_loopback(options.listen.host)) {
+    if (!options.insecure) {
+      log_error("coordinator: refusing to listen on '" + options.listen.host +
+                "' without TLS: every host that reaches the port could talk to the cluster's "
+                "control plane. Give --tls-cert, --tls-key and --tls-ca (`wsync certs` makes "
+                "them), listen on 127.0.0.1, or accept the risk with --insecure");
+      return 2;
+    }
+    log_warn("coordinator: listening on '" + options.listen.host +
+             "' without TLS (--insecure): the control plane is open to every host that reaches "
+             "the port");
+  }
   cluster_system sys(options.heartbeat, options.listen.tls);
   book_config config;
   config.update_deadline = options.update_deadline;

@@ -161,3 +161,15 @@ TEST_F(coordinator_actor_test, this_process_can_stop_it) {
 
 }  // namespace
 }  // namespace wsync
+
+TEST(host_is_loopback, only_addresses_that_stay_on_this_machine) {
+  EXPECT_TRUE(wsync::host_is_loopback("127.0.0.1"));
+  EXPECT_TRUE(wsync::host_is_loopback("127.1.2.3"));
+  EXPECT_TRUE(wsync::host_is_loopback("::1"));
+  EXPECT_TRUE(wsync::host_is_loopback("localhost"));
+  EXPECT_FALSE(wsync::host_is_loopback(""));
+  EXPECT_FALSE(wsync::host_is_loopback("0.0.0.0"));
+  EXPECT_FALSE(wsync::host_is_loopback("::"));
+  EXPECT_FALSE(wsync::host_is_loopback("10.1.2.3"));
+  EXPECT_FALSE(wsync::host_is_loopback("no-such-host.invalid"));
+}

@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
-# TLS between cluster processes (CAF's OpenSSL module): a coordinator, a consumer and a publisher
-# with certificates from a test CA commit a version; a peer without TLS cannot reach the
-# coordinator at all.
+# TLS between cluster processes (CAF's OpenSSL module), with certificates from `wsync certs`: a
+# coordinator, a consumer and a publisher commit versions; neither a peer without TLS nor one
+# with a certificate from another CA can reach the coordinator. Off loopback, a coordinator
+# without TLS is refused unless --insecure (then it warns).
 wsync=$(readlink -f "$1")
 name=cluster_tls
 source "$(dirname "$0")/processes.sh"
 command -v openssl >/dev/null || fail "openssl is not installed (scripts/bootstrap.sh installs it)"
 cd "$work"
-openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=wsync-test-ca" \
-  -keyout ca.key -out ca.pem >/dev/null 2>&1 || fail "cannot make a CA"
-openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout node.key -out node.csr \
-  >/dev/null 2>&1 || fail "cannot make a key"
-openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out node.pem \
-  >/dev/null 2>&1 || fail "cannot sign the certificate"
-export WSYNC_TOKEN=tls-token WSYNC_TLS_CERT="$work/node.pem" WSYNC_TLS_KEY="$work/node.key" \
-  WSYNC_TLS_CA="$work/ca.pem"
+"$wsync" certs --out "$work/pki" --nodes localhost,10.1.2.3 >"$work/certs.log" 2>&1 ||
+  fail "wsync certs failed: $(cat "$work/certs.log")"
+[ "$(stat -c %a "$work/pki/localhost.key")" = 600 ] || fail "a key is not mode 0600"
+[ "$(stat -c %a "$work/pki/ca.key")" = 600 ] || fail "the CA key is not mode 0600"
+openssl verify -CAfile "$work/pki/ca.pem" "$work/pki/localhost.pem" "$work/pki/10.1.2.3.pem" \
+  >/dev/null || fail "node certificates do not verify against the CA"
+"$wsync" certs --out "$work/pki" --nodes localhost >/dev/null 2>&1 &&
+  fail "wsync certs overwrote an existing set"
+# A second, unrelated CA: its certificates must not get in.
+"$wsync" certs --out "$work/rogue" --nodes localhost >/dev/null 2>&1 || fail "second CA failed"
+
+# Off loopback without TLS: refused, or warned with --insecure.
+export WSYNC_TOKEN=tls-token
+out=$(timeout 10 "$wsync" coordinator --host 0.0.0.0 --port 0 2>&1)
+[ $? -eq 2 ] || fail "a coordinator on 0.0.0.0 without TLS was not refused: $out"
+grep -q "refusing to listen on '0.0.0.0' without TLS" <<<"$out" || fail "no clear refusal: $out"
+"$wsync" coordinator --host 0.0.0.0 --port 0 --insecure --port-file "$work/insecure-port" \
+  >"$work/insecure.log" 2>&1 &
+insecure=$!
+pids+=("$insecure")
+for _ in $(seq 200); do [ -s "$work/insecure-port" ] && break; sleep 0.05; done
+[ -s "$work/insecure-port" ] || fail "--insecure coordinator did not start"
+grep -q "without TLS (--insecure)" "$work/insecure.log" || fail "--insecure did not warn"
+kill -TERM "$insecure"
+wait "$insecure"
+
+export WSYNC_TLS_CERT="$work/pki/localhost.pem" WSYNC_TLS_KEY="$work/pki/localhost.key" \
+  WSYNC_TLS_CA="$work/pki/ca.pem"
 layout=synthetic:1048576:4
 "$wsync" coordinator --port 0 --port-file "$work/port" >"$work/coordinator.log" 2>&1 &
 pids+=("$!")
@@ -33,6 +54,15 @@ done
 [ "$(grep -c '"phase":"committed"' "$work/publisher.log")" -eq 2 ] || fail "versions not committed"
 out=$(env -u WSYNC_TLS_CERT -u WSYNC_TLS_KEY -u WSYNC_TLS_CA timeout 20 \
   "$wsync" status --coordinator "$addr" --json 2>&1) && fail "a peer without TLS got an answer: $out"
+out=$(WSYNC_TLS_CERT="$work/rogue/localhost.pem" WSYNC_TLS_KEY="$work/rogue/localhost.key" \
+  WSYNC_TLS_CA="$work/rogue/ca.pem" timeout 20 "$wsync" status --coordinator "$addr" --json 2>&1) &&
+  fail "a peer with another CA's certificate got an answer: $out"
+# The rogue peer trusting our CA but holding its own CA's certificate: refused too.
+out=$(WSYNC_TLS_CERT="$work/rogue/localhost.pem" WSYNC_TLS_KEY="$work/rogue/localhost.key" \
+  timeout 20 "$wsync" status --coordinator "$addr" --json 2>&1) &&
+  fail "a peer with a certificate our CA did not sign got an answer: $out"
+"$wsync" status --coordinator "$addr" --json >/dev/null 2>&1 ||
+  fail "the coordinator did not survive the rogue peers"
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait
 echo "cluster_tls: pass"

@@ -61,7 +61,13 @@ struct coordinator_options {
   std::chrono::milliseconds update_deadline{30000};  ///< first shard to commit
   std::chrono::milliseconds heartbeat{200};          ///< CAF heartbeat; peers time out at 5x
   update_router router;                              ///< empty: every rank from the publishers
+  /// Listen on a non-loopback address without TLS anyway (refused otherwise).
+  bool insecure = false;
 };
+
+/// True when every address `host` resolves to is a loopback one (127.0.0.0/8, ::1); false for
+/// "", 0.0.0.0 and anything that reaches beyond this machine.
+bool host_is_loopback(const std::string& host);
 int coordinator_run(const coordinator_options& options);
 
 class reference_runtime;
