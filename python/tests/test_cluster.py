@@ -72,8 +72,8 @@ def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinat
     trainer.wait()
     time.sleep(1.0)  # what the coordinator does about the lost trainer has happened
     (tmp_path / "done").touch()
-    # The dead trainer could not unlink its slots; the restarted one sweeps them and goes on.
-    assert shm_entries([trainer.pid]), "expected the killed trainer's slots to be orphaned"
+    # The dead trainer could not unlink its slots; the restarted one sweeps them and goes on
+    # (any publisher starting on this host sweeps them: another test's may get there first).
     resumed = start(["resumed-trainer", str(tmp_path), nbytes], env, log)
     assert finish([resumed, rollout]) == [0, 0], open(tmp_path / "roles.log").read()[-4000:]
     log.close()
