@@ -310,25 +310,29 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       [=](publish_atom, const std::string& given,
           const std::string& manifest_json) -> caf::result<std::string, std::string> {
         const auto& st = self->state;
-        auto refuse = [&](const std::string& why) -> caf::result<std::string, std::string> {
-          return {st.token, json{{"error", why}}.dump()};
+        // The code lets a trainer raise the right error class (the Python module does).
+        auto refuse = [&](const std::string& why,
+                          errc code =
+                              errc::invalid_argument) -> caf::result<std::string, std::string> {
+          return {st.token, json{{"error", why}, {"code", errc_name(code)}}.dump()};
         };
         const auto* m = sender_member(self);
         if (given != st.token || !m || m->role != rank_role::publisher) {
           log_warn(
               "coordinator: refused a publish from a peer that did not join as a publisher"
               " with the cluster token");
-          return {std::string(),
-                  json{{"error", "publish refused: token: not a joined publisher"}}.dump()};
+          return {std::string(), json{{"error", "publish refused: token: not a joined publisher"},
+                                      {"code", "invalid_argument"}}
+                                     .dump()};
         }
         auto manifest = manifest_from_json(manifest_json);
-        if (!manifest) return refuse(manifest.error().message);
+        if (!manifest) return refuse(manifest.error().message, manifest.error().code);
         if (manifest->source_rank != m->rank) {
           return refuse("publish refused: source_rank " + std::to_string(manifest->source_rank) +
                         " differs from the joined rank " + std::to_string(m->rank));
         }
         auto effects = self->state.book.publish(*manifest, coord_clock::now());
-        if (!effects) return refuse(effects.error().message);
+        if (!effects) return refuse(effects.error().message, effects.error().code);
         auto key = update_key(manifest->model_id, manifest->weight_version);
         auto rp = self->make_response_promise<std::string, std::string>();
         self->state.waiting[key].push_back(rp);

@@ -66,7 +66,9 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
       [=](publish_atom, const std::string& token, const std::string& key, const std::string& id,
           const std::string& manifest) -> caf::result<std::string> {
         if (token != hello.token) {
-          return json{{"error", "publish refused: token: not from this process"}}.dump();
+          return json{{"error", "publish refused: token: not from this process"},
+                      {"code", "invalid_argument"}}
+              .dump();
         }
         {
           std::lock_guard lock(side->mutex);
@@ -80,7 +82,8 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
                   rp.deliver(
                       reply_token == hello.token
                           ? outcome
-                          : json{{"error", "the coordinator refused the cluster token: " + outcome}}
+                          : json{{"error", "the coordinator refused the cluster token: " + outcome},
+                                 {"code", "invalid_argument"}}
                                 .dump());
                 },
                 [=](caf::error& err) mutable {
@@ -200,13 +203,13 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
   auto& o = impl_->options;
   if (impl_->side->coordinator_lost) {
     log_warn("publisher rank " + std::to_string(o.rank) + ": coordinator lost; reconnecting");
-    if (auto ok = impl_->rejoin(); !ok) return out.error = ok.error().message, out;
+    if (auto ok = impl_->rejoin(); !ok) return out.fail(ok.error()), out;
     log_info("publisher rank " + std::to_string(o.rank) + ": reconnected to the coordinator");
   }
   auto t0 = std::chrono::steady_clock::now();
   auto m = impl_->side->publisher->publish(tensors, weight_version, {}, std::move(metadata));
   out.publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!m) return out.error = m.error().message, out;
+  if (!m) return out.fail(m.error()), out;
   auto key = update_key(m->model_id, weight_version);
   caf::scoped_actor self{impl_->sys.get()};
   self->request(impl_->endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value,
@@ -216,6 +219,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
             auto j = json::parse(outcome, nullptr, false);
             if (j.is_discarded() || j.contains("error")) {
               out.error = j.is_object() ? j.value("error", outcome) : outcome;
+              out.error_code = j.is_object() ? j.value("code", "io_error") : "io_error";
               return;
             }
             j["publish_s"] = out.publish_s;
@@ -223,7 +227,9 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
             out.committed = j.value("phase", std::string()) == "committed";
             if (!out.committed) out.error = "update " + key + " aborted: " + j.value("reason", "");
           },
-          [&](caf::error& err) { out.error = impl_->sys.get().render(err); });
+          [&](caf::error& err) {
+            out.fail(make_error(errc::io_error, impl_->sys.get().render(err)));
+          });
   // A refused or failed version still holds its slot until the coordinator releases it; a
   // refusal never reaches the coordinator's books, so give that memory back here.
   if (!out.error.empty() && out.outcome_json.empty())

@@ -47,6 +47,17 @@ std::string_view dtype_name(dtype t) {
   return info ? info->name : std::string_view{"invalid"};
 }
 
+std::string_view dtype_torch_name(dtype t) {
+  const auto* info = find(t);
+  return info ? info->torch_name : std::string_view{"invalid"};
+}
+
+std::vector<dtype> dtype_all() {
+  std::vector<dtype> out;
+  for (const auto& info : table) out.push_back(info.type);
+  return out;
+}
+
 std::optional<dtype> dtype_parse(std::string_view name) {
   for (const auto& info : table) {
     if (name == info.name || name == info.torch_name) return info.type;

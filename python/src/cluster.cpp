@@ -50,6 +50,7 @@ class trainer_handle {
     pyb::dict d;
     d["committed"] = out.committed;
     d["error"] = out.error;
+    d["error_code"] = out.error_code;
     d["outcome_json"] = out.outcome_json;
     d["publish_s"] = out.publish_s;
     return d;
@@ -89,17 +90,9 @@ class report_keeper final : public consumer_observer {
     d["installed"] = installed_;
     d["rejected"] = rejected_;
     if (updates_ > 0) {
-      pyb::dict l;
+      pyb::dict l = report_to_py(last_);
       l["key"] = last_key_;
-      l["update_id"] = last_.id;
-      l["weight_version"] = last_.weight_version;
-      l["acknowledged"] = last_.acknowledged;
-      l["error"] = last_.failure ? pyb::cast(last_.failure->message) : pyb::none();
       l["bytes"] = last_bytes_;
-      l["import_s"] = last_.timings.import;
-      l["verify_s"] = last_.timings.verify;
-      l["install_s"] = last_.timings.install;
-      l["total_s"] = last_.timings.total;
       d["last_update"] = l;
     } else {
       d["last_update"] = pyb::none();

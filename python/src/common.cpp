@@ -23,6 +23,25 @@ void errors_bind(pyb::module_& m) {
   });
 }
 
+pyb::dict report_to_py(const rollout_report& r) {
+  pyb::dict out;
+  out["update_id"] = r.id;
+  out["weight_version"] = r.weight_version;
+  out["acknowledged"] = r.acknowledged;
+  out["error_code"] = r.failure ? pyb::cast(std::string(errc_name(r.failure->code))) : pyb::none();
+  out["error"] = r.failure ? pyb::cast(r.failure->message) : pyb::none();
+  out["released"] = r.released;
+  pyb::dict t;
+  t["import"] = r.timings.import;
+  t["verify"] = r.timings.verify;
+  t["install"] = r.timings.install;
+  t["ack"] = r.timings.ack;
+  t["release"] = r.timings.release;
+  t["total"] = r.timings.total;
+  out["timings"] = t;
+  return out;
+}
+
 std::vector<tensor_source> sources_from(const pyb::list& tensors) {
   std::vector<tensor_source> out;
   out.reserve(tensors.size());

@@ -20,6 +20,7 @@
 #include "wsync/manifest/result.hpp"
 #include "wsync/runtime/generation_gate.hpp"
 #include "wsync/runtime/install_adapter.hpp"
+#include "wsync/runtime/rollout_executor.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync::py {
@@ -43,6 +44,10 @@ inline void unwrap(result<void> r) {
 [[noreturn]] inline void raise(errc code, std::string message) {
   throw raised{make_error(code, std::move(message))};
 }
+
+/// What an executor did with one update, as a dict: update_id, weight_version, acknowledged,
+/// error_code and error (None when acknowledged), released, and timings (seconds per stage).
+pyb::dict report_to_py(const rollout_report& r);
 
 /// Registers the translator (module init).
 void errors_bind(pyb::module_& m);

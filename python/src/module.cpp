@@ -130,23 +130,7 @@ class executor_handle {
       r = executor_.update_weights(shards);
     }
     adapter_.take_interrupt();  // Ctrl-C while staging: the update was rejected; now raise it
-    pyb::dict out;
-    out["update_id"] = r.id;
-    out["weight_version"] = r.weight_version;
-    out["acknowledged"] = r.acknowledged;
-    out["error_code"] =
-        r.failure ? pyb::cast(std::string(errc_name(r.failure->code))) : pyb::none();
-    out["error"] = r.failure ? pyb::cast(r.failure->message) : pyb::none();
-    out["released"] = r.released;
-    pyb::dict t;
-    t["import"] = r.timings.import;
-    t["verify"] = r.timings.verify;
-    t["install"] = r.timings.install;
-    t["ack"] = r.timings.ack;
-    t["release"] = r.timings.release;
-    t["total"] = r.timings.total;
-    out["timings"] = t;
-    return out;
+    return report_to_py(r);
   }
   // The executor's lock may be held by an install that waits for the GIL: never wait for it
   // while holding the GIL.
@@ -329,6 +313,31 @@ PYBIND11_MODULE(_wsync, m) {
       pybind11::arg("name"),
       "A model layout's tensors as (name, dtype, shape): a real checkpoint's (\"qwen2.5-0.5b\", "
       "...) or \"synthetic:<bytes>:<tensors>\".");
+  m.def(
+      "dtype_parse",
+      [](const std::string& name) -> std::optional<std::string> {
+        auto t = wsync::dtype_parse(name);
+        if (!t) return std::nullopt;
+        return std::string(wsync::dtype_name(*t));
+      },
+      pybind11::arg("name"), "The wire name of a dtype spelled the wsync or the torch way; None.");
+  m.def(
+      "dtype_torch_name",
+      [](const std::string& wire) {
+        auto t = wsync::dtype_parse(wire);
+        return t ? std::string(wsync::dtype_torch_name(*t)) : wire;
+      },
+      pybind11::arg("wire"),
+      "torch's attribute name for a wire dtype name (\"bf16\" -> "
+      "\"bfloat16\").");
+  m.def(
+      "dtype_names",
+      [] {
+        std::vector<std::string> out;
+        for (auto t : wsync::dtype_all()) out.emplace_back(wsync::dtype_name(t));
+        return out;
+      },
+      "Every wire dtype name wsync carries.");
   m.def("releases_pending", &releases_pending,
         "Update ids whose release waits for views still alive in this process.");
 }

@@ -83,3 +83,16 @@ def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinat
     coordinator.stop()
     left = shm_entries([trainer.pid, resumed.pid, rollout.pid])
     assert left == set(), f"left in /dev/shm: {sorted(left)}"
+
+
+def test_a_refused_publish_raises_the_class_of_its_error_code(coordinator):
+    import wsync
+
+    where = dict(coordinator=coordinator.address, token=coordinator.token)
+    with wsync.RolloutRank(model=torch.nn.Linear(2, 2), rank=0, **where), \
+            wsync.TrainerRank(model=torch.nn.Linear(2, 2), rank=0, ranks=1, **where) as trainer:
+        wsync.wait_for_consumers(1, timeout=30, **where)
+        assert trainer.publish(weight_version=1).committed
+        with pytest.raises(wsync.VersionNotMonotonicError,
+                           match="weight_version must increase monotonically"):
+            trainer.publish(weight_version=1)

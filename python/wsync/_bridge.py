@@ -20,7 +20,8 @@ from wsync import _torch
 from wsync import _wsync
 from wsync._errors import (IllegalTransitionError, InvalidArgumentError, UnknownUpdateError,
                            error_for)
-from wsync._install import ModuleInstaller, ViewInstaller, encode_metadata
+from wsync._install import ModuleInstaller, ViewInstaller
+from wsync._text import encode_metadata, options_text
 
 Manifest = _wsync.Manifest
 
@@ -53,7 +54,7 @@ class WeightBridge:
         self.source_worker = source_worker or ""
         self.source_rank = int(source_rank)
         self.model_id = model_id
-        self.options = {str(k): str(v) for k, v in (options or {}).items()}
+        self.options = options_text(options)
         self._publisher_args = (int(max_segment_bytes), int(copy_threads),
                                 int(slot_wait_s * 1000))
         self._verify_threads = int(verify_threads)
@@ -119,12 +120,10 @@ class WeightBridge:
         if verify:
             try:
                 c.verify(manifest.update_id)
-            except Exception as e:  # rejected already by the core; give the bytes back
+            except Exception:  # rejected already by the core; give the bytes back
                 del segments
-                try:
-                    c.release(manifest.update_id)
-                finally:
-                    raise e
+                c.release(manifest.update_id)
+                raise
         out: Dict[str, torch.Tensor] = {}
         _torch.views_of(manifest, segments, out)
         return out

@@ -23,7 +23,8 @@ from wsync import _torch
 from wsync import _wsync
 from wsync._bridge import _Gate
 from wsync._errors import InvalidArgumentError, WeightSyncTimeoutError, error_for
-from wsync._install import ModuleInstaller, encode_metadata
+from wsync._install import ModuleInstaller
+from wsync._text import encode_metadata, options_text
 
 
 def _env_int(*names: str, default: int) -> int:
@@ -203,7 +204,7 @@ class TrainerRank:
         self.model_id = model_id
         self._handle = _interruptible(
             _wsync.TrainerRank, host, port, _token(token), self.rank, self.ranks, _node(node),
-            transport, {str(k): str(v) for k, v in (options or {}).items()}, model_id,
+            transport, options_text(options), model_id,
             int(outcome_timeout * 1000), _tls(tls))
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         _open_ranks.add(self)
@@ -233,7 +234,7 @@ class TrainerRank:
 
         raw = _interruptible(call)
         if raw["error"] and not raw["outcome_json"]:
-            raise _publish_error(raw["error"])
+            raise error_for(raw["error_code"] or "io_error", raw["error"])
         return UpdateOutcome(raw)
 
     def publish_async(self, model: Any = None, weight_version: Optional[int] = None,
@@ -259,17 +260,6 @@ class TrainerRank:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _publish_error(text: str):
-    code = "invalid_argument"
-    if "weight_version must increase monotonically" in text:
-        code = "version_not_monotonic"
-    elif "cannot reach the coordinator" in text or "coordinator" in text and "lost" in text:
-        code = "io_error"
-    elif "timed out" in text or "timeout" in text:
-        code = "timeout"
-    return error_for(code, text)
 
 
 class RolloutRank(_Gate):
@@ -306,7 +296,7 @@ class RolloutRank(_Gate):
         self.installer = ModuleInstaller(model)
         self._handle = _interruptible(
             _wsync.RolloutRank, host, port, _token(token), self.rank, _node(node), transport,
-            {str(k): str(v) for k, v in (options or {}).items()}, model_id, bool(verify),
+            options_text(options), model_id, bool(verify),
             int(join_timeout * 1000), _tls(tls), self.installer)
         _open_ranks.add(self)
 

@@ -1,11 +1,12 @@
 """Installers: how an executor's update gets into Python objects, in two steps.
 
 ``stage(update_id, shards)`` runs outside the generation gate and may fail (the previous version
-stays); ``activate(update_id)`` runs under the exclusive side of the gate and only swaps
-references, so readers wait for the switch alone, never for a copy.
+stays); the switch runs under the exclusive side of the gate and only swaps references, so
+readers wait for the switch alone, never for a copy. ViewInstaller switches in ``activate``;
+ModuleInstaller exposes ``slots`` and the extension switches those itself (python_adapter in
+python/src/common.hpp), through the C API, so a Ctrl-C cannot stop it half-way.
 """
 
-import json
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -47,8 +48,8 @@ class ModuleInstaller:
     stage() checks the update against the module (names, shapes, dtypes: the first mismatch
     fails the install) and has the extension copy it, without the GIL, into a spare set of
     tensors beside the active one;
-    activate() points each parameter's ``.data`` at the spare set, which then holds the
-    previous version and becomes the next spare. Tied tensors (one tensor under two names) stay
+    the switch (the extension's, over ``slots``) points each parameter's ``.data`` at the spare
+    set, which then holds the previous version and becomes the next spare. Tied tensors (one tensor under two names) stay
     tied. Memory: one extra copy of the model.
     """
 
@@ -139,28 +140,7 @@ class ModuleInstaller:
         self._staged[update_id] = spare
         return jobs
 
-    def activate(self, update_id: str) -> None:
-        staged = self._staged.pop(update_id)
-        if self._active is None:  # the module's own tensors: they become the first spare
-            self._active = [t.data for t in self._slot_tensor]
-        for t, new in zip(self._slot_tensor, staged):
-            t.data = new
-        self._spare, self._active = self._active, staged
-        self.active_update = update_id
-
     def discard(self, update_id: str) -> None:
         staged = self._staged.pop(update_id, None)
         if staged is not None and self._spare is None:
             self._spare = staged
-
-
-def encode_metadata(metadata) -> Dict[str, str]:
-    """Manifest metadata is text: str values go as they are, others as JSON text."""
-    if metadata is None:
-        return {}
-    out = {}
-    for k, v in dict(metadata).items():
-        if not isinstance(k, str):
-            raise TypeError(f"metadata keys must be str, got {k!r}")
-        out[k] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-    return out

@@ -11,28 +11,20 @@ from typing import Any, Dict, Iterable, List, Mapping, Tuple
 
 import torch
 
+from wsync import _wsync
 from wsync._errors import InvalidArgumentError
 
-_TORCH_TO_WSYNC = {
-    torch.float64: "f64",
-    torch.float32: "f32",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "bool",
-}
-for _name, _wire in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")):
-    if hasattr(torch, _name):
-        _TORCH_TO_WSYNC[getattr(torch, _name)] = _wire
+# The core's dtype table (wire name -> torch attribute name), resolved against this torch.
+_TORCH_TO_WSYNC = {}
+for _wire in _wsync.dtype_names():
+    _dt = getattr(torch, _wsync.dtype_torch_name(_wire), None)
+    if isinstance(_dt, torch.dtype):
+        _TORCH_TO_WSYNC[_dt] = _wire
 
 _WSYNC_TO_TORCH = {wire: dt for dt, wire in _TORCH_TO_WSYNC.items()}
 # A torch without float8 types (before 2.1) gets fp8 tensors as their raw bytes.
-_WSYNC_TO_TORCH.setdefault("fp8_e4m3", torch.uint8)
-_WSYNC_TO_TORCH.setdefault("fp8_e5m2", torch.uint8)
+for _wire in _wsync.dtype_names():
+    _WSYNC_TO_TORCH.setdefault(_wire, torch.uint8)
 
 
 _ITEMSIZE = {dt: torch.tensor([], dtype=dt).element_size() for dt in set(_WSYNC_TO_TORCH.values())}

@@ -146,8 +146,13 @@ struct trainer_options {
 struct publish_outcome {
   bool committed = false;
   std::string error;         ///< set when the publish failed before an outcome
+  std::string error_code;    ///< errc_name() of that failure ("" when there is none)
   std::string outcome_json;  ///< the coordinator's table: phase, reason, every rank's state
   double publish_s = 0;      ///< this rank's copy + checksum + expose time
+  void fail(const wsync::error& e) {
+    error = e.message;
+    error_code = std::string(errc_name(e.code));
+  }
 };
 
 /// The library API of a trainer rank: join the cluster, then publish this rank's shard of each

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace wsync {
 
@@ -26,6 +27,11 @@ enum class dtype {
 std::size_t dtype_itemsize(dtype t);
 /// Wire name: "f64", "bf16", "fp8_e4m3", "bool", ...
 std::string_view dtype_name(dtype t);
+/// torch's attribute name for it ("bfloat16", "float8_e4m3fn", ...), as vLLM's dtype_names spell
+/// it.
+std::string_view dtype_torch_name(dtype t);
+/// Every dtype, in table order.
+std::vector<dtype> dtype_all();
 /// Parses a wire name; also accepts torch spellings ("bfloat16", "float32", "float8_e4m3fn", ...).
 std::optional<dtype> dtype_parse(std::string_view name);
 
