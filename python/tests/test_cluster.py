@@ -70,7 +70,14 @@ def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinat
     time.sleep(0.01)
     trainer.send_signal(signal.SIGKILL)
     trainer.wait()
-    time.sleep(1.0)  # what the coordinator does about the lost trainer has happened
+    # Wait until the coordinator has noticed the lost trainer (its rank left the table).
+    import wsync
+
+    where = dict(coordinator=coordinator.address, token=coordinator.token)
+    deadline = time.monotonic() + 30
+    while any(r.get("role") == "publisher" for r in wsync.coordinator_status(**where)["ranks"]):
+        assert time.monotonic() < deadline, "the coordinator never noticed the killed trainer"
+        time.sleep(0.02)
     (tmp_path / "done").touch()
     # The dead trainer could not unlink its slots; the restarted one sweeps them and goes on
     # (any publisher starting on this host sweeps them: another test's may get there first).
