@@ -29,6 +29,14 @@ std::vector<std::string> inputs_of(const toml::node& node, const std::string& ke
   return out;
 }
 
+// CLI11 reads the item names "++" and "--" as "open" and "close a section": TOML allows them as
+// bare keys, so a key made only of those marks is refused rather than taken for one.
+void check_key(const std::string& key, const std::string& where) {
+  if (key == "++" || key == "--") {
+    throw CLI::ConfigError("config: " + where + ": not a setting name");
+  }
+}
+
 }  // namespace
 
 std::vector<CLI::ConfigItem> toml_config::from_config(std::istream& input) const {
@@ -43,11 +51,13 @@ std::vector<CLI::ConfigItem> toml_config::from_config(std::istream& input) const
   std::vector<CLI::ConfigItem> out;
   for (const auto& [key, node] : root) {
     std::string name(key.str());
+    check_key(name, name);
     if (const auto* section = node.as_table()) {
       // A [section] is a subcommand: CLI11 expects it opened ("++") and closed ("--").
       out.push_back({{name}, "++", {}});
       for (const auto& [inner_key, value] : *section) {
         std::string inner(inner_key.str());
+        check_key(inner, name + "." + inner);
         if (value.is_table()) {
           throw CLI::ConfigError("config: " + name + "." + inner +
                                  ": nested tables are not settings (one [section] per subcommand)");

@@ -22,6 +22,8 @@ namespace wsync {
 namespace {
 
 using json = nlohmann::json;
+// Every dump below replaces invalid UTF-8 (a reason quoting bytes a peer sent) instead of
+// throwing inside an actor.
 using namespace proto;
 
 constexpr auto tick_interval = std::chrono::milliseconds(200);
@@ -139,7 +141,7 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         if (u->phase == update_phase::committed) ++st.committed;
         log_info("update " + e.key + " " + std::string(update_phase_name(u->phase)) +
                  (u->reason.empty() ? "" : ": " + u->reason));
-        auto text = outcome_json(*u).dump();
+        auto text = outcome_json(*u).dump(-1, ' ', false, json::error_handler_t::replace);
         for (auto& rp : st.waiting[e.key]) rp.deliver(st.token, text);
         st.waiting.erase(e.key);
         break;
@@ -211,7 +213,7 @@ std::string status_json(coordinator_state& st) {
               {"committed_version", committed_version},
               {"ranks", std::move(ranks)},
               {"updates", std::move(updates)}}
-      .dump();
+      .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 const member* sender_member(coordinator_pointer self) {
@@ -314,7 +316,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         auto refuse = [&](const std::string& why,
                           errc code =
                               errc::invalid_argument) -> caf::result<std::string, std::string> {
-          return {st.token, json{{"error", why}, {"code", errc_name(code)}}.dump()};
+          return {st.token, json{{"error", why}, {"code", errc_name(code)}}.dump(
+                                -1, ' ', false, json::error_handler_t::replace)};
         };
         const auto* m = sender_member(self);
         if (given != st.token || !m || m->role != rank_role::publisher) {
@@ -323,7 +326,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
               " with the cluster token");
           return {std::string(), json{{"error", "publish refused: token: not a joined publisher"},
                                       {"code", "invalid_argument"}}
-                                     .dump()};
+                                     .dump(-1, ' ', false, json::error_handler_t::replace)};
         }
         auto manifest = manifest_from_json(manifest_json);
         if (!manifest) return refuse(manifest.error().message, manifest.error().code);
@@ -371,7 +374,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         run_effects(self, *effects);
       },
       [=](status_atom, const std::string& given) -> std::string {
-        if (given != self->state.token) return json{{"error", "status refused: token"}}.dump();
+        if (given != self->state.token)
+          return json{{"error", "status refused: token"}}.dump(-1, ' ', false,
+                                                               json::error_handler_t::replace);
         return status_json(self->state);
       },
       [=](tick_atom) {

@@ -23,6 +23,8 @@ namespace {
 
 using namespace proto;
 using json = nlohmann::json;
+// Every dump below replaces invalid UTF-8 (a reason quoting bytes a peer sent) instead of
+// throwing inside an actor.
 
 struct publisher_side {
   std::unique_ptr<weight_publisher> publisher;
@@ -59,7 +61,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
     }
     side->coordinator_lost = true;
     auto why = json{{"error", "the coordinator went away: " + self->system().render(msg.reason)}};
-    for (auto& rp : *pending) rp.deliver(why.dump());
+    for (auto& rp : *pending) rp.deliver(why.dump(-1, ' ', false, json::error_handler_t::replace));
     pending->clear();
   });
   return {
@@ -68,7 +70,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
         if (token != hello.token) {
           return json{{"error", "publish refused: token: not from this process"},
                       {"code", "invalid_argument"}}
-              .dump();
+              .dump(-1, ' ', false, json::error_handler_t::replace);
         }
         {
           std::lock_guard lock(side->mutex);
@@ -84,12 +86,12 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
                           ? outcome
                           : json{{"error", "the coordinator refused the cluster token: " + outcome},
                                  {"code", "invalid_argument"}}
-                                .dump());
+                                .dump(-1, ' ', false, json::error_handler_t::replace));
                 },
                 [=](caf::error& err) mutable {
                   rp.deliver(json{
                       {"error", "no outcome from the coordinator: " + self->system().render(err)}}
-                                 .dump());
+                                 .dump(-1, ' ', false, json::error_handler_t::replace));
                 });
         return rp;
       },
@@ -223,7 +225,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
               return;
             }
             j["publish_s"] = out.publish_s;
-            out.outcome_json = j.dump();
+            out.outcome_json = j.dump(-1, ' ', false, json::error_handler_t::replace);
             out.committed = j.value("phase", std::string()) == "committed";
             if (!out.committed) out.error = "update " + key + " aborted: " + j.value("reason", "");
           },

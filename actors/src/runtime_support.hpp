@@ -30,7 +30,8 @@ void stop_and_wait(caf::actor_system& sys, const std::vector<Handle>& endpoints,
   }
   for (const auto& e : endpoints) stop_guarded(e);
   const auto deadline = std::chrono::steady_clock::now() + grace;
-  for (bool waiting = true; waiting && running > 0;) {
+  bool waiting = true;  // both change in the handlers below
+  while (waiting && running > 0) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     self->receive(

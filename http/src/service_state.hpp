@@ -32,8 +32,10 @@ namespace http_detail {
 
 using json = nlohmann::json;
 
+// Invalid UTF-8 (a query value echoed in an error, say) is replaced, never thrown on: every
+// answer is valid JSON.
 inline http_reply reply(int status, json body) {
-  return {status, body.dump()};
+  return {status, body.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 inline http_reply fail(int status, const std::string& message) {
   return reply(status, {{"error", message}});

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -34,6 +35,76 @@ std::optional<dtype> safetensors_dtype(const std::string& s) {
 
 }  // namespace
 
+result<std::vector<tensor_source>> safetensors_index(std::span<const std::byte> file,
+                                                     const std::string& where) {
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_argument, "safetensors " + where + ": " + why);
+  };
+  if (file.size() < 8) return bad("shorter than its 8-byte header length");
+  const std::byte* base = file.data();
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i)
+    header_len = (header_len << 8) | std::to_integer<std::uint64_t>(base[i]);
+  if (header_len > file.size() - 8)
+    return bad("header length " + std::to_string(header_len) + " exceeds the file");
+  auto header =
+      nlohmann::json::parse(reinterpret_cast<const char*>(base + 8),
+                            reinterpret_cast<const char*>(base + 8 + header_len), nullptr, false);
+  if (!header.is_object()) return bad("header is not a JSON object");
+  const std::byte* data = base + 8 + header_len;
+  const std::uint64_t data_len = file.size() - 8 - header_len;
+  struct entry {
+    std::uint64_t begin;
+    tensor_source t;
+  };
+  std::vector<entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const auto& v = it.value();
+    const std::string at = "tensor \"" + it.key() + "\"";
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets")) {
+      return bad(at + ": needs dtype, shape and data_offsets");
+    }
+    auto dt =
+        v["dtype"].is_string() ? safetensors_dtype(v["dtype"].get<std::string>()) : std::nullopt;
+    if (!dt) return bad(at + ".dtype: unsupported " + v["dtype"].dump());
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned()) {
+      return bad(at + ".data_offsets: expected [begin, end]");
+    }
+    auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+    if (begin > end || end > data_len) return bad(at + ".data_offsets: outside the file");
+    tensor_source t;
+    t.name = it.key();
+    t.dtype = *dt;
+    if (!v["shape"].is_array()) return bad(at + ".shape: expected an array");
+    std::uint64_t need = dtype_itemsize(*dt);
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > std::uint64_t{INT64_MAX}) {
+        return bad(at + ".shape: expected non-negative integers");
+      }
+      if (__builtin_mul_overflow(need, d.get<std::uint64_t>(), &need)) need = UINT64_MAX;
+      t.shape.push_back(d.get<std::int64_t>());
+    }
+    if (need != end - begin) {
+      return bad(at + ".data_offsets: " + std::to_string(end - begin) + " bytes, but shape " +
+                 v["shape"].dump() + " of " + v["dtype"].get<std::string>() + " needs " +
+                 (need == UINT64_MAX ? std::string("more than 2^64") : std::to_string(need)));
+    }
+    t.data = data + begin;
+    t.nbytes = end - begin;
+    entries.push_back({begin, std::move(t)});
+  }
+  // File order (the JSON object is sorted by name, the data by the writer's order).
+  std::sort(entries.begin(), entries.end(),
+            [](const entry& a, const entry& b) { return a.begin < b.begin; });
+  std::vector<tensor_source> tensors;
+  for (auto& e : entries) tensors.push_back(std::move(e.t));
+  return tensors;
+}
+
 safetensors_file::~safetensors_file() {
   if (map_) ::munmap(map_, size_);
 }
@@ -55,57 +126,9 @@ result<std::unique_ptr<safetensors_file>> safetensors_file::open(const std::stri
   ::close(fd);
   if (p == MAP_FAILED) return bad(std::string("mmap: ") + std::strerror(errno));
   f->map_ = p;
-  const auto* base = static_cast<const std::byte*>(p);
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i)
-    header_len = (header_len << 8) | std::to_integer<std::uint64_t>(base[i]);
-  if (header_len > f->size_ - 8)
-    return bad("header length " + std::to_string(header_len) + " exceeds the file");
-  auto header =
-      nlohmann::json::parse(reinterpret_cast<const char*>(base + 8),
-                            reinterpret_cast<const char*>(base + 8 + header_len), nullptr, false);
-  if (!header.is_object()) return bad("header is not a JSON object");
-  const std::byte* data = base + 8 + header_len;
-  const std::uint64_t data_len = f->size_ - 8 - header_len;
-  struct entry {
-    std::uint64_t begin;
-    tensor_source t;
-  };
-  std::vector<entry> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const auto& v = it.value();
-    const std::string where = "tensor \"" + it.key() + "\"";
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-        !v.contains("data_offsets")) {
-      return bad(where + ": needs dtype, shape and data_offsets");
-    }
-    auto dt =
-        v["dtype"].is_string() ? safetensors_dtype(v["dtype"].get<std::string>()) : std::nullopt;
-    if (!dt) return bad(where + ".dtype: unsupported " + v["dtype"].dump());
-    const auto& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-        !off[1].is_number_unsigned()) {
-      return bad(where + ".data_offsets: expected [begin, end]");
-    }
-    auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-    if (begin > end || end > data_len) return bad(where + ".data_offsets: outside the file");
-    tensor_source t;
-    t.name = it.key();
-    t.dtype = *dt;
-    if (!v["shape"].is_array()) return bad(where + ".shape: expected an array");
-    for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned()) return bad(where + ".shape: expected non-negative integers");
-      t.shape.push_back(d.get<std::int64_t>());
-    }
-    t.data = data + begin;
-    t.nbytes = end - begin;
-    entries.push_back({begin, std::move(t)});
-  }
-  // File order (the JSON object is sorted by name, the data by the writer's order).
-  std::sort(entries.begin(), entries.end(),
-            [](const entry& a, const entry& b) { return a.begin < b.begin; });
-  for (auto& e : entries) f->tensors_.push_back(std::move(e.t));
+  auto tensors = safetensors_index({static_cast<const std::byte*>(p), f->size_}, path);
+  if (!tensors) return tensors.error();
+  f->tensors_ = std::move(*tensors);
   return f;
 }
 

@@ -56,5 +56,24 @@ TEST(safetensors, malformed_files_name_the_tensor_and_field) {
   EXPECT_FALSE(safetensors_file::open("/nonexistent/file.safetensors"));
 }
 
+TEST(safetensors, a_shape_that_disagrees_with_the_bytes_is_refused) {
+  // 4 bytes where [2, 2] of F32 needs 16: a reader would run past the tensor.
+  auto path = write_file(R"({"x":{"dtype":"F32","shape":[2,2],"data_offsets":[0,4]}})", "abcd");
+  auto f = safetensors_file::open(path);
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("tensor \"x\".data_offsets: 4 bytes, but shape [2,2] of F32 "
+                                   "needs 16"),
+            std::string::npos)
+      << f.error().message;
+  ::unlink(path.c_str());
+  // Dimensions whose product overflows 64 bits.
+  path = write_file(R"({"x":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,4]}})",
+                    "abcd");
+  f = safetensors_file::open(path);
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("needs more than 2^64"), std::string::npos) << f.error().message;
+  ::unlink(path.c_str());
+}
+
 }  // namespace
 }  // namespace wsync

@@ -47,6 +47,10 @@ grep -q "config: line 2, column" <<<"$out" || fail "a TOML syntax error not loca
 printf '[coordinator.tls]\ncert = "x"\n' >"$bad"
 out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "a nested table accepted"
 grep -q "coordinator.tls" <<<"$out" || fail "a nested table not named: $out"
+# "--" is a valid TOML key, and CLI11's mark for "end of section": found by fuzz.toml_config.
+printf '[coordinator]\n--= false\nport = 7700\n' >"$bad"
+out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" --dump-config 2>&1) && fail "key -- accepted"
+grep -q "config: coordinator.--: not a setting name" <<<"$out" || fail "key -- not named: $out"
 printf '[coordinator]
 port = "abc"
 ' >"$bad"

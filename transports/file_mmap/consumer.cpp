@@ -43,7 +43,7 @@ class fm_consumer final : public consumer_transport {
     auto ctx = [&] {
       return update_context(m.update_id, rank_);
     };
-    auto h = handle_parse(m);
+    auto h = handle_parse(m, rank_);
     if (!h) return h.error();
     std::lock_guard lock(mutex_);
     if (held_.count(m.update_id)) {
@@ -85,8 +85,7 @@ class fm_consumer final : public consumer_transport {
     // With the lease visible, STAMP tells whether the buffer still holds this update (the
     // writer removes STAMP before it looks at leases, see fm_publisher::acquire).
     auto stamp = file_read(bdir + "/STAMP");
-    auto sj = nlohmann::json::parse(stamp.value_or(""), nullptr, false);
-    if (!sj.is_object() || sj.value("update_id", "") != m.update_id) {
+    if (stamp_update_id(stamp.value_or("")) != m.update_id) {
       ::unlink(entry.lease.c_str());
       struct stat st {};
       if (::stat(bdir.c_str(), &st) != 0) {
@@ -157,30 +156,6 @@ class fm_consumer final : public consumer_transport {
     for (auto [p, n] : h.maps) ::munmap(p, n);
     h.maps.clear();
     if (!h.lease.empty()) ::unlink(h.lease.c_str());
-  }
-
-  result<handle> handle_parse(const weight_update_manifest& m) const {
-    auto bad = [&](const std::string& why) -> error {
-      return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why +
-                                                    " (" + update_context(m.update_id, rank_) +
-                                                    ")");
-    };
-    auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
-    if (!j.is_object()) return bad("not a file-mmap handle");
-    handle h;
-    try {
-      h.dir = j.at("dir").get<std::string>();
-      h.buffer = j.at("buffer").get<std::uint64_t>();
-      h.segments = j.at("segments").get<std::size_t>();
-    } catch (const nlohmann::json::exception& e) {
-      return bad(std::string("file-mmap handle field: ") + e.what());
-    }
-    if (h.buffer >= 64) return bad("buffer " + std::to_string(h.buffer) + " is out of range");
-    if (h.segments != m.segments.size()) {
-      return bad(std::to_string(h.segments) + " segment files for " +
-                 std::to_string(m.segments.size()) + " segments");
-    }
-    return h;
   }
 
   // Refreshes the mtime of every lease this consumer holds, so the writer sees it alive.

@@ -154,19 +154,15 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
   ::clock_gettime(CLOCK_REALTIME, &now);
   double age = static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
                static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) / 1e9;
-  auto text = file_read(path);
-  auto j = nlohmann::json::parse(text.value_or(""), nullptr, false);
-  if (j.is_object()) {
-    std::string lhost = j.value("host", "");
-    int pid = j.value("pid", 0);
-    std::uint64_t start = j.value("start", std::uint64_t{0});
+  auto lease = lease_parse(file_read(path).value_or(""));
+  if (lease) {
     char age_text[32];
     std::snprintf(age_text, sizeof age_text, "%.1f", age);
-    v.who = "rank " + std::to_string(j.value("rank", -1)) + " (pid " + std::to_string(pid) +
-            " on " + lhost + ", lease leases/" + name + ", heartbeat " + age_text + " s ago)";
-    if (lhost == host && pid > 0) {
-      std::uint64_t alive = process_start_time(pid);
-      if (alive == 0 || (start != 0 && alive != start)) {
+    v.who = "rank " + std::to_string(lease->rank) + " (pid " + std::to_string(lease->pid) + " on " +
+            lease->host + ", lease leases/" + name + ", heartbeat " + age_text + " s ago)";
+    if (lease->host == host && lease->pid > 0) {
+      std::uint64_t alive = process_start_time(lease->pid);
+      if (alive == 0 || (lease->start != 0 && alive != lease->start)) {
         v.live = false;
         v.why_dead = "its process is gone";
         return v;
@@ -217,18 +213,75 @@ result<std::optional<current_state>> current_read(const std::string& dir) {
     if (errno == ENOENT) return std::optional<current_state>{};
     return make_error(errc::io_error, "file-mmap: cannot read " + path + ": " + errno_text(errno));
   }
+  auto state = current_parse(*text, path);
+  if (!state) return state.error();
+  return std::optional<current_state>(std::move(*state));
+}
+
+// --- decoders ---------------------------------------------------------------------------------
+
+result<current_state> current_parse(const std::string& text, const std::string& path) {
   auto bad = [&](const std::string& why) -> error {
     return make_error(errc::invalid_manifest, "invalid manifest: " + path + ": " + why);
   };
-  auto j = nlohmann::json::parse(*text, nullptr, false);
-  if (!j.is_object() || j.value("format", "") != state_format) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("format") || j["format"] != state_format) {
     return bad(std::string("not a ") + state_format + " state file");
+  }
+  current_state state;
+  if (j.contains("buffer")) {
+    if (!j["buffer"].is_number_integer()) return bad("buffer: must be an integer");
+    state.buffer = j["buffer"].get<std::int64_t>();
   }
   if (!j.contains("manifest") || !j["manifest"].is_object()) return bad("no manifest field");
   auto m = manifest_from_json(j["manifest"].dump());
   if (!m) return bad(m.error().message);
-  return std::optional<current_state>(
-      current_state{j.value("buffer", std::int64_t{-1}), std::move(*m)});
+  state.manifest = std::move(*m);
+  return state;
+}
+
+result<handle> handle_parse(const weight_update_manifest& m, std::int32_t rank) {
+  auto bad = [&](const std::string& why) -> error {
+    return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
+                                                  update_context(m.update_id, rank) + ")");
+  };
+  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+  if (!j.is_object()) return bad("not a file-mmap handle");
+  handle h;
+  try {
+    h.dir = j.at("dir").get<std::string>();
+    h.buffer = j.at("buffer").get<std::uint64_t>();
+    h.segments = j.at("segments").get<std::size_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return bad(std::string("file-mmap handle field: ") + e.what());
+  }
+  if (h.buffer >= 64) return bad("buffer " + std::to_string(h.buffer) + " is out of range");
+  if (h.segments != m.segments.size()) {
+    return bad(std::to_string(h.segments) + " segment files for " +
+               std::to_string(m.segments.size()) + " segments");
+  }
+  return h;
+}
+
+std::optional<lease_record> lease_parse(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  lease_record r;
+  try {
+    if (j.contains("host")) r.host = j["host"].get<std::string>();
+    if (j.contains("pid")) r.pid = j["pid"].get<int>();
+    if (j.contains("start")) r.start = j["start"].get<std::uint64_t>();
+    if (j.contains("rank")) r.rank = j["rank"].get<int>();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  return r;
+}
+
+std::string stamp_update_id(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("update_id") || !j["update_id"].is_string()) return "";
+  return j["update_id"].get<std::string>();
 }
 
 }  // namespace wsync::file_mmap_detail

@@ -34,6 +34,25 @@ struct handle {
   std::size_t segments = 0;
 };
 
+// --- decoders of what other processes wrote (fuzzed: fuzz/targets/file_mmap_files.cpp) ------
+// They never throw: a malformed input is an error naming the field, or "no such record".
+
+/// The handle of `m`, checked against its segments; errors name `rank`.
+result<handle> handle_parse(const weight_update_manifest& m, std::int32_t rank);
+
+/// Who wrote a lease file (DIR/leases/*.lease): absent fields keep their defaults; nullopt when
+/// the text is not a JSON object or a field has the wrong type.
+struct lease_record {
+  std::string host;
+  int pid = 0;
+  std::uint64_t start = 0;  // process_start_time of pid, 0 if unknown
+  int rank = -1;
+};
+std::optional<lease_record> lease_parse(const std::string& text);
+
+/// The update_id a buffer's STAMP file names; "" when it names none.
+std::string stamp_update_id(const std::string& text);
+
 std::string errno_text(int err);
 std::string host_name();
 /// Start time of a process in clock ticks since boot; 0 when it does not exist or is a zombie.
@@ -59,6 +78,8 @@ struct current_state {
   weight_update_manifest manifest;
 };
 result<std::optional<current_state>> current_read(const std::string& dir);
+/// The text of DIR/CURRENT (`path`, for errors) decoded.
+result<current_state> current_parse(const std::string& text, const std::string& path);
 
 /// The halves (publisher.cpp, consumer.cpp). `lock_fd` holds DIR/publisher.lock; `current` is
 /// the buffer CURRENT names (-1: none).

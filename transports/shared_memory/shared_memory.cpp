@@ -21,13 +21,16 @@
 #include "wsync/manifest/log.hpp"
 
 namespace wsync {
+using shared_memory_detail::handle;
+using shared_memory_detail::handle_parse;
+using shared_memory_detail::name_prefix;
+
 namespace {
 
 constexpr std::uint64_t page = 4096;
 constexpr std::uint64_t header_bytes = page;
 constexpr std::uint64_t huge_page = std::uint64_t{2} << 20;
 constexpr std::uint64_t capacity_quantum = huge_page;
-constexpr char name_prefix[] = "wsync-";
 constexpr char magic[8] = {'W', 'S', 'Y', 'N', 'C', 'S', 'L', 'T'};
 
 constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
@@ -328,48 +331,6 @@ class shm_publisher final : public publisher_transport {
   std::vector<std::unique_ptr<slot>> slots_;
 };
 
-struct handle {
-  std::string pool;
-  std::uint64_t slot = 0;
-  std::string name;
-  std::uint64_t generation = 0;
-  std::uint64_t capacity = 0;
-  std::vector<std::uint64_t> offsets;
-};
-
-result<handle> handle_parse(const weight_update_manifest& m) {
-  auto bad = [&](const std::string& why) -> error {
-    return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
-                                                  update_context(m) + ")");
-  };
-  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return bad("not a shared-memory handle");
-  handle h;
-  try {
-    h.pool = j.at("pool").get<std::string>();
-    h.slot = j.at("slot").get<std::uint64_t>();
-    h.name = j.at("name").get<std::string>();
-    h.generation = j.at("generation").get<std::uint64_t>();
-    h.capacity = j.at("capacity").get<std::uint64_t>();
-    h.offsets = j.at("offsets").get<std::vector<std::uint64_t>>();
-  } catch (const nlohmann::json::exception& e) {
-    return bad(std::string("shared-memory handle field: ") + e.what());
-  }
-  if (h.name.rfind(name_prefix, 0) != 0 || h.name.find('/') != std::string::npos) {
-    return bad("segment name \"" + h.name + "\" is not a wsync shared-memory name");
-  }
-  if (h.offsets.size() != m.segments.size()) {
-    return bad(std::to_string(h.offsets.size()) + " offsets for " +
-               std::to_string(m.segments.size()) + " segments");
-  }
-  for (std::size_t i = 0; i < h.offsets.size(); ++i) {
-    if (h.offsets[i] > h.capacity || m.segments[i].nbytes > h.capacity - h.offsets[i]) {
-      return bad("segment " + std::to_string(i) + " lies outside the slot");
-    }
-  }
-  return h;
-}
-
 class shm_consumer final : public consumer_transport {
  public:
   ~shm_consumer() override {
@@ -600,4 +561,42 @@ transport_entry shared_memory_entry() {
           }};
 }
 
+// --- the handle decoder (shared_memory.hpp) ------------------------------------------------
+
+namespace shared_memory_detail {
+
+result<handle> handle_parse(const weight_update_manifest& m) {
+  auto bad = [&](const std::string& why) -> error {
+    return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
+                                                  update_context(m) + ")");
+  };
+  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a shared-memory handle");
+  handle h;
+  try {
+    h.pool = j.at("pool").get<std::string>();
+    h.slot = j.at("slot").get<std::uint64_t>();
+    h.name = j.at("name").get<std::string>();
+    h.generation = j.at("generation").get<std::uint64_t>();
+    h.capacity = j.at("capacity").get<std::uint64_t>();
+    h.offsets = j.at("offsets").get<std::vector<std::uint64_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    return bad(std::string("shared-memory handle field: ") + e.what());
+  }
+  if (h.name.rfind(name_prefix, 0) != 0 || h.name.find('/') != std::string::npos) {
+    return bad("segment name \"" + h.name + "\" is not a wsync shared-memory name");
+  }
+  if (h.offsets.size() != m.segments.size()) {
+    return bad(std::to_string(h.offsets.size()) + " offsets for " +
+               std::to_string(m.segments.size()) + " segments");
+  }
+  for (std::size_t i = 0; i < h.offsets.size(); ++i) {
+    if (h.offsets[i] > h.capacity || m.segments[i].nbytes > h.capacity - h.offsets[i]) {
+      return bad("segment " + std::to_string(i) + " lies outside the slot");
+    }
+  }
+  return h;
+}
+
+}  // namespace shared_memory_detail
 }  // namespace wsync

@@ -2,8 +2,10 @@
 // Reads a .safetensors checkpoint (8-byte little-endian header length, JSON header, tensor
 // bytes) by mapping it read-only: the tensors point into the mapping, nothing is copied.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,11 @@
 #include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync {
+
+/// Parses the bytes of a whole .safetensors file (`where` names it in errors): the tensors in
+/// file order, pointing into `file`. Every offset is checked against the file; never throws.
+result<std::vector<tensor_source>> safetensors_index(std::span<const std::byte> file,
+                                                     const std::string& where);
 
 class safetensors_file {
  public:
