@@ -14,8 +14,18 @@ if(WSYNC_SANITIZER STREQUAL "address")
 elseif(WSYNC_SANITIZER STREQUAL "thread")
   target_compile_options(wsync_build_flags INTERFACE -fsanitize=thread -fno-omit-frame-pointer)
   target_link_options(wsync_build_flags INTERFACE -fsanitize=thread)
+elseif(WSYNC_SANITIZER STREQUAL "fuzzer")
+  # libFuzzer (Clang only; the `fuzz` preset): every module is instrumented for coverage and
+  # checked by ASan+UBSan; only the fuzz targets link libFuzzer's main (fuzz/CMakeLists.txt).
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "WSYNC_SANITIZER=fuzzer needs Clang (libFuzzer); use the fuzz preset")
+  endif()
+  target_compile_options(wsync_build_flags INTERFACE -fsanitize=fuzzer-no-link,address,undefined
+                         -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  target_link_options(wsync_build_flags INTERFACE -fsanitize=address,undefined)
 elseif(NOT WSYNC_SANITIZER STREQUAL "")
-  message(FATAL_ERROR "WSYNC_SANITIZER must be '', 'address' or 'thread', not '${WSYNC_SANITIZER}'")
+  message(FATAL_ERROR
+          "WSYNC_SANITIZER must be '', 'address', 'thread' or 'fuzzer', not '${WSYNC_SANITIZER}'")
 endif()
 
 # wsync_add_component(NAME SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages wsync needs to build and test. Idempotent: installs only what
 # is missing, and runs `apt-get update` once, only when something is missing. Run as root.
+# --fuzz adds Clang 14 and libFuzzer, for the fuzz preset (scripts/fuzz.sh).
 set -euo pipefail
 
 packages=(
@@ -16,6 +17,12 @@ packages=(
   # the ucx transport and its benchmark baseline; the emulated cluster (namespaces, tc) and its test
   libucx-dev ucx-utils iproute2 procps
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang-14 libclang-rt-14-dev)
+elif [ $# -gt 0 ]; then
+  echo "usage: $0 [--fuzz]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${packages[@]}"; do
