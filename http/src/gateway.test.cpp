@@ -31,7 +31,7 @@ class http_gateway_test : public ::testing::Test {
     auto port = gateway_.start();
     ASSERT_TRUE(port) << port.error().message;
     port_ = *port;
-    ASSERT_EQ(post("/init_weight_transfer_engine", R"({"init_info":{}})")->status, 200);
+    ASSERT_EQ(post_status("/init_weight_transfer_engine", R"({"init_info":{}})"), 200);
   }
   void TearDown() override {
     gateway_.stop();
@@ -43,8 +43,20 @@ class http_gateway_test : public ::testing::Test {
     c.set_read_timeout(30, 0);
     return c;
   }
+  // With 32 clients hammering the server on a loaded 2-core machine, a connect may be refused
+  // (the listen backlog is full); only then is the request tried again, as it never arrived.
   httplib::Result post(const std::string& path, const std::string& body = "") const {
-    return client().Post(path.c_str(), body, "application/json");
+    for (int attempt = 0;; ++attempt) {
+      auto r = client().Post(path.c_str(), body, "application/json");
+      if (r || r.error() != httplib::Error::Connection || attempt == 20) return r;
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  // The status of a POST, or 0 (and a failure naming the error) when no answer came.
+  int post_status(const std::string& path, const std::string& body = "") const {
+    auto r = post(path, body);
+    EXPECT_TRUE(r) << path << ": " << httplib::to_string(r.error());
+    return r ? r->status : 0;
   }
   json get_json(const std::string& path) const {
     auto r = client().Get(path.c_str());
@@ -56,9 +68,9 @@ class http_gateway_test : public ::testing::Test {
     auto m = publisher_->publish(tensors_.fill(version), version, {0});
     EXPECT_TRUE(m) << m.error().message;
     if (!m) return 0;
-    EXPECT_EQ(post("/start_weight_update")->status, 200);
+    EXPECT_EQ(post_status("/start_weight_update"), 200);
     auto body = json{{"update_info", {{"manifest", json::parse(manifest_to_json(*m))}}}}.dump();
-    EXPECT_EQ(post("/update_weights", body)->status, 200);
+    EXPECT_EQ(post_status("/update_weights", body), 200);
     auto r = post("/finish_weight_update");
     // The previous version's slot goes back once this one is active.
     if (r && r->status == 200 && previous_) (void)publisher_->release(*previous_);
@@ -96,32 +108,32 @@ TEST_F(http_gateway_test, abort_fails_live_generations_with_a_clear_status) {
   ASSERT_EQ(install(1), 200);
   auto g = generate(100000, 1);
   wait_in_flight(1);
-  EXPECT_EQ(post("/pause?mode=abort")->status, 200);  // returns once the generation ended
+  EXPECT_EQ(post_status("/pause?mode=abort"), 200);  // returns once the generation ended
   auto r = g.get();
   EXPECT_EQ(r["status"], "aborted");
   EXPECT_EQ(r["finish_reason"], "abort");
   EXPECT_EQ(r["weight_versions"], json::array({1}));
   EXPECT_EQ(get_json("/is_paused")["is_paused"], true);
-  EXPECT_EQ(post("/resume")->status, 200);
+  EXPECT_EQ(post_status("/resume"), 200);
 }
 
 TEST_F(http_gateway_test, wait_drains_live_generations_then_an_update_installs_and_keep_resumes) {
   ASSERT_EQ(install(1), 200);
   auto g = generate(40, 2);
   wait_in_flight(1);
-  EXPECT_EQ(post("/pause?mode=wait")->status, 200);  // returns after the generation completed
+  EXPECT_EQ(post_status("/pause?mode=wait"), 200);  // returns after the generation completed
   auto drained = g.get();
   EXPECT_EQ(drained["status"], "completed");
   EXPECT_EQ(drained["steps_done"], 40);
   ASSERT_EQ(install(2), 200);  // while paused: nothing reads
-  EXPECT_EQ(post("/resume")->status, 200);
+  EXPECT_EQ(post_status("/resume"), 200);
 
   // keep: a held generation sees version 2, then 3 after the update and resume.
   auto held = generate(60, 2);
   wait_in_flight(1);
-  EXPECT_EQ(post("/pause?mode=keep")->status, 200);
+  EXPECT_EQ(post_status("/pause?mode=keep"), 200);
   ASSERT_EQ(install(3), 200);
-  EXPECT_EQ(post("/resume")->status, 200);
+  EXPECT_EQ(post_status("/resume"), 200);
   auto r = held.get();
   EXPECT_EQ(r["status"], "completed");
   EXPECT_EQ(r["steps_done"], 60);
