@@ -1,6 +1,8 @@
 #include "wsync/http/gateway.hpp"
 
 #include <httplib.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -17,6 +19,7 @@ struct http_gateway::impl {
   http_options options;
   httplib::Server server;
   std::thread thread;
+  int listen_fd = -1;  // the socket the server listens on, once bound
 };
 
 namespace {
@@ -111,6 +114,13 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
     return new httplib::ThreadPool(threads);
   };
   server.set_payload_max_length(std::size_t{64} << 20);  // manifests, not tensor bytes
+  // Debian's libcpp-httplib listens with a backlog of 5: bursts of clients (vLLM ranks polling
+  // /metrics, a test's 32 threads) overflow it and see reset connections. Keep the socket so
+  // start() can raise the backlog (listen() again on a listening socket only changes it).
+  server.set_socket_options([this](int sock) {
+    httplib::default_socket_options(sock);
+    impl_->listen_fd = sock;
+  });
   if (!impl_->options.token.empty()) {
     const std::string expected = "Bearer " + impl_->options.token;
     server.set_pre_routing_handler([expected](const httplib::Request& q, httplib::Response& r) {
@@ -153,6 +163,7 @@ result<std::uint16_t> http_gateway::start() {
     return make_error(errc::io_error,
                       "http: cannot listen on " + o.host + ":" + std::to_string(o.port));
   }
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
   impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
   if (!o.port_file.empty()) {
     std::string tmp = o.port_file + ".tmp";

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "src/json_read.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
 
@@ -231,7 +232,7 @@ result<current_state> current_parse(const std::string& text, const std::string& 
   current_state state;
   if (j.contains("buffer")) {
     if (!j["buffer"].is_number_integer()) return bad("buffer: must be an integer");
-    state.buffer = j["buffer"].get<std::int64_t>();
+    state.buffer = j["buffer"].get<std::int64_t>();  // an integer: no conversion
   }
   if (!j.contains("manifest") || !j["manifest"].is_object()) return bad("no manifest field");
   auto m = manifest_from_json(j["manifest"].dump());
@@ -250,9 +251,9 @@ result<handle> handle_parse(const weight_update_manifest& m, std::int32_t rank) 
   handle h;
   try {
     h.dir = j.at("dir").get<std::string>();
-    h.buffer = j.at("buffer").get<std::uint64_t>();
-    h.segments = j.at("segments").get<std::size_t>();
-  } catch (const nlohmann::json::exception& e) {
+    h.buffer = json_read::field<std::uint64_t>(j, "buffer");
+    h.segments = json_read::field<std::size_t>(j, "segments");
+  } catch (const std::exception& e) {
     return bad(std::string("file-mmap handle field: ") + e.what());
   }
   if (h.buffer >= 64) return bad("buffer " + std::to_string(h.buffer) + " is out of range");
@@ -269,10 +270,10 @@ std::optional<lease_record> lease_parse(const std::string& text) {
   lease_record r;
   try {
     if (j.contains("host")) r.host = j["host"].get<std::string>();
-    if (j.contains("pid")) r.pid = j["pid"].get<int>();
-    if (j.contains("start")) r.start = j["start"].get<std::uint64_t>();
-    if (j.contains("rank")) r.rank = j["rank"].get<int>();
-  } catch (const nlohmann::json::exception&) {
+    if (j.contains("pid")) r.pid = json_read::field<int>(j, "pid");
+    if (j.contains("start")) r.start = json_read::field<std::uint64_t>(j, "start");
+    if (j.contains("rank")) r.rank = json_read::field<int>(j, "rank");
+  } catch (const std::exception&) {
     return std::nullopt;
   }
   return r;

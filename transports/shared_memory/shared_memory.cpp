@@ -18,6 +18,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "src/json_read.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync {
@@ -575,12 +576,12 @@ result<handle> handle_parse(const weight_update_manifest& m) {
   handle h;
   try {
     h.pool = j.at("pool").get<std::string>();
-    h.slot = j.at("slot").get<std::uint64_t>();
+    h.slot = json_read::field<std::uint64_t>(j, "slot");
     h.name = j.at("name").get<std::string>();
-    h.generation = j.at("generation").get<std::uint64_t>();
-    h.capacity = j.at("capacity").get<std::uint64_t>();
-    h.offsets = j.at("offsets").get<std::vector<std::uint64_t>>();
-  } catch (const nlohmann::json::exception& e) {
+    h.generation = json_read::field<std::uint64_t>(j, "generation");
+    h.capacity = json_read::field<std::uint64_t>(j, "capacity");
+    h.offsets = json_read::list<std::uint64_t>(j, "offsets");
+  } catch (const std::exception& e) {
     return bad(std::string("shared-memory handle field: ") + e.what());
   }
   if (h.name.rfind(name_prefix, 0) != 0 || h.name.find('/') != std::string::npos) {

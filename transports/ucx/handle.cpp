@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "src/json_read.hpp"
 #include "ucx/ucx_common.hpp"
 #include "wsync/manifest/checksum.hpp"
 
@@ -35,7 +36,7 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
   handle h;
   try {
     h.address = j.at("address").get<std::string>();
-    h.chunk = j.at("chunk").get<std::uint64_t>();
+    h.chunk = json_read::field<std::uint64_t>(j, "chunk");
     for (const auto& seg : j.at("checksums")) {
       std::vector<std::uint64_t> sums;
       for (const auto& c : seg) {
@@ -58,9 +59,9 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
     }
     if (j.contains("rkey")) {
       h.rkey = j.at("rkey").get<std::string>();
-      h.bases = j.at("bases").get<std::vector<std::uint64_t>>();
+      h.bases = json_read::list<std::uint64_t>(j, "bases");
     }
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const std::exception& e) {
     return bad(std::string("ucx handle field: ") + e.what());
   }
   if (!hex_decode(h.address)) return bad("address is not a hex UCX worker address");
