@@ -39,7 +39,11 @@ struct coordinator_state {
   std::map<caf::actor_addr, member> members;
   std::map<std::int32_t, consumer_actor> consumers;
   std::map<std::int32_t, publisher_actor> publishers;
-  std::map<std::string, std::vector<caf::typed_response_promise<std::string, std::string>>> waiting;
+  using outcome_promise = caf::typed_response_promise<std::string, std::string>;
+  std::map<std::string, std::vector<outcome_promise>> waiting;
+  /// Shards retrying an aborted version that ranks still hold, by key: accepted when the book
+  /// releases the old attempt at the publishers.
+  std::map<std::string, std::vector<std::pair<weight_update_manifest, outcome_promise>>> deferred;
   std::map<std::int32_t, std::uint64_t> active_version;  ///< per consumer rank
   std::uint64_t committed = 0;                           ///< updates committed since start
   /// Updates from before a coordinator restart (unknown to the book) and the consumer ranks
@@ -64,9 +68,20 @@ json outcome_json(const update_record& u) {
   }
   double commit_s =
       u.finished ? std::chrono::duration<double>(*u.finished - u.created).count() : 0.0;
-  return {{"key", u.key},         {"weight_version", u.weight_version},
-          {"commit_s", commit_s}, {"phase", update_phase_name(u.phase)},
-          {"reason", u.reason},   {"ranks", std::move(ranks)}};
+  return {{"key", u.key},
+          {"weight_version", u.weight_version},
+          {"commit_s", commit_s},
+          {"phase", update_phase_name(u.phase)},
+          {"reason", u.reason},
+          {"attempt", u.attempt},
+          {"ranks", std::move(ranks)}};
+}
+
+// What a refused publish answers: the message and its error code, so a trainer raises the right
+// error class (the Python module does).
+std::string refusal_text(const std::string& why, errc code) {
+  return json{{"error", why}, {"code", errc_name(code)}}.dump(-1, ' ', false,
+                                                              json::error_handler_t::replace);
 }
 
 // Sends to each of `ranks` still connected (a rank that left has no endpoint any more).
@@ -107,6 +122,9 @@ std::map<std::int32_t, routed_update> route(coordinator_state& st, const book_ef
   return std::move(*routes);
 }
 
+void accept_publish(coordinator_pointer self, const weight_update_manifest& m,
+                    coordinator_state::outcome_promise rp);
+
 void run_effects(coordinator_pointer self, const std::vector<book_effect>& effects) {
   auto& st = self->state;
   for (const auto& e : effects) {
@@ -146,11 +164,30 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         st.waiting.erase(e.key);
         break;
       }
-      case book_effect::kind::release_publisher:
+      case book_effect::kind::release_publisher: {
         send_to(self, st.publishers, e.ranks, release_atom::value, st.token, e.key);
+        // A retry of this version waited for exactly this: the old attempt is gone.
+        auto d = st.deferred.find(e.key);
+        if (d == st.deferred.end()) break;
+        auto retries = std::move(d->second);
+        st.deferred.erase(d);
+        for (auto& [m, rp] : retries) accept_publish(self, m, rp);
         break;
+      }
     }
   }
+}
+
+void accept_publish(coordinator_pointer self, const weight_update_manifest& m,
+                    coordinator_state::outcome_promise rp) {
+  auto& st = self->state;
+  auto effects = st.book.publish(m, coord_clock::now());
+  if (!effects) {
+    rp.deliver(st.token, refusal_text(effects.error().message, effects.error().code));
+    return;
+  }
+  st.waiting[update_key(m.model_id, m.weight_version)].push_back(rp);
+  run_effects(self, *effects);
 }
 
 // A consumer let go of `key` (or left); release it at the publishers once nobody holds it.
@@ -311,13 +348,11 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       },
       [=](publish_atom, const std::string& given,
           const std::string& manifest_json) -> caf::result<std::string, std::string> {
-        const auto& st = self->state;
-        // The code lets a trainer raise the right error class (the Python module does).
+        auto& st = self->state;
         auto refuse = [&](const std::string& why,
                           errc code =
                               errc::invalid_argument) -> caf::result<std::string, std::string> {
-          return {st.token, json{{"error", why}, {"code", errc_name(code)}}.dump(
-                                -1, ' ', false, json::error_handler_t::replace)};
+          return {st.token, refusal_text(why, code)};
         };
         const auto* m = sender_member(self);
         if (given != st.token || !m || m->role != rank_role::publisher) {
@@ -334,12 +369,15 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           return refuse("publish refused: source_rank " + std::to_string(manifest->source_rank) +
                         " differs from the joined rank " + std::to_string(m->rank));
         }
-        auto effects = self->state.book.publish(*manifest, coord_clock::now());
-        if (!effects) return refuse(effects.error().message, effects.error().code);
-        auto key = update_key(manifest->model_id, manifest->weight_version);
         auto rp = self->make_response_promise<std::string, std::string>();
-        self->state.waiting[key].push_back(rp);
-        run_effects(self, *effects);
+        if (st.book.retry_must_wait(*manifest)) {
+          auto key = update_key(manifest->model_id, manifest->weight_version);
+          log_info("coordinator: a retry of " + key +
+                   " waits until the aborted attempt is released");
+          st.deferred[key].emplace_back(std::move(*manifest), rp);
+          return rp;
+        }
+        accept_publish(self, *manifest, rp);
         return rp;
       },
       [=](report_atom, const rank_report& r) {

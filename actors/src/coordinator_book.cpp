@@ -85,8 +85,8 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
     publisher_ranks_[info.model_id] = info.publisher_ranks;
   }
   if (info.role == rank_role::consumer && info.active_weight_version > 0) {
-    auto& hv = highest_version_[info.model_id];
-    hv = std::max(hv, info.active_weight_version);
+    auto& cv = committed_version_[info.model_id];
+    cv = std::max(cv, info.active_weight_version);
   }
   if (info.role == rank_role::consumer) {
     // Catch-up: the newest committed version, as a fresh entry in that update's table.
@@ -154,15 +154,38 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
                       pub->second.model_id + "\"");
   }
   auto existing = updates_.find(key);
+  std::uint32_t attempt = 1;
+  if (existing != updates_.end() && existing->second.phase == update_phase::aborted) {
+    // A retry of an aborted version: a new attempt, once nobody holds the old one (a report or
+    // release of the old attempt must never land on the new one).
+    if (!existing->second.publishers_released) {
+      return refuse(errc::illegal_transition,
+                    "publish refused: weight_version " + std::to_string(shard.weight_version) +
+                        " was aborted and ranks still hold it; retry once they released it");
+    }
+    attempt = existing->second.attempt + 1;
+    updates_.erase(existing);
+    existing = updates_.end();
+  }
   if (existing == updates_.end()) {
-    auto hv = highest_version_.find(shard.model_id);
-    if (hv != highest_version_.end() && shard.weight_version <= hv->second) {
-      return refuse(errc::version_not_monotonic,
-                    "weight_version must increase monotonically: weight_version " +
-                        std::to_string(shard.weight_version) + " is not above " +
-                        std::to_string(hv->second) + " for model_id=" + shard.model_id);
+    const std::string monotonic = "weight_version must increase monotonically: weight_version " +
+                                  std::to_string(shard.weight_version);
+    if (auto cv = committed_version_.find(shard.model_id);
+        cv != committed_version_.end() && shard.weight_version <= cv->second) {
+      return refuse(errc::version_not_monotonic, monotonic + " is not above the committed " +
+                                                     std::to_string(cv->second) +
+                                                     " for model_id=" + shard.model_id);
+    }
+    for (const auto& [k, other] : updates_) {
+      if (other.model_id == shard.model_id && in_flight(other) &&
+          other.weight_version > shard.weight_version) {
+        return refuse(errc::version_not_monotonic,
+                      monotonic + " is below " + std::to_string(other.weight_version) +
+                          ", which is in progress for model_id=" + shard.model_id);
+      }
     }
     update_record u;
+    u.attempt = attempt;
     u.key = key;
     u.model_id = shard.model_id;
     u.weight_version = shard.weight_version;
@@ -176,7 +199,6 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
     u.created = now;
     u.deadline = now + config_.update_deadline;
     existing = updates_.emplace(key, std::move(u)).first;
-    highest_version_[shard.model_id] = shard.weight_version;
   }
   auto& u = existing->second;
   if (u.phase != update_phase::assembling) {
@@ -238,6 +260,8 @@ void coordinator_book::check_finished(update_record& u, coord_clock::time_point 
   // listed in the table, not waited on. Nobody acknowledged: the version never went live.
   if (any_ack || u.consumers.empty()) {
     u.phase = update_phase::committed;
+    auto& cv = committed_version_[u.model_id];
+    cv = std::max(cv, u.weight_version);
   } else {
     u.phase = update_phase::aborted;
     u.reason = "no consumer acknowledged";
@@ -266,6 +290,13 @@ void coordinator_book::abort(update_record& u, const std::string& reason,
   }
   if (!holders.empty()) out.push_back({book_effect::kind::drop, u.key, holders, {}});
   out.push_back({book_effect::kind::outcome, u.key, publisher_ranks(u), {}});
+  check_released(u, out);  // nobody got it (aborted while assembling): publishers let go now
+}
+
+bool coordinator_book::retry_must_wait(const weight_update_manifest& shard) const {
+  auto it = updates_.find(update_key(shard.model_id, shard.weight_version));
+  return it != updates_.end() && it->second.phase == update_phase::aborted &&
+         !it->second.publishers_released;
 }
 
 void coordinator_book::check_released(update_record& u, effects& out) {

@@ -128,9 +128,11 @@ TEST_F(book_test, a_dead_consumer_fails_and_the_others_still_commit) {
 TEST_F(book_test, a_publisher_dying_while_its_version_assembles_aborts_it) {
   ASSERT_TRUE(book_.publish(shard(0, 1), now_));
   auto fx = book_.leave(1, rank_role::publisher, "killed", now_);
-  ASSERT_FALSE(fx.empty());
-  EXPECT_EQ(fx.back().what, kind::outcome);
-  for (const auto& e : fx) EXPECT_NE(e.what, kind::distribute);
+  ASSERT_EQ(fx.size(), 2u);
+  EXPECT_EQ(fx[0].what, kind::outcome);
+  // No consumer got it: the surviving publisher gives its shard back at once.
+  EXPECT_EQ(fx[1].what, kind::release_publisher);
+  EXPECT_EQ(fx[1].ranks, (std::vector<std::int32_t>{0, 1}));  // rank 1 has no endpoint now
   const auto* u = book_.find("m@1");
   EXPECT_EQ(u->phase, update_phase::aborted);
   EXPECT_NE(u->reason.find("publisher rank 1 went away: killed"), std::string::npos);
@@ -218,6 +220,77 @@ TEST_F(book_test, an_update_nobody_acknowledged_is_aborted) {
   const auto* u = book_.find("m@1");
   EXPECT_EQ(u->phase, update_phase::aborted);
   EXPECT_EQ(u->consumers.at(12).reason, "tensor checksum mismatch");
+}
+
+TEST_F(book_test, an_aborted_version_is_retried_once_every_rank_let_go_of_it) {
+  publish_both(1);
+  ack_all("m@1");
+  publish_both(2);
+  for (int r : {10, 11, 12, 13}) ASSERT_TRUE(book_.importing("m@2", r, "publisher:0", now_));
+  for (int r : {10, 11, 12})
+    ASSERT_TRUE(book_.rejected("m@2", r, "tensor checksum mismatch", now_));
+  for (int r : {10, 11, 12}) ASSERT_TRUE(book_.released("m@2", r, now_));
+  ASSERT_TRUE(book_.rejected("m@2", 13, "tensor checksum mismatch", now_));
+  ASSERT_EQ(book_.find("m@2")->phase, update_phase::aborted);
+  // Rank 13 still holds attempt 1: a retry must wait (a late report must not hit attempt 2).
+  auto retry = shard(0, 2);
+  retry.update_id = "u-0-2-retry";
+  EXPECT_TRUE(book_.retry_must_wait(retry));
+  auto early = book_.publish(retry, now_);
+  ASSERT_FALSE(early);
+  EXPECT_NE(early.error().message.find("was aborted and ranks still hold it"), std::string::npos)
+      << early.error().message;
+  auto fx = book_.released("m@2", 13, now_);
+  ASSERT_TRUE(fx);
+  ASSERT_EQ(fx->size(), 1u);
+  EXPECT_EQ((*fx)[0].what, kind::release_publisher);
+  EXPECT_FALSE(book_.retry_must_wait(retry));
+  ASSERT_TRUE(book_.publish(retry, now_));
+  auto second = shard(1, 2);
+  second.update_id = "u-1-2-retry";
+  auto done = book_.publish(second, now_);
+  ASSERT_TRUE(done) << done.error().message;
+  ASSERT_FALSE(done->empty());
+  EXPECT_EQ((*done)[0].what, kind::distribute);
+  EXPECT_EQ((*done)[0].manifests[0].update_id, "u-0-2-retry");
+  const auto* u = book_.find("m@2");
+  EXPECT_EQ(u->attempt, 2u);
+  EXPECT_EQ(u->phase, update_phase::distributing);
+  EXPECT_EQ(u->consumers.at(13).state, rank_state::pending);
+  ack_all("m@2");
+  EXPECT_EQ(book_.find("m@2")->phase, update_phase::committed);
+  // Committed is final: neither 2 nor 1 comes again.
+  for (std::uint64_t v : {2u, 1u}) {
+    auto old = shard(0, v);
+    old.update_id = "u-old-" + std::to_string(v);
+    auto r = book_.publish(old, now_);
+    ASSERT_FALSE(r) << "version " << v;
+    EXPECT_EQ(r.error().code, errc::version_not_monotonic);
+  }
+  // A consumer that joins serving version 7 (the coordinator restarted): 5 was committed before.
+  auto late = info(14, rank_role::consumer);
+  late.active_weight_version = 7;
+  ASSERT_TRUE(book_.join(late, now_));
+  auto r = book_.publish(shard(0, 5), now_);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("weight_version must increase monotonically: weight_version 5 "
+                                   "is not above the committed 7 for model_id=m"),
+            std::string::npos)
+      << r.error().message;
+}
+
+TEST_F(book_test, a_version_aborted_while_assembling_is_retried_at_once) {
+  ASSERT_TRUE(book_.publish(shard(0, 1), now_));
+  book_.leave(1, rank_role::publisher, "killed", now_);
+  ASSERT_TRUE(book_.join(info(1, rank_role::publisher), now_));  // the trainer restarts
+  EXPECT_FALSE(book_.retry_must_wait(shard(0, 1)));
+  auto again = shard(0, 1);
+  again.update_id = "u-0-1-retry";
+  ASSERT_TRUE(book_.publish(again, now_));
+  auto fx = book_.publish(shard(1, 1), now_);
+  ASSERT_TRUE(fx) << fx.error().message;
+  EXPECT_EQ(book_.find("m@1")->attempt, 2u);
+  EXPECT_EQ(book_.find("m@1")->phase, update_phase::distributing);
 }
 
 TEST_F(book_test, history_is_bounded_but_keeps_the_catch_up_source) {

@@ -3,6 +3,7 @@
 // coordinator says every consumer released them.
 
 #include <atomic>
+#include <deque>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -30,7 +31,9 @@ struct publisher_side {
   std::unique_ptr<weight_publisher> publisher;
   std::atomic<bool> coordinator_lost{false};  ///< set by the endpoint, read by the trainer
   std::mutex mutex;
-  std::map<std::string, update_id> id_of;  ///< update key -> this rank's shard
+  /// Update key -> this rank's shards of it, oldest first: a retry of an aborted version has
+  /// the key of the attempt before it, and the coordinator releases attempts in order.
+  std::map<std::string, std::deque<update_id>> id_of;
 };
 
 publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
@@ -74,7 +77,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
         }
         {
           std::lock_guard lock(side->mutex);
-          side->id_of[key] = id;
+          side->id_of[key].push_back(id);
         }
         auto rp = self->make_response_promise<std::string>();
         pending->push_back(rp);
@@ -106,8 +109,9 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
           std::lock_guard lock(side->mutex);
           auto it = side->id_of.find(key);
           if (it == side->id_of.end()) return;
-          id = it->second;
-          side->id_of.erase(it);
+          id = it->second.front();
+          it->second.pop_front();
+          if (it->second.empty()) side->id_of.erase(it);
         }
         (void)side->publisher->release(id);
       },
@@ -192,6 +196,7 @@ result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_option
   cfg.model_id = o.model_id;
   cfg.source_rank = o.rank;
   cfg.release_when_answered = false;  // the coordinator says when
+  cfg.coordinator_orders_versions = true;
   cfg.slot_wait = o.outcome_timeout;
   p->side->publisher = std::make_unique<weight_publisher>(std::move(*pt), o.transport, cfg);
   if (auto ok = p->join(); !ok) return ok.error();
@@ -234,8 +239,14 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
           });
   // A refused or failed version still holds its slot until the coordinator releases it; a
   // refusal never reaches the coordinator's books, so give that memory back here.
-  if (!out.error.empty() && out.outcome_json.empty())
+  if (!out.error.empty() && out.outcome_json.empty()) {
     (void)impl_->side->publisher->release(m->update_id);
+    std::lock_guard lock(impl_->side->mutex);
+    if (auto it = impl_->side->id_of.find(key); it != impl_->side->id_of.end()) {
+      std::erase(it->second, m->update_id);
+      if (it->second.empty()) impl_->side->id_of.erase(it);
+    }
+  }
   return out;
 }
 

@@ -191,3 +191,28 @@ def test_manifest_json_and_pickle_round_trip():
     assert [t.name for t in back.tensors] == ["w", "b"] and back.tensors[0].shape == [4, 2]
     assert back.model_id == "m" and back.weight_version == 2 and back.metadata == {"step": "2"}
     pub.release(m.update_id)
+
+
+def test_a_rejected_version_is_published_again():
+    pub, con = wsync.SharedMemoryTensorBridge(), wsync.SharedMemoryTensorBridge()
+    m2 = pub.publish({"w": torch.full((4,), 2.0)}, weight_version=2)
+    con.import_update(m2)
+    con.acknowledge(m2.update_id)
+    m3 = pub.publish({"w": torch.full((4,), 3.0)}, weight_version=3)
+    con.import_update(m3)
+    con.reject(m3.update_id, "install failed")
+    con.release(m3.update_id)
+    with pytest.raises(wsync.VersionNotMonotonicError, match="is still held"):
+        pub.publish({"w": torch.full((4,), 3.5)}, weight_version=3)
+    pub.release(m3.update_id)
+    retry = pub.publish({"w": torch.full((4,), 3.5)}, weight_version=3)
+    assert retry.update_id != m3.update_id
+    views = con.import_update(retry)
+    assert torch.equal(views["w"], torch.full((4,), 3.5))
+    con.acknowledge(retry.update_id)
+    con.release(m2.update_id)
+    with pytest.raises(wsync.VersionNotMonotonicError, match="is not above the active 3"):
+        con.import_update(m2)  # an old version, sent again
+    con.release(retry.update_id)
+    for m in (m2, retry):
+        pub.release(m.update_id)

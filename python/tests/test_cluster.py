@@ -103,3 +103,29 @@ def test_a_refused_publish_raises_the_class_of_its_error_code(coordinator):
         with pytest.raises(wsync.VersionNotMonotonicError,
                            match="weight_version must increase monotonically"):
             trainer.publish(weight_version=1)
+
+
+def test_an_aborted_version_is_published_again_and_commits(coordinator):
+    import wsync
+
+    where = dict(coordinator=coordinator.address, token=coordinator.token)
+    rollout_model = torch.nn.Linear(2, 2)
+    with wsync.RolloutRank(model=rollout_model, rank=0, **where) as rollout, \
+            wsync.TrainerRank(model=torch.nn.Linear(2, 2), rank=0, ranks=1, **where) as trainer:
+        wsync.wait_for_consumers(1, timeout=30, **where)
+        assert trainer.publish(weight_version=1).committed
+        # Version 2 with the wrong shapes: the only rollout rank rejects it, so it is aborted.
+        bad = trainer.publish(model=torch.nn.Linear(3, 3), weight_version=2)
+        assert not bad.committed and bad.ranks[0]["state"] in ("rejected", "released"), bad.table
+        # The trainer retries step 2 with a new update id; the coordinator takes it once the
+        # rank let go of the first attempt, and it commits.
+        good_model = torch.nn.Linear(2, 2)
+        good = trainer.publish(model=good_model, weight_version=2)
+        assert good.committed, good.table
+        assert good.table["attempt"] == 2, good.table
+        assert rollout.wait_for_version(2, timeout=30)
+        assert torch.equal(rollout_model.weight, good_model.weight)
+        # Version 1 is old now, whatever the trainer thinks.
+        with pytest.raises(wsync.VersionNotMonotonicError,
+                           match="weight_version must increase monotonically"):
+            trainer.publish(weight_version=1)

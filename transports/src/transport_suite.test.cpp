@@ -209,6 +209,69 @@ TEST_P(transport_suite, versions_must_grow_on_both_sides) {
   ASSERT_TRUE(publisher_->on_released(m->update_id, 0));
 }
 
+// "Monotonic" is strictly above the active version: a version that was rejected may come
+// again with a new update id (the trainer retries its step); an old one may not.
+TEST_P(transport_suite, a_rejected_version_is_retried_and_an_old_one_refused) {
+  auto consumer = make_consumer();
+  auto live = [&](const weight_update_manifest& m) {
+    auto u = consumer->import_update(m);
+    EXPECT_TRUE(u) << u.error().message;
+    if (!u) return;
+    expect_same_bytes(**u);
+    EXPECT_TRUE(consumer->verify(m.update_id));
+    EXPECT_TRUE(consumer->mark_installed(m.update_id));
+    EXPECT_TRUE(consumer->acknowledge(m.update_id));
+  };
+  set_tensors({1001, 0, 3 << 20, 257}, 2);
+  auto v2 = publisher_->publish(sources_, 2, {0});
+  ASSERT_TRUE(v2) << v2.error().message;
+  live(*v2);
+  set_tensors({1001, 0, 3 << 20, 257}, 3);
+  auto v3 = publisher_->publish(sources_, 3, {0});
+  ASSERT_TRUE(v3) << v3.error().message;
+  ASSERT_TRUE(consumer->import_update(*v3));
+  ASSERT_TRUE(consumer->reject(v3->update_id, "install failed"));
+  // While the failed publication is held, the publisher refuses the version again, saying why.
+  auto early = publisher_->publish(sources_, 3, {0});
+  ASSERT_FALSE(early);
+  EXPECT_EQ(early.error().code, errc::version_not_monotonic);
+  EXPECT_TRUE(contains(early.error().message, "is still held (release it to publish version 3"))
+      << early.error().message;
+  ASSERT_TRUE(consumer->release(v3->update_id));
+  ASSERT_TRUE(publisher_->release(v3->update_id));
+  std::vector<update_id> held = {v2->update_id};
+  if (std::string(GetParam()) == "file-mmap") {
+    // Two buffers: v2's (held by the reader) and the one CURRENT names, which the writer never
+    // touches (a crash falls back to it). The retry needs v2's buffer back, or buffers=3.
+    ASSERT_TRUE(consumer->release(v2->update_id));
+    ASSERT_TRUE(publisher_->release(v2->update_id));
+    held.clear();
+  }
+  auto retry = publisher_->publish(sources_, 3, {0});
+  ASSERT_TRUE(retry) << retry.error().message;
+  EXPECT_NE(retry->update_id, v3->update_id);
+  live(*retry);
+  // Now 3 is active: 3 again and 2 are old, whatever their update ids.
+  for (std::uint64_t v : {3u, 2u}) {
+    auto old = *retry;
+    old.update_id = update_id_generate();
+    old.weight_version = v;
+    auto r = consumer->import_update(old);
+    ASSERT_FALSE(r) << "version " << v;
+    EXPECT_EQ(r.error().code, errc::version_not_monotonic);
+    EXPECT_TRUE(contains(r.error().message,
+                         "weight_version must increase monotonically: "
+                         "weight_version " +
+                             std::to_string(v) + " from source_rank 0 is not above the active 3"))
+        << r.error().message;
+  }
+  held.push_back(retry->update_id);
+  for (const auto& id : held) {
+    ASSERT_TRUE(consumer->release(id));
+    ASSERT_TRUE(publisher_->release(id));
+  }
+}
+
 TEST_P(transport_suite, wrong_checksum_is_a_mismatch_naming_the_tensor) {
   auto m = publisher_->publish(sources_, 1, {7});
   ASSERT_TRUE(m) << m.error().message;

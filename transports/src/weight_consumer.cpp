@@ -48,17 +48,24 @@ result<const imported_update*> weight_consumer::import_update(
       return make_error(errc::illegal_transition,
                         "cannot import update: update_id already imported (" + context(id) + ")");
     }
-    auto hv = highest_version_.find(manifest.model_id);
-    // Shards of one version come from different publisher ranks; anything else must grow.
-    if (hv != highest_version_.end() && (manifest.weight_version < hv->second.version ||
-                                         (manifest.weight_version == hv->second.version &&
-                                          hv->second.source_ranks.count(manifest.source_rank)))) {
+    const auto& mv = versions_[manifest.model_id];
+    const std::uint64_t v = manifest.weight_version;
+    auto refuse = [&](const std::string& why) {
       return make_error(errc::version_not_monotonic,
                         "weight_version must increase monotonically: weight_version " +
-                            std::to_string(manifest.weight_version) + " from source_rank " +
-                            std::to_string(manifest.source_rank) + " is not above " +
-                            std::to_string(hv->second.version) + " already seen for model_id=" +
-                            manifest.model_id + " (" + context(id) + ")");
+                            std::to_string(v) + " from source_rank " +
+                            std::to_string(manifest.source_rank) + " " + why +
+                            " for model_id=" + manifest.model_id + " (" + context(id) + ")");
+    };
+    if (mv.active && v <= *mv.active) {
+      return refuse("is not above the active " + std::to_string(*mv.active));
+    }
+    if (!mv.held.empty() && mv.held.rbegin()->first > v) {
+      return refuse("is below " + std::to_string(mv.held.rbegin()->first) +
+                    ", which is being imported");
+    }
+    if (auto h = mv.held.find(v); h != mv.held.end() && h->second.count(manifest.source_rank)) {
+      return refuse("is already imported and still held");
     }
   }
   auto segments = transport_->import_segments(manifest);
@@ -78,13 +85,18 @@ result<const imported_update*> weight_consumer::import_update(
   auto& e = updates_[id];
   e.state = update_state::imported;
   e.update = std::move(update);
-  auto& hv = highest_version_[manifest.model_id];
-  if (manifest.weight_version > hv.version || hv.source_ranks.empty()) {
-    hv.version = manifest.weight_version;
-    hv.source_ranks.clear();
-  }
-  hv.source_ranks.insert(manifest.source_rank);
+  versions_[manifest.model_id].held[manifest.weight_version].insert(manifest.source_rank);
   return e.update.get();
+}
+
+void weight_consumer::version_done_locked(const imported_update& u, bool acknowledged) {
+  auto& mv = versions_[u.manifest.model_id];
+  const std::uint64_t v = u.manifest.weight_version;
+  if (auto h = mv.held.find(v); h != mv.held.end()) {
+    if (auto r = h->second.find(u.manifest.source_rank); r != h->second.end()) h->second.erase(r);
+    if (h->second.empty()) mv.held.erase(h);
+  }
+  if (acknowledged && (!mv.active || v > *mv.active)) mv.active = v;
 }
 
 result<void> weight_consumer::verify(const update_id& id) {
@@ -158,6 +170,14 @@ result<void> weight_consumer::step(const update_id& id, update_event event) {
   auto to = update_transition(from, event, context(id));
   if (!to) return to.error();
   if (it == updates_.end()) return {};  // a legal move on a forgotten update changes nothing
+  // The version rule counts an update as held until it is acknowledged (then its version is the
+  // active one), rejected or released (then the version may come again).
+  const bool was_held = from != update_state::acknowledged && from != update_state::rejected;
+  const bool now_held = *to != update_state::acknowledged && *to != update_state::rejected &&
+                        *to != update_state::released;
+  if (was_held && !now_held && it->second.update) {
+    version_done_locked(*it->second.update, *to == update_state::acknowledged);
+  }
   it->second.state = *to;
   if (*to == update_state::released) {
     if (it->second.update) transport_->release(id);

@@ -148,13 +148,7 @@ result<weight_update_manifest> weight_publisher::publish(
   m.metadata = std::move(metadata);
   {
     std::lock_guard lock(mutex_);
-    if (published_any_ && weight_version <= last_version_) {
-      return make_error(errc::version_not_monotonic,
-                        "weight_version must increase monotonically: weight_version " +
-                            std::to_string(weight_version) + " is not above " +
-                            std::to_string(last_version_) + " for model_id=" + m.model_id + " (" +
-                            update_context(m) + ")");
-    }
+    if (auto no = version_refusal_locked(weight_version, m)) return *no;
   }
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].data == nullptr && tensors[i].nbytes > 0) {
@@ -195,12 +189,9 @@ result<weight_update_manifest> weight_publisher::publish(
 
   std::lock_guard lock(mutex_);
   // A concurrent publish may have raced past the check above; the later one loses.
-  if (published_any_ && weight_version <= last_version_) {
+  if (auto no = version_refusal_locked(weight_version, m)) {
     transport_->release(m.update_id);
-    return make_error(errc::version_not_monotonic,
-                      "weight_version must increase monotonically: weight_version " +
-                          std::to_string(weight_version) + " is not above " +
-                          std::to_string(last_version_) + " (" + update_context(m) + ")");
+    return *no;
   }
   // Under the lock, so that announcements follow version order.
   if (auto ok = transport_->announce(m); !ok) {
@@ -224,6 +215,28 @@ result<weight_update_manifest> weight_publisher::publish(
     order_.erase(order_.begin());
   }
   return m;
+}
+
+std::optional<error> weight_publisher::version_refusal_locked(
+    std::uint64_t weight_version, const weight_update_manifest& m) const {
+  if (!published_any_ || weight_version > last_version_) return std::nullopt;
+  std::string why = "weight_version must increase monotonically: weight_version " +
+                    std::to_string(weight_version) + " is not above " +
+                    std::to_string(last_version_) + " for model_id=" + m.model_id;
+  if (weight_version < last_version_) {
+    return make_error(errc::version_not_monotonic, why + " (" + update_context(m) + ")");
+  }
+  // The same version again: a retry, once every publication of it was given back.
+  if (config_.coordinator_orders_versions) return std::nullopt;
+  for (const auto& [id, p] : updates_) {
+    if (p.manifest.weight_version == weight_version && !p.memory_released) {
+      return make_error(errc::version_not_monotonic,
+                        why + ", and its publication update_id=" + id +
+                            " is still held (release it to publish version " +
+                            std::to_string(weight_version) + " again) (" + update_context(m) + ")");
+    }
+  }
+  return std::nullopt;
 }
 
 void weight_publisher::maybe_release_locked(publication& p) {

@@ -70,6 +70,7 @@ struct update_record {
   coord_clock::time_point created, deadline;
   std::optional<coord_clock::time_point> finished;
   bool publishers_released = false;
+  std::uint32_t attempt = 1;  ///< 2, 3, ...: a retry of a version that was aborted
 };
 
 /// Effects the caller must carry out, in order.
@@ -104,11 +105,17 @@ class coordinator_book {
   std::vector<book_effect> leave(std::int32_t rank, rank_role role, const std::string& reason,
                                  coord_clock::time_point now);
 
-  /// A publisher rank's shard. The version must be above every version known for the model
-  /// (or equal to the one being assembled); shards must not share tensor names. When every
-  /// expected publisher has sent its shard, the update is distributed to the live consumers.
+  /// A publisher rank's shard. The version rule, per model: above the last committed version
+  /// (and any version a joining consumer serves), not below a version in progress, and equal
+  /// to one only while it assembles; a version that was aborted may be published again (a new
+  /// attempt, with new update ids) once every rank let go of the aborted one. Shards must not
+  /// share tensor names. When every expected publisher has sent its shard, the update is
+  /// distributed to the live consumers.
   result<std::vector<book_effect>> publish(const weight_update_manifest& shard,
                                            coord_clock::time_point now);
+  /// True when `shard` retries an aborted version that ranks still hold: publish() would refuse
+  /// it now, and accept it once the release_publisher effect of that version came.
+  bool retry_must_wait(const weight_update_manifest& shard) const;
 
   /// Consumer reports. Each names the update key and the rank; out-of-order reports are refused.
   result<std::vector<book_effect>> importing(const std::string& key, std::int32_t rank,
@@ -148,8 +155,9 @@ class coordinator_book {
   book_config config_;
   std::map<std::int32_t, rank_info> consumers_, publishers_;  ///< live ranks
   std::map<std::string, update_record> updates_;              ///< by key
-  std::map<std::string, std::uint64_t> highest_version_;      ///< per model, ever seen
-  std::map<std::string, std::int32_t> publisher_ranks_;       ///< per model, when declared
+  /// Per model: the highest version committed here or served by a consumer that joined.
+  std::map<std::string, std::uint64_t> committed_version_;
+  std::map<std::string, std::int32_t> publisher_ranks_;  ///< per model, when declared
 };
 
 }  // namespace wsync

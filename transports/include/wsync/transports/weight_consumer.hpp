@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -48,9 +49,11 @@ class weight_consumer {
   weight_consumer(const weight_consumer&) = delete;
   weight_consumer& operator=(const weight_consumer&) = delete;
 
-  /// Validates the manifest, refuses a version below the highest seen for the model (or equal to
-  /// it from a source rank whose shard of that version was already imported), and imports the
-  /// bytes. The returned pointer stays valid until release(update_id).
+  /// Validates the manifest, applies the version rule, and imports the bytes. The rule, per
+  /// model: the version must be above the active one (the highest acknowledged), not below one
+  /// still being imported, and a source rank's shard of a version is taken once while it is
+  /// held. A rejected or released version may therefore come again (a retry, with new update
+  /// ids). The returned pointer stays valid until release(update_id).
   result<const imported_update*> import_update(const weight_update_manifest& manifest);
   /// Recomputes every tensor checksum; a difference is "tensor checksum mismatch" naming the
   /// tensor.
@@ -80,11 +83,14 @@ class weight_consumer {
   consumer_config config_;
   mutable std::mutex mutex_;
   std::map<update_id, entry> updates_;
-  struct version_seen {
-    std::uint64_t version = 0;
-    std::set<std::int32_t> source_ranks;  ///< shards of that version already imported
+  struct model_versions {
+    std::optional<std::uint64_t> active;  ///< the highest acknowledged version
+    /// Versions imported and neither acknowledged, rejected nor released: source ranks held.
+    std::map<std::uint64_t, std::multiset<std::int32_t>> held;
   };
-  std::map<std::string, version_seen> highest_version_;      ///< per model_id
+  /// The update left the "held" set (acknowledged, rejected or released); mutex_ held.
+  void version_done_locked(const imported_update& u, bool acknowledged);
+  std::map<std::string, model_versions> versions_;           ///< per model_id
   std::deque<std::pair<update_id, update_state>> finished_;  ///< recent terminal states
 };
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ struct publisher_config {
   /// false: only release(update_id) gives it back — for a coordinator that does the per-rank
   /// bookkeeping itself.
   bool release_when_answered = true;
+  /// true: a coordinator orders the versions (trainer_rank). Publishing the last version again
+  /// is then allowed while its earlier publication is still held: the coordinator accepts the
+  /// retry once the aborted attempt was released, or refuses it if that version committed.
+  bool coordinator_orders_versions = false;
 };
 
 /// What the publisher knows of one consumer rank for one update.
@@ -73,7 +78,9 @@ class weight_publisher {
   weight_publisher& operator=(const weight_publisher&) = delete;
 
   /// Publishes one complete update for `expected_consumers` ranks. Fails with
-  /// "weight_version must increase monotonically" when the version does not grow, and with
+  /// "weight_version must increase monotonically" when the version is below the last one
+  /// published, or equal to it while a publication of it is still held (a retry of a failed
+  /// version comes once that publication was released), and with
   /// invalid_argument naming the tensor when a source is inconsistent. Nothing stays acquired
   /// on failure.
   result<weight_update_manifest> publish(std::span<const tensor_source> tensors,
@@ -105,6 +112,9 @@ class weight_publisher {
   void copy_all(std::span<const tensor_source> tensors, std::vector<tensor_descriptor>& descs,
                 const std::vector<std::span<std::byte>>& dest);
   void maybe_release_locked(publication& p);
+  /// Why `weight_version` may not be published now, or nullopt; mutex_ held.
+  std::optional<error> version_refusal_locked(std::uint64_t weight_version,
+                                              const weight_update_manifest& m) const;
 
   std::unique_ptr<publisher_transport> transport_;
   std::string transport_name_;
