@@ -231,6 +231,16 @@ class Cluster:
         self.log.close()
 
 
+def recovered(status, fault):
+    kind, _, committed, rank = fault
+    if rank is None:
+        return status.get("committed_version", 0) > committed
+    for r in status.get("ranks", []):
+        if r.get("role") == "consumer" and r.get("rank") == rank:
+            return (r.get("active_weight_version") or 0) > committed
+    return False
+
+
 def drive(args):
     wsync_bin = os.environ.get("WSYNC_BIN", "")
     if not os.access(wsync_bin, os.X_OK):
@@ -249,7 +259,7 @@ def drive(args):
         c.start_publisher(r)
     t0 = time.monotonic()
     faults, recoveries = [], []
-    pending = []  # faults not yet recovered from: (kind, time, committed at the fault)
+    pending = []  # faults not yet recovered from: (kind, time, committed at the fault, rank)
     timers = []  # restarts and SIGCONTs due later: (time, action)
     baseline = None  # fds and RSS of the ranks never killed (consumer 0, publisher 0)
     big = {"publisher": args.updates // 3, "coordinator": 2 * args.updates // 3}
@@ -271,9 +281,15 @@ def drive(args):
                         "consumer0_rss_mb": rss_mb_of(c.consumers[0].pid),
                         "publisher0_fds": fds_of(c.publishers[0].pid),
                         "publisher0_rss_mb": rss_mb_of(c.publishers[0].pid)}
-        if pending and not timers and c.healthy_above(max(p[2] for p in pending)):
-            recoveries += [time.monotonic() - p[1] for p in pending]
-            pending = []
+        # A fault is over when its consumer serves a newer version than when it struck (a
+        # publisher or coordinator fault: when the cluster commits a newer one).
+        still = []
+        for p in pending:
+            if s and recovered(s, p):
+                recoveries.append(time.monotonic() - p[1])
+            else:
+                still.append(p)
+        pending = still
         if committed >= args.updates and not pending and not timers and \
                 c.healthy_above(args.updates - 1):
             break
@@ -318,7 +334,7 @@ def drive(args):
                 time.sleep(0.5)
                 c.start_coordinator()
             faults.append(kind)
-            pending.append((kind, at, committed))
+            pending.append((kind, at, committed, r if kind.endswith("consumer") else None))
         time.sleep(0.05)
     seconds = time.monotonic() - t0
     end = {"consumer0_fds": fds_of(c.consumers[0].pid),
