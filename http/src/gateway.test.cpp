@@ -140,6 +140,37 @@ TEST_F(http_gateway_test, wait_drains_live_generations_then_an_update_installs_a
   EXPECT_EQ(r["weight_versions"], json::array({2, 3}));  // one version per step, never mixed
 }
 
+// A version whose install failed (here: a corrupted checksum) is taken again with a new update
+// id once the trainer retries it; the active one is kept meanwhile.
+TEST_F(http_gateway_test, a_failed_version_is_retried) {
+  ASSERT_EQ(install(2), 200);
+  auto bad = publisher_->publish(tensors_.fill(3), 3, {0});
+  ASSERT_TRUE(bad) << bad.error().message;
+  auto corrupted = json::parse(manifest_to_json(*bad));
+  corrupted["tensors"][0]["checksum"] = "0123456789abcdef";
+  ASSERT_EQ(post_status("/start_weight_update"), 200);
+  ASSERT_EQ(post_status("/update_weights", json{{"update_info", {{"manifest", corrupted}}}}.dump()),
+            200);
+  auto failed = post("/finish_weight_update");
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->status, 500);
+  EXPECT_NE(failed->body.find("version 2 stays active"), std::string::npos) << failed->body;
+  ASSERT_TRUE(publisher_->release(bad->update_id));
+  EXPECT_EQ(install(3), 200);
+  EXPECT_EQ(get_json("/status")["active_weight_version"], 3);
+  // 3 again is old now.
+  auto again = publisher_->publish(tensors_.fill(3), 3, {0});
+  ASSERT_FALSE(again);  // the publisher still holds the active 3
+  ASSERT_EQ(post_status("/start_weight_update"), 200);
+  auto old = json::parse(manifest_to_json(*bad));
+  old["update_id"] = update_id_generate();
+  auto refused = post("/update_weights", json{{"update_info", {{"manifest", old}}}}.dump());
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_NE(refused->body.find("weight_version must increase monotonically"), std::string::npos)
+      << refused->body;
+}
+
 TEST_F(http_gateway_test, thirty_two_clients_hammer_status_and_metrics_during_updates) {
   ASSERT_EQ(install(1), 200);
   std::atomic<bool> stop{false};

@@ -88,7 +88,8 @@ class WeightBridge:
                 ``(name, tensor)``; CPU tensors of any dtype wsync carries (f64, f32, f16, bf16,
                 fp8, i64..i8, u8, bool). Non-contiguous tensors are copied contiguous first.
             weight_version: must grow with every publish ("weight_version must increase
-                monotonically" otherwise).
+                monotonically" otherwise); the last version may be published again (a retry,
+                with a new update_id) once its publication was released.
             metadata: extra key/values for the manifest; non-str values travel as JSON text.
 
         The bytes stay published until :meth:`release` with the manifest's update_id.
