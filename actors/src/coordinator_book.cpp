@@ -123,6 +123,7 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
     auto it = u.consumers.find(rank);
     if (it == u.consumers.end()) continue;
     auto& p = it->second;
+    p.may_hold = false;  // a rank that is gone holds nothing
     if (!answered(p.state)) {
       p.reason = reason;
       set_state(p, rank_state::failed, now);
@@ -303,6 +304,7 @@ void coordinator_book::check_released(update_record& u, effects& out) {
   if (u.publishers_released || in_flight(u)) return;
   for (const auto& [r, p] : u.consumers) {
     if (p.state != rank_state::released && p.state != rank_state::failed) return;
+    if (p.may_hold) return;
   }
   u.publishers_released = true;
   out.push_back({book_effect::kind::release_publisher, u.key, publisher_ranks(u), {}});
@@ -377,6 +379,13 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
                                                             coord_clock::time_point now) {
   auto p = consumer_entry(key, rank);
   if (!p) return p.error();
+  if ((*p)->state == rank_state::failed && (*p)->may_hold) {
+    // A rank the deadline failed woke up and let go: its memory may be reused now.
+    (*p)->may_hold = false;
+    effects out;
+    check_released(updates_.at(key), out);
+    return out;
+  }
   if ((*p)->state == rank_state::released || (*p)->state == rank_state::failed) {
     return make_error(errc::illegal_transition, "cannot release update in state " +
                                                     std::string(rank_state_name((*p)->state)) +
@@ -408,6 +417,7 @@ std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
       if (answered(p.state)) continue;
       p.reason = "no answer before the update deadline";
       set_state(p, rank_state::failed, now);
+      p.may_hold = consumers_.count(r) > 0;  // alive: it may still be reading the memory
     }
     check_finished(u, now, out);
   }

@@ -177,6 +177,35 @@ TEST_F(book_test, deadlines_fail_silent_consumers_and_unfinished_assembly) {
   EXPECT_NE(book_.find("m@2")->reason.find("publisher ranks 1"), std::string::npos);
 }
 
+// Found by the chaos soak: a consumer frozen past the deadline is failed, but it wakes up and
+// goes on reading the update's memory. The publishers keep that memory until it lets go.
+TEST_F(book_test, a_rank_the_deadline_failed_keeps_the_memory_until_it_lets_go_or_leaves) {
+  for (std::uint64_t v : {1u, 2u}) {
+    publish_both(v);
+    auto key = "m@" + std::to_string(v);
+    ack_all(key, {10, 11, 12});
+    now_ += 11s;
+    ASSERT_FALSE(book_.expire(now_).empty());
+    ASSERT_EQ(book_.find(key)->consumers.at(13).state, rank_state::failed);
+    EXPECT_TRUE(book_.find(key)->consumers.at(13).may_hold);
+    for (int r : {10, 11, 12}) {
+      auto fx = book_.released(key, r, now_);
+      ASSERT_TRUE(fx);
+      for (const auto& e : *fx) EXPECT_NE(e.what, kind::release_publisher) << "rank 13 may read";
+    }
+    // Rank 13 wakes up and lets go (v1), or dies (v2): only then do the publishers reuse it.
+    auto fx = v == 1 ? *book_.released(key, 13, now_)
+                     : book_.leave(13, rank_role::consumer, "killed", now_);
+    bool released = false;
+    for (const auto& e : fx) released = released || e.what == kind::release_publisher;
+    EXPECT_TRUE(released) << key;
+    EXPECT_TRUE(book_.find(key)->publishers_released);
+    if (v == 1) {
+      EXPECT_FALSE(book_.released(key, 13, now_)) << "released twice";
+    }
+  }
+}
+
 TEST_F(book_test, a_late_or_restarted_consumer_catches_up_on_the_latest_committed_version) {
   publish_both(1);
   ack_all("m@1");

@@ -51,6 +51,9 @@ struct rank_progress {
   std::string reason;         ///< for rejected / failed
   std::string received_from;  ///< the hop the bytes came from, e.g. "publisher:0"
   double data_s = 0;          ///< the rank's own import-to-answer time, as it reported it
+  /// Failed by the deadline while still joined (frozen, slow): it may be reading the update's
+  /// memory yet, so the publishers keep it until the rank reports released or leaves.
+  bool may_hold = false;
   std::map<rank_state, coord_clock::time_point> at;
 };
 
