@@ -295,7 +295,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     } else {
       log_warn(who + " " + reason);
     }
-    run_effects(self, self->state.book.leave(m.rank, m.role, reason, coord_clock::now()));
+    const bool lost =
+        msg.reason != caf::exit_reason::user_shutdown && msg.reason != caf::exit_reason::normal;
+    run_effects(self, self->state.book.leave(m.rank, m.role, reason, coord_clock::now(), lost));
   });
   self->delayed_send(self, tick_interval, tick_atom::value);
   return {
@@ -318,7 +320,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                        hello.transports,
                        hello.address,
                        hello.publisher_ranks,
-                       hello.active_weight_version};
+                       hello.active_weight_version,
+                       hello.held};
         auto sender = self->current_sender();
         // A rank joining again replaces its old endpoint (it restarted).
         for (auto it = st.members.begin(); it != st.members.end();) {
