@@ -226,7 +226,7 @@ TEST_F(book_test, a_lost_consumer_holds_for_a_deadline_or_as_long_as_it_says_whe
   EXPECT_EQ(fx[0].what, kind::release_publisher);
 
   ASSERT_TRUE(book_.join(info(13, rank_role::consumer), now_));  // restarted
-  ASSERT_TRUE(book_.importing("m@1", 13, "publisher:0", now_));    // its catch-up
+  ASSERT_TRUE(book_.importing("m@1", 13, "publisher:0", now_));  // its catch-up
   ASSERT_TRUE(book_.acknowledged("m@1", 13, now_));
   publish_both(2);
   ack_all("m@2");

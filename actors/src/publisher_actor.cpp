@@ -34,19 +34,6 @@ struct publisher_side {
   /// Update key -> this rank's shards of it, oldest first: a retry of an aborted version has
   /// the key of the attempt before it, and the coordinator releases attempts in order.
   std::map<std::string, std::deque<update_id>> id_of;
-  /// Shards whose fate is unknown: the coordinator went away (or did not answer) after it may
-  /// have distributed them, so consumers may serve them as views. Kept until the coordinator
-  /// releases their key, or until a later version of this rank commits with every consumer
-  /// on it (then nobody can hold an older one).
-  std::vector<std::pair<std::string, update_id>> unknown_fate;
-  /// `id` of `key` is given back: out of the release queue (and the unknown ones); mutex held.
-  void forget_locked(const std::string& key, const update_id& id) {
-    if (auto it = id_of.find(key); it != id_of.end()) {
-      std::erase(it->second, id);
-      if (it->second.empty()) id_of.erase(it);
-    }
-    std::erase_if(unknown_fate, [&](const auto& k) { return k.second == id; });
-  }
 };
 
 publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
@@ -123,7 +110,8 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
           auto it = side->id_of.find(key);
           if (it == side->id_of.end()) return;
           id = it->second.front();
-          side->forget_locked(key, id);
+          it->second.pop_front();
+          if (it->second.empty()) side->id_of.erase(it);
         }
         (void)side->publisher->release(id);
       },
@@ -215,21 +203,6 @@ result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_option
   return std::unique_ptr<trainer_rank>(new trainer_rank(std::move(p)));
 }
 
-namespace {
-
-// Every consumer in a committed outcome acknowledged the version: none can still serve an older
-// one (installing this one released it).
-bool every_rank_on_it(const std::string& outcome_json) {
-  auto j = json::parse(outcome_json, nullptr, false);
-  if (!j.is_object() || !j.contains("ranks") || !j["ranks"].is_array()) return false;
-  for (const auto& r : j["ranks"]) {
-    if (!r.is_object() || !r.contains("acknowledged") || r["acknowledged"] != true) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
                                       std::uint64_t weight_version,
                                       std::map<std::string, std::string> metadata) {
@@ -245,7 +218,6 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
   out.publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!m) return out.fail(m.error()), out;
   auto key = update_key(m->model_id, weight_version);
-  bool refused = false;
   caf::scoped_actor self{impl_->sys.get()};
   self->request(impl_->endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value,
                 o.coordinator.token, key, m->update_id, manifest_to_json(*m))
@@ -255,7 +227,6 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
             if (j.is_discarded() || j.contains("error")) {
               out.error = j.is_object() ? j.value("error", outcome) : outcome;
               out.error_code = j.is_object() ? j.value("code", "io_error") : "io_error";
-              refused = j.is_object() && j.contains("code");  // a refusal carries its code
               return;
             }
             j["publish_s"] = out.publish_s;
@@ -266,32 +237,16 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
           [&](caf::error& err) {
             out.fail(make_error(errc::io_error, impl_->sys.get().render(err)));
           });
-  auto& side = *impl_->side;
-  std::vector<update_id> give_back;
-  {
-    std::lock_guard lock(side.mutex);
-    if (!out.error.empty() && out.outcome_json.empty()) {
-      if (refused) {
-        // The coordinator refused it: the version never entered its books, nobody has it.
-        give_back.push_back(m->update_id);
-        side.forget_locked(key, m->update_id);
-      } else {
-        // No answer: the version may be live at consumers (as views of this memory).
-        log_warn("publisher rank " + std::to_string(o.rank) + ": keeping update " + key +
-                 " (update_id=" + m->update_id +
-                 ") until it is released: the coordinator did not answer, consumers may serve it");
-        side.unknown_fate.emplace_back(key, m->update_id);
-      }
-    } else if (out.committed && every_rank_on_it(out.outcome_json)) {
-      auto unknown = std::move(side.unknown_fate);
-      side.unknown_fate.clear();
-      for (const auto& [k, id] : unknown) {
-        side.forget_locked(k, id);
-        give_back.push_back(id);
-      }
+  // A refused or failed version still holds its slot until the coordinator releases it; a
+  // refusal never reaches the coordinator's books, so give that memory back here.
+  if (!out.error.empty() && out.outcome_json.empty()) {
+    (void)impl_->side->publisher->release(m->update_id);
+    std::lock_guard lock(impl_->side->mutex);
+    if (auto it = impl_->side->id_of.find(key); it != impl_->side->id_of.end()) {
+      std::erase(it->second, m->update_id);
+      if (it->second.empty()) impl_->side->id_of.erase(it);
     }
   }
-  for (const auto& id : give_back) (void)side.publisher->release(id);
   return out;
 }
 
