@@ -295,9 +295,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     } else {
       log_warn(who + " " + reason);
     }
-    const bool lost =
-        msg.reason != caf::exit_reason::user_shutdown && msg.reason != caf::exit_reason::normal;
-    run_effects(self, self->state.book.leave(m.rank, m.role, reason, coord_clock::now(), lost));
+    run_effects(self, self->state.book.leave(m.rank, m.role, reason, coord_clock::now()));
   });
   self->delayed_send(self, tick_interval, tick_atom::value);
   return {
@@ -320,8 +318,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                        hello.transports,
                        hello.address,
                        hello.publisher_ranks,
-                       hello.active_weight_version,
-                       hello.held};
+                       hello.active_weight_version};
         auto sender = self->current_sender();
         // A rank joining again replaces its old endpoint (it restarted).
         for (auto it = st.members.begin(); it != st.members.end();) {

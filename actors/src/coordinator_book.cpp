@@ -78,19 +78,8 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
   }
   effects out;
   auto& table = info.role == rank_role::publisher ? publishers_ : consumers_;
-  // A re-join replaces the old registration: the rank restarted and holds only what it says.
-  if (table.count(info.rank)) {
-    out = leave(info.rank, info.role, "rank re-registered", now, false, &info.held);
-  } else {
-    for (const auto& key : info.held) {
-      if (auto u = updates_.find(key); u != updates_.end()) {
-        if (auto p = u->second.consumers.find(info.rank); p != u->second.consumers.end()) {
-          p->second.may_hold = true;  // lost earlier, back now and serving it
-          p->second.hold_until = coord_clock::time_point::max();
-        }
-      }
-    }
-  }
+  // A re-join replaces the old registration: the rank restarted and holds nothing of ours.
+  if (table.count(info.rank)) out = leave(info.rank, info.role, "rank re-registered", now);
   table[info.rank] = info;
   if (info.role == rank_role::publisher && info.publisher_ranks > 0) {
     publisher_ranks_[info.model_id] = info.publisher_ranks;
@@ -116,8 +105,7 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
 
 std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role role,
                                                  const std::string& reason,
-                                                 coord_clock::time_point now, bool lost,
-                                                 const std::vector<std::string>* still_held) {
+                                                 coord_clock::time_point now) {
   effects out;
   auto& table = role == rank_role::publisher ? publishers_ : consumers_;
   table.erase(rank);
@@ -135,16 +123,7 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
     auto it = u.consumers.find(rank);
     if (it == u.consumers.end()) continue;
     auto& p = it->second;
-    const bool held = p.state != rank_state::failed && p.state != rank_state::released;
-    p.may_hold = false;  // a rank that stopped holds nothing
-    if (lost && held) {
-      p.may_hold = true;
-      p.hold_until = now + config_.update_deadline;
-    }
-    if (still_held && std::find(still_held->begin(), still_held->end(), key) != still_held->end()) {
-      p.may_hold = true;  // it came back, serving this one
-      p.hold_until = coord_clock::time_point::max();
-    }
+    p.may_hold = false;  // a rank that is gone holds nothing
     if (!answered(p.state)) {
       p.reason = reason;
       set_state(p, rank_state::failed, now);
@@ -426,13 +405,6 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
 
 std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
   effects out;
-  for (auto& [key, u] : updates_) {
-    bool expired = false;
-    for (auto& [r, p] : u.consumers) {
-      if (p.may_hold && now >= p.hold_until) p.may_hold = false, expired = true;
-    }
-    if (expired) check_released(u, out);
-  }
   for (auto& [key, u] : updates_) {
     if (!in_flight(u) || now < u.deadline) continue;
     if (u.phase == update_phase::assembling) {

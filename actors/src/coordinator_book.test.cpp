@@ -18,13 +18,7 @@ class book_test : public ::testing::Test {
   }
 
   static rank_info info(int rank, rank_role role, std::string model = "m") {
-    rank_info i;
-    i.rank = rank;
-    i.role = role;
-    i.node = "n" + std::to_string(rank % 2);
-    i.model_id = std::move(model);
-    i.transports = {"shared-memory"};
-    return i;
+    return {rank, role, "n" + std::to_string(rank % 2), std::move(model), {"shared-memory"}, ""};
   }
 
   static weight_update_manifest shard(int rank, std::uint64_t version, std::string tensor = "") {
@@ -210,38 +204,6 @@ TEST_F(book_test, a_rank_the_deadline_failed_keeps_the_memory_until_it_lets_go_o
       EXPECT_FALSE(book_.released(key, 13, now_)) << "released twice";
     }
   }
-}
-
-// A consumer whose link was lost (heartbeat timeout) may be frozen, not dead: what it held stays
-// held for one deadline, or for as long as it says it holds it once it is back.
-TEST_F(book_test, a_lost_consumer_holds_for_a_deadline_or_as_long_as_it_says_when_back) {
-  publish_both(1);
-  ack_all("m@1");
-  for (int r : {10, 11, 12}) ASSERT_TRUE(book_.released("m@1", r, now_));
-  auto fx = book_.leave(13, rank_role::consumer, "down: heartbeat timeout", now_, true);
-  for (const auto& e : fx) EXPECT_NE(e.what, kind::release_publisher) << "rank 13 may be frozen";
-  now_ += 11s;  // one deadline later nobody waits for it any more
-  fx = book_.expire(now_);
-  ASSERT_EQ(fx.size(), 1u);
-  EXPECT_EQ(fx[0].what, kind::release_publisher);
-
-  ASSERT_TRUE(book_.join(info(13, rank_role::consumer), now_));  // restarted
-  ASSERT_TRUE(book_.importing("m@1", 13, "publisher:0", now_));  // its catch-up
-  ASSERT_TRUE(book_.acknowledged("m@1", 13, now_));
-  publish_both(2);
-  ack_all("m@2");
-  for (int r : {10, 11, 12}) ASSERT_TRUE(book_.released("m@2", r, now_));
-  book_.leave(13, rank_role::consumer, "down: heartbeat timeout", now_, true);
-  auto back = info(13, rank_role::consumer);
-  back.held = {"m@2"};  // it woke up, reconnected, and still serves version 2
-  ASSERT_TRUE(book_.join(back, now_));
-  now_ += 60s;
-  book_.expire(now_);  // m@1, which it no longer names, is released; m@2 is not
-  EXPECT_TRUE(book_.find("m@1")->publishers_released);
-  EXPECT_FALSE(book_.find("m@2")->publishers_released);
-  fx = *book_.released("m@2", 13, now_);  // it moved on
-  ASSERT_EQ(fx.size(), 1u);
-  EXPECT_EQ(fx[0].what, kind::release_publisher);
 }
 
 TEST_F(book_test, a_late_or_restarted_consumer_catches_up_on_the_latest_committed_version) {

@@ -38,9 +38,6 @@ struct rank_info {
   /// Consumers: the version the rank serves. A coordinator that restarted learns from it that
   /// versions up to this one were already used, so versions stay monotonic across restarts.
   std::uint64_t active_weight_version = 0;
-  /// Consumers: keys of the updates the rank still holds (a rank that reconnects after its
-  /// link was lost may be serving them as views): they stay held for it.
-  std::vector<std::string> held;
 };
 
 /// A consumer rank's progress on one update: pending, importing, acknowledged, rejected,
@@ -54,11 +51,9 @@ struct rank_progress {
   std::string reason;         ///< for rejected / failed
   std::string received_from;  ///< the hop the bytes came from, e.g. "publisher:0"
   double data_s = 0;          ///< the rank's own import-to-answer time, as it reported it
-  /// The rank may still read the update's memory though the book failed or released it: failed
-  /// by the deadline while joined, or lost (heartbeat, link) rather than stopped. The
-  /// publishers keep the memory until it reports released, leaves in order, or `hold_until`.
+  /// Failed by the deadline while still joined (frozen, slow): it may be reading the update's
+  /// memory yet, so the publishers keep it until the rank reports released or leaves.
   bool may_hold = false;
-  coord_clock::time_point hold_until = coord_clock::time_point::max();
   std::map<rank_state, coord_clock::time_point> at;
 };
 
@@ -109,12 +104,9 @@ class coordinator_book {
   result<std::vector<book_effect>> join(const rank_info& info, coord_clock::time_point now);
 
   /// A rank went away (down message, node lost, heartbeat timeout). A consumer is failed for
-  /// every update in flight; a publisher's in-flight updates are aborted. `lost`: the rank did
-  /// not stop in order (a heartbeat timeout, a lost link), so it may be frozen rather than
-  /// dead: what it held stays held for one update deadline (memory a zombie could still read).
+  /// every update in flight; a publisher's in-flight updates are aborted.
   std::vector<book_effect> leave(std::int32_t rank, rank_role role, const std::string& reason,
-                                 coord_clock::time_point now, bool lost = false,
-                                 const std::vector<std::string>* still_held = nullptr);
+                                 coord_clock::time_point now);
 
   /// A publisher rank's shard. The version rule, per model: above the last committed version
   /// (and any version a joining consumer serves), not below a version in progress, and equal
