@@ -379,10 +379,8 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
                                                             coord_clock::time_point now) {
   auto p = consumer_entry(key, rank);
   if (!p) return p.error();
-  if ((*p)->may_hold &&
-      ((*p)->state == rank_state::failed || (*p)->state == rank_state::released)) {
-    // A rank the book had given up on (deadline, lost link) woke up and let go: its memory may
-    // be reused now.
+  if ((*p)->state == rank_state::failed && (*p)->may_hold) {
+    // A rank the deadline failed woke up and let go: its memory may be reused now.
     (*p)->may_hold = false;
     effects out;
     check_released(updates_.at(key), out);

@@ -34,6 +34,13 @@ struct publisher_side {
   /// Update key -> this rank's shards of it, oldest first: a retry of an aborted version has
   /// the key of the attempt before it, and the coordinator releases attempts in order.
   std::map<std::string, std::deque<update_id>> id_of;
+  /// `id` of `key` is given back: out of its queue; mutex held.
+  void forget_locked(const std::string& key, const update_id& id) {
+    auto it = id_of.find(key);
+    if (it == id_of.end()) return;
+    std::erase(it->second, id);
+    if (it->second.empty()) id_of.erase(it);
+  }
 };
 
 publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
@@ -110,8 +117,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
           auto it = side->id_of.find(key);
           if (it == side->id_of.end()) return;
           id = it->second.front();
-          it->second.pop_front();
-          if (it->second.empty()) side->id_of.erase(it);
+          side->forget_locked(key, id);
         }
         (void)side->publisher->release(id);
       },
@@ -242,10 +248,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
   if (!out.error.empty() && out.outcome_json.empty()) {
     (void)impl_->side->publisher->release(m->update_id);
     std::lock_guard lock(impl_->side->mutex);
-    if (auto it = impl_->side->id_of.find(key); it != impl_->side->id_of.end()) {
-      std::erase(it->second, m->update_id);
-      if (it->second.empty()) impl_->side->id_of.erase(it);
-    }
+    impl_->side->forget_locked(key, m->update_id);
   }
   return out;
 }

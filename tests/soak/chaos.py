@@ -308,7 +308,7 @@ def drive(args):
             if kind == "sigkill-consumer":
                 free = [r for r in free if r != 0]  # consumer 0 stays: its fds, RSS are watched
             if kind.endswith("consumer") and not free:
-                continue
+                kind = "none"  # every consumer is down or frozen already: skip this one
             at = time.monotonic()
             if kind == "sigkill-consumer":
                 r = rng.choice(free)
@@ -324,6 +324,8 @@ def drive(args):
                 timers.append((at + rng.uniform(0.5, 2.0),
                                lambda r=r: (os.kill(c.consumers[r].pid, signal.SIGCONT),
                                             busy.discard(r))))
+            elif kind == "none":
+                pass
             elif kind == "sigkill-publisher":
                 c.publishers[1].kill()
                 c.publishers[1].wait()
@@ -333,8 +335,9 @@ def drive(args):
                 c.coordinator.wait()
                 time.sleep(0.5)
                 c.start_coordinator()
-            faults.append(kind)
-            pending.append((kind, at, committed, r if kind.endswith("consumer") else None))
+            if kind != "none":
+                faults.append(kind)
+                pending.append((kind, at, committed, r if kind.endswith("consumer") else None))
         time.sleep(0.05)
     seconds = time.monotonic() - t0
     end = {"consumer0_fds": fds_of(c.consumers[0].pid),
