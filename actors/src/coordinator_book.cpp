@@ -22,6 +22,32 @@ std::vector<std::int32_t> publisher_ranks(const update_record& u) {
   return {u.expected_publishers.begin(), u.expected_publishers.end()};
 }
 
+std::vector<std::string> keys_of(const std::map<std::string, update_record>& updates) {
+  std::vector<std::string> keys;
+  keys.reserve(updates.size());
+  for (const auto& [key, u] : updates) keys.push_back(key);
+  return keys;
+}
+
+// What one consumer entry adds to its update's running counts.
+void tally_add(update_record::tally& t, const rank_progress& p, int sign) {
+  auto add = [sign](std::size_t& n, bool yes) {
+    if (yes) sign > 0 ? ++n : --n;
+  };
+  add(t.unanswered, !answered(p.state));
+  add(t.acknowledged, p.acknowledged);
+  add(t.holding, (p.state != rank_state::released && p.state != rank_state::failed) || p.may_hold);
+}
+
+// A new entry for `rank` in `u`'s table (replacing any older one), pending since `now`.
+rank_progress& fresh_entry(update_record& u, std::int32_t rank) {
+  auto [it, added] = u.consumers.try_emplace(rank);
+  if (!added) tally_add(u.counts, it->second, -1);
+  it->second = rank_progress{};
+  tally_add(u.counts, it->second, +1);
+  return it->second;
+}
+
 }  // namespace
 
 std::string_view rank_role_name(rank_role r) {
@@ -60,10 +86,31 @@ std::string_view update_phase_name(update_phase p) {
   return "invalid";
 }
 
-void coordinator_book::set_state(rank_progress& p, rank_state s, coord_clock::time_point now) {
+void coordinator_book::set_state(update_record& u, rank_progress& p, rank_state s,
+                                 coord_clock::time_point now) {
+  tally_add(u.counts, p, -1);
   p.state = s;
   p.at[s] = now;
   if (s == rank_state::acknowledged) p.acknowledged = true;
+  tally_add(u.counts, p, +1);
+}
+
+void coordinator_book::set_may_hold(update_record& u, rank_progress& p, bool may_hold) {
+  tally_add(u.counts, p, -1);
+  p.may_hold = may_hold;
+  tally_add(u.counts, p, +1);
+}
+
+bool coordinator_book::counts_consistent() const {
+  for (const auto& [key, u] : updates_) {
+    update_record::tally walked;
+    for (const auto& [r, p] : u.consumers) tally_add(walked, p, +1);
+    if (walked.unanswered != u.counts.unanswered || walked.acknowledged != u.counts.acknowledged ||
+        walked.holding != u.counts.holding) {
+      return false;
+    }
+  }
+  return true;
 }
 
 result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
@@ -91,9 +138,7 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
   if (info.role == rank_role::consumer) {
     // Catch-up: the newest committed version, as a fresh entry in that update's table.
     if (auto* latest = latest_committed_mutable(info.model_id)) {
-      auto& p = latest->consumers[info.rank];
-      p = rank_progress{};
-      set_state(p, rank_state::pending, now);
+      set_state(*latest, fresh_entry(*latest, info.rank), rank_state::pending, now);
       latest->publishers_released = false;
       std::vector<weight_update_manifest> shards;
       for (const auto& [r, m] : latest->shards) shards.push_back(m);
@@ -109,7 +154,11 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
   effects out;
   auto& table = role == rank_role::publisher ? publishers_ : consumers_;
   table.erase(rank);
-  for (auto& [key, u] : updates_) {
+  // Over the keys as they were: finishing an update may drop older ones from the history.
+  for (const auto& key : keys_of(updates_)) {
+    auto found = updates_.find(key);
+    if (found == updates_.end()) continue;
+    auto& u = found->second;
     if (role == rank_role::publisher) {
       // Only a version still assembling depends on the publisher: once distributed, every
       // consumer has the manifests and the segments outlive their creator, so the version
@@ -123,12 +172,12 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
     auto it = u.consumers.find(rank);
     if (it == u.consumers.end()) continue;
     auto& p = it->second;
-    p.may_hold = false;  // a rank that is gone holds nothing
+    set_may_hold(u, p, false);  // a rank that is gone holds nothing
     if (!answered(p.state)) {
       p.reason = reason;
-      set_state(p, rank_state::failed, now);
+      set_state(u, p, rank_state::failed, now);
     } else if (p.state == rank_state::acknowledged || p.state == rank_state::rejected) {
-      set_state(p, rank_state::released, now);  // a rank that is gone holds nothing
+      set_state(u, p, rank_state::released, now);  // a rank that is gone holds nothing
     }
     check_finished(u, now, out);
     check_released(u, out);
@@ -239,7 +288,7 @@ void coordinator_book::distribute(update_record& u, coord_clock::time_point now,
   std::vector<std::int32_t> ranks;
   for (const auto& [r, info] : consumers_) {
     if (info.model_id != u.model_id) continue;
-    set_state(u.consumers[r], rank_state::pending, now);
+    set_state(u, fresh_entry(u, r), rank_state::pending, now);
     ranks.push_back(r);
   }
   std::vector<weight_update_manifest> shards;
@@ -252,14 +301,10 @@ void coordinator_book::distribute(update_record& u, coord_clock::time_point now,
 
 void coordinator_book::check_finished(update_record& u, coord_clock::time_point now, effects& out) {
   if (u.phase != update_phase::distributing) return;
-  bool any_ack = false;
-  for (const auto& [r, p] : u.consumers) {
-    if (!answered(p.state)) return;
-    any_ack = any_ack || p.acknowledged;
-  }
+  if (u.counts.unanswered > 0) return;
   // Committed: every consumer answered and someone serves it; rejected and failed ranks are
   // listed in the table, not waited on. Nobody acknowledged: the version never went live.
-  if (any_ack || u.consumers.empty()) {
+  if (u.counts.acknowledged > 0 || u.consumers.empty()) {
     u.phase = update_phase::committed;
     auto& cv = committed_version_[u.model_id];
     cv = std::max(cv, u.weight_version);
@@ -286,7 +331,7 @@ void coordinator_book::abort(update_record& u, const std::string& reason,
     }
     if (!answered(p.state)) {
       p.reason = reason;
-      set_state(p, rank_state::failed, now);
+      set_state(u, p, rank_state::failed, now);
     }
   }
   if (!holders.empty()) out.push_back({book_effect::kind::drop, u.key, holders, {}});
@@ -301,16 +346,13 @@ bool coordinator_book::retry_must_wait(const weight_update_manifest& shard) cons
 }
 
 void coordinator_book::check_released(update_record& u, effects& out) {
-  if (u.publishers_released || in_flight(u)) return;
-  for (const auto& [r, p] : u.consumers) {
-    if (p.state != rank_state::released && p.state != rank_state::failed) return;
-    if (p.may_hold) return;
-  }
+  if (u.publishers_released || in_flight(u) || u.counts.holding > 0) return;
   u.publishers_released = true;
   out.push_back({book_effect::kind::release_publisher, u.key, publisher_ranks(u), {}});
 }
 
-result<rank_progress*> coordinator_book::consumer_entry(const std::string& key, std::int32_t rank) {
+result<coordinator_book::entry> coordinator_book::consumer_entry(const std::string& key,
+                                                                 std::int32_t rank) {
   auto it = updates_.find(key);
   if (it == updates_.end()) {
     return make_error(errc::unknown_update, "unknown update_id: " + context(key, rank));
@@ -320,22 +362,23 @@ result<rank_progress*> coordinator_book::consumer_entry(const std::string& key, 
     return make_error(errc::invalid_argument,
                       "rank is not a consumer of this update (" + context(key, rank) + ")");
   }
-  return &c->second;
+  return entry{&it->second, &c->second};
 }
 
 result<std::vector<book_effect>> coordinator_book::importing(const std::string& key,
                                                              std::int32_t rank,
                                                              std::string received_from,
                                                              coord_clock::time_point now) {
-  auto p = consumer_entry(key, rank);
-  if (!p) return p.error();
-  if ((*p)->state != rank_state::pending) {
+  auto e = consumer_entry(key, rank);
+  if (!e) return e.error();
+  auto& p = *e->progress;
+  if (p.state != rank_state::pending) {
     return make_error(errc::illegal_transition, "cannot import update in state " +
-                                                    std::string(rank_state_name((*p)->state)) +
-                                                    " (" + context(key, rank) + ")");
+                                                    std::string(rank_state_name(p.state)) + " (" +
+                                                    context(key, rank) + ")");
   }
-  (*p)->received_from = std::move(received_from);
-  set_state(**p, rank_state::importing, now);
+  p.received_from = std::move(received_from);
+  set_state(*e->update, p, rank_state::importing, now);
   return effects{};
 }
 
@@ -343,59 +386,61 @@ result<std::vector<book_effect>> coordinator_book::acknowledged(const std::strin
                                                                 std::int32_t rank,
                                                                 coord_clock::time_point now,
                                                                 double data_s) {
-  auto p = consumer_entry(key, rank);
-  if (!p) return p.error();
-  if ((*p)->state != rank_state::pending && (*p)->state != rank_state::importing) {
+  auto e = consumer_entry(key, rank);
+  if (!e) return e.error();
+  auto& p = *e->progress;
+  if (p.state != rank_state::pending && p.state != rank_state::importing) {
     return make_error(errc::illegal_transition, "cannot acknowledge update in state " +
-                                                    std::string(rank_state_name((*p)->state)) +
-                                                    " (" + context(key, rank) + ")");
+                                                    std::string(rank_state_name(p.state)) + " (" +
+                                                    context(key, rank) + ")");
   }
-  (*p)->data_s = data_s;
-  set_state(**p, rank_state::acknowledged, now);
+  p.data_s = data_s;
+  set_state(*e->update, p, rank_state::acknowledged, now);
   effects out;
-  check_finished(updates_.at(key), now, out);
+  check_finished(*e->update, now, out);
   return out;
 }
 
 result<std::vector<book_effect>> coordinator_book::rejected(const std::string& key,
                                                             std::int32_t rank, std::string reason,
                                                             coord_clock::time_point now) {
-  auto p = consumer_entry(key, rank);
-  if (!p) return p.error();
-  if ((*p)->state != rank_state::pending && (*p)->state != rank_state::importing) {
+  auto e = consumer_entry(key, rank);
+  if (!e) return e.error();
+  auto& p = *e->progress;
+  if (p.state != rank_state::pending && p.state != rank_state::importing) {
     return make_error(errc::illegal_transition, "cannot reject update in state " +
-                                                    std::string(rank_state_name((*p)->state)) +
-                                                    " (" + context(key, rank) + ")");
+                                                    std::string(rank_state_name(p.state)) + " (" +
+                                                    context(key, rank) + ")");
   }
-  (*p)->reason = std::move(reason);
-  set_state(**p, rank_state::rejected, now);
+  p.reason = std::move(reason);
+  set_state(*e->update, p, rank_state::rejected, now);
   effects out;
-  check_finished(updates_.at(key), now, out);
+  check_finished(*e->update, now, out);
   return out;
 }
 
 result<std::vector<book_effect>> coordinator_book::released(const std::string& key,
                                                             std::int32_t rank,
                                                             coord_clock::time_point now) {
-  auto p = consumer_entry(key, rank);
-  if (!p) return p.error();
-  if ((*p)->state == rank_state::failed && (*p)->may_hold) {
+  auto e = consumer_entry(key, rank);
+  if (!e) return e.error();
+  auto& u = *e->update;
+  auto& p = *e->progress;
+  effects out;
+  if (p.state == rank_state::failed && p.may_hold) {
     // A rank the deadline failed woke up and let go: its memory may be reused now.
-    (*p)->may_hold = false;
-    effects out;
-    check_released(updates_.at(key), out);
+    set_may_hold(u, p, false);
+    check_released(u, out);
     return out;
   }
-  if ((*p)->state == rank_state::released || (*p)->state == rank_state::failed) {
+  if (p.state == rank_state::released || p.state == rank_state::failed) {
     return make_error(errc::illegal_transition, "cannot release update in state " +
-                                                    std::string(rank_state_name((*p)->state)) +
-                                                    " (" + context(key, rank) + ")");
+                                                    std::string(rank_state_name(p.state)) + " (" +
+                                                    context(key, rank) + ")");
   }
   // Releasing before answering is a consumer that dropped the update (e.g. it was aborted).
-  if (!answered((*p)->state)) (*p)->reason = "released without an answer";
-  set_state(**p, rank_state::released, now);
-  effects out;
-  auto& u = updates_.at(key);
+  if (!answered(p.state)) p.reason = "released without an answer";
+  set_state(u, p, rank_state::released, now);
   check_finished(u, now, out);
   check_released(u, out);
   return out;
@@ -403,7 +448,11 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
 
 std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
   effects out;
-  for (auto& [key, u] : updates_) {
+  // Over the keys as they were: finishing an update may drop older ones from the history.
+  for (const auto& key : keys_of(updates_)) {
+    auto found = updates_.find(key);
+    if (found == updates_.end()) continue;
+    auto& u = found->second;
     if (!in_flight(u) || now < u.deadline) continue;
     if (u.phase == update_phase::assembling) {
       std::string missing;
@@ -416,8 +465,8 @@ std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
     for (auto& [r, p] : u.consumers) {
       if (answered(p.state)) continue;
       p.reason = "no answer before the update deadline";
-      set_state(p, rank_state::failed, now);
-      p.may_hold = consumers_.count(r) > 0;  // alive: it may still be reading the memory
+      set_state(u, p, rank_state::failed, now);
+      set_may_hold(u, p, consumers_.count(r) > 0);  // alive: it may still read the memory
     }
     check_finished(u, now, out);
   }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 namespace wsync {
 namespace {
 
@@ -16,6 +18,8 @@ class book_test : public ::testing::Test {
     for (int r : {0, 1}) ASSERT_TRUE(book_.join(info(r, rank_role::publisher), now_));
     for (int r : {10, 11, 12, 13}) ASSERT_TRUE(book_.join(info(r, rank_role::consumer), now_));
   }
+  // Whatever a test did, the running counts behind every decision match the tables.
+  void TearDown() override { EXPECT_TRUE(book_.counts_consistent()); }
 
   static rank_info info(int rank, rank_role role, std::string model = "m") {
     return {rank, role, "n" + std::to_string(rank % 2), std::move(model), {"shared-memory"}, ""};
@@ -345,6 +349,70 @@ TEST_F(book_test, other_models_are_independent) {
   // "other" has a publisher but no consumers: it commits at once with an empty table.
   EXPECT_EQ(book_.find("other@1")->phase, update_phase::committed);
   EXPECT_TRUE(book_.publish(shard(0, 1), now_));  // version 1 of "m" is still free
+}
+
+// Random reports, leaves, re-joins, deadlines and publishes, in any order (most refused): after
+// each, the running counts match a walk of the tables, and no update is left waiting on answers
+// it already has or holding memory nobody holds.
+TEST_F(book_test, running_counts_survive_any_sequence_of_messages) {
+  std::mt19937 rng(20261123);
+  auto pick = [&](int n) {
+    return static_cast<int>(rng() % static_cast<unsigned>(n));
+  };
+  const std::vector<int> consumers{10, 11, 12, 13};
+  std::uint64_t version = 1;
+  for (int step = 0; step < 20000; ++step) {
+    const int rank = consumers[static_cast<std::size_t>(pick(4))];
+    const auto key = "m@" + std::to_string(version - static_cast<std::uint64_t>(pick(2)));
+    now_ += std::chrono::milliseconds(pick(400));
+    switch (pick(9)) {
+      case 0:
+        (void)book_.importing(key, rank, "publisher:0", now_);
+        break;
+      case 1:
+      case 2:
+        (void)book_.acknowledged(key, rank, now_);
+        break;
+      case 3:
+        (void)book_.rejected(key, rank, "bad", now_);
+        break;
+      case 4:
+        (void)book_.released(key, rank, now_);
+        break;
+      case 5:
+        (void)book_.leave(rank, rank_role::consumer, "gone", now_);
+        (void)book_.join(info(rank, rank_role::consumer), now_);
+        break;
+      case 6:
+        (void)book_.expire(now_);
+        break;
+      default:
+        if (book_.publish(shard(pick(2), version), now_) &&
+            book_.find("m@" + std::to_string(version))->phase != update_phase::assembling) {
+          ++version;
+        } else if (pick(4) == 0) {
+          ++version;  // sometimes give up on one
+        }
+        break;
+    }
+    ASSERT_TRUE(book_.counts_consistent()) << "after step " << step;
+    for (const auto* u : book_.updates("m")) {
+      bool all_answered = true, anyone_holds = false;
+      for (const auto& [r, p] : u->consumers) {
+        all_answered =
+            all_answered && p.state != rank_state::pending && p.state != rank_state::importing;
+        anyone_holds = anyone_holds || p.may_hold ||
+                       (p.state != rank_state::released && p.state != rank_state::failed);
+      }
+      if (u->phase == update_phase::distributing) {
+        ASSERT_FALSE(all_answered) << u->key << " after step " << step;
+      }
+      if (u->phase == update_phase::committed || u->phase == update_phase::aborted) {
+        ASSERT_EQ(u->publishers_released, !anyone_holds) << u->key << " after step " << step;
+      }
+    }
+  }
+  EXPECT_GT(version, 20u);  // the walk got through many versions, not one stuck update
 }
 
 }  // namespace
