@@ -3,7 +3,11 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "guard.hpp"
 #include "protocol.hpp"
@@ -16,20 +20,34 @@
 #include "wsync/transports/registry.hpp"
 
 namespace wsync {
+
+/// An update as a consumer endpoint parsed it, once for all the ranks it hands it to (parsing
+/// the manifests was most of a rank's fixed cost per update). Never leaves the process.
+struct parsed_update {
+  std::string token, key, received_from;
+  std::vector<weight_update_manifest> shards;
+  std::string error;  ///< a manifest that did not parse: every rank rejects it with this
+};
+using parsed_update_ptr = std::shared_ptr<const parsed_update>;
+
+}  // namespace wsync
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(wsync::parsed_update_ptr)
+
+namespace wsync {
 namespace {
 
 using namespace proto;
 
-// The rollout side of one rank; touched only by its actor's thread, except the atomics. It
-// installs through its own reference runtime (`wsync consumer`) or through an adapter and gate
-// the embedding program brings (rollout_rank).
+// The rollout side of one rank. Its rank worker installs and keeps key_of; the endpoint reads
+// what it holds when it (re)joins, hence the lock. It installs through its own reference runtime
+// (`wsync consumer`) or through an adapter and gate the embedding program brings (rollout_rank).
 struct rollout_side {
   std::string relay_address;  ///< where other consumers pull from this rank (first: taken
                               ///< from the transport before the consumer owns it)
   weight_consumer consumer;
   std::unique_ptr<reference_runtime> own_runtime;  ///< null when the program brings an adapter
   rollout_executor executor;
-  std::map<update_id, std::string> key_of;  ///< shard id -> update key, for release reports
   std::atomic<bool> joined{false};
   std::atomic<bool> refused{false};  ///< the coordinator refused the rank (bad token, ...)
 
@@ -43,151 +61,343 @@ struct rollout_side {
 
   std::uint64_t active_version() const { return executor.active_weight_version().value_or(0); }
 
+  /// Update keys whose memory the rank still holds.
+  std::vector<std::string> held() const {
+    std::lock_guard lock(mu_);
+    std::set<std::string> keys;
+    for (const auto& [id, key] : key_of_) keys.insert(key);
+    return {keys.begin(), keys.end()};
+  }
+  /// Forgets the shards of `ids` and returns the keys they belonged to.
+  std::set<std::string> forget(const std::vector<update_id>& ids) {
+    std::lock_guard lock(mu_);
+    std::set<std::string> keys;
+    for (const auto& id : ids) {
+      if (auto it = key_of_.find(id); it != key_of_.end()) {
+        keys.insert(it->second);
+        key_of_.erase(it);
+      }
+    }
+    return keys;
+  }
+  void remember(const std::vector<update_id>& ids, const std::string& key) {
+    std::lock_guard lock(mu_);
+    for (const auto& id : ids) key_of_[id] = key;
+  }
+
  private:
   rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
                std::unique_ptr<reference_runtime> runtime)
       : rollout_side(std::move(t), rank, verify, *runtime, runtime->gate()) {
     own_runtime = std::move(runtime);
   }
+  mutable std::mutex mu_;
+  std::map<update_id, std::string> key_of_;  ///< shard id -> update key, for release reports
 };
 
-struct consumer_state {
-  coordinator_actor coordinator;
-  bool joined = false;
-  std::chrono::milliseconds backoff{200};
-};
+// Reports the rank workers leave for their endpoint: the only thing the two kinds of actor
+// share besides the rollout sides. A worker pokes the endpoint when it finds the box empty, so
+// the reports that pile up meanwhile travel together.
+struct report_outbox {
+  std::mutex mu;
+  std::vector<rank_report> reports;
+  caf::actor_addr endpoint;  ///< weak: the endpoint owns the box, not the other way round
 
-using consumer_pointer = consumer_actor::pointer;
-
-// Joins (or re-joins) the current coordinator, telling it the version this rank serves.
-void join(consumer_pointer self, std::shared_ptr<consumer_state> st, rank_hello hello,
-          std::shared_ptr<rollout_side> side) {
-  const std::int32_t rank = hello.rank;
-  hello.active_weight_version = side->active_version();
-  std::set<std::string> held;
-  for (const auto& [id, key] : side->key_of) held.insert(key);
-  hello.held.assign(held.begin(), held.end());
-  self->monitor(st->coordinator);
-  self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
-      .then(
-          [=](const std::string& token, const std::string& refusal) {
-            if (token == hello.token && refusal.empty()) {
-              st->joined = true;
-              side->joined = true;
-              st->backoff = std::chrono::milliseconds(200);
-              return;
-            }
-            log_error("consumer rank " + std::to_string(rank) + ": " + refusal);
-            side->refused = true;
-            self->quit(caf::exit_reason::user_shutdown);
-          },
-          [=](caf::error& err) {
-            log_warn("consumer rank " + std::to_string(rank) +
-                     ": join failed: " + self->system().render(err));
-            self->delayed_send(self, st->backoff, reconnect_atom::value);
-          });
-}
-
-consumer_actor::behavior_type consumer_impl(consumer_pointer self, coordinator_actor coordinator,
-                                            std::shared_ptr<rollout_side> side, rank_hello hello,
-                                            endpoint where, caf::io::middleman_actor connector,
-                                            consumer_observer* observer) {
-  const std::int32_t rank = hello.rank;
-  auto st = std::make_shared<consumer_state>();
-  st->coordinator = coordinator;
-  join(self, st, hello, side);
-  self->set_down_handler([=](caf::down_msg& msg) {
-    if (msg.source != st->coordinator.address()) return;
-    if (!really_down(st->coordinator)) {
-      log_warn("consumer rank " + std::to_string(rank) +
-               ": refused a down message for the coordinator, which is still running");
-      return;
+  void put(std::vector<rank_report> more) {
+    caf::actor poke;
+    {
+      std::lock_guard lock(mu);
+      if (reports.empty()) poke = caf::actor_cast<caf::actor>(endpoint);
+      for (auto& r : more) reports.push_back(std::move(r));
     }
-    st->joined = false;
-    side->joined = false;
-    // Keep serving the active version and look for a restarted coordinator, with backoff.
-    log_warn("consumer rank " + std::to_string(rank) +
-             ": coordinator went away; serving active version " +
-             std::to_string(side->active_version()) + ", reconnecting");
-    self->delayed_send(self, st->backoff, reconnect_atom::value);
-  });
-  auto report = [=](const std::string& key, const std::string& state, std::string reason,
-                    double seconds = 0) {
-    self->send(st->coordinator, report_atom::value,
-               rank_report{hello.token, key, rank, state, std::move(reason), side->active_version(),
-                           seconds});
-  };
+    if (poke) caf::anon_send(poke, flush_atom::value);
+  }
+  std::vector<rank_report> take() {
+    std::lock_guard lock(mu);
+    return std::exchange(reports, {});
+  }
+};
+
+// One consumer rank's worker: installs each update its endpoint hands it, on its own actor, so
+// the ranks of a process import in parallel on the scheduler's threads. Installing is blocking
+// CPU work, but a consumer process runs nothing else on the scheduler, and networking
+// (heartbeats included) has the middleman's own thread. A detached actor here made
+// ~actor_system wait forever when the coordinator died first (CAF 0.17 keeps a reference to an
+// actor whose handle went to a dead node).
+caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side> side,
+                          rank_hello hello, std::shared_ptr<report_outbox> box,
+                          consumer_observer* observer) {
+  const std::int32_t rank = hello.rank;
   return {
-      [=](update_atom, const update_available& msg) {
-        if (msg.token != hello.token) {
-          log_warn("consumer rank " + std::to_string(rank) + ": refused update " + msg.key +
-                   ": token: not from the coordinator");
+      [=](update_atom, const parsed_update_ptr& u) {
+        if (!u || u->token != hello.token) return;  // only its endpoint knows it, and checked it
+        std::vector<rank_report> out;
+        auto report = [&](const std::string& key, const std::string& state, std::string reason,
+                          double seconds = 0) {
+          out.push_back(rank_report{hello.token, key, rank, state, std::move(reason),
+                                    side->active_version(), seconds});
+        };
+        if (!u->error.empty()) {
+          report(u->key, "rejected", u->error);
+          box->put(std::move(out));
           return;
         }
-        std::vector<weight_update_manifest> shards;
-        for (const auto& text : msg.manifests) {
-          auto m = manifest_from_json(text);
-          if (!m) {
-            report(msg.key, "rejected", m.error().message);
-            return;
-          }
-          shards.push_back(std::move(*m));
-        }
-        report(msg.key, "importing", msg.received_from);
-        auto r = side->executor.update_weights(shards);
+        report(u->key, "importing", u->received_from);
+        auto r = side->executor.update_weights(u->shards);
         if (observer) {
           std::uint64_t bytes = 0;
-          for (const auto& m : shards) bytes += m.total_bytes;
-          observer->update_done(rank, msg.key, r, bytes);
+          for (const auto& m : u->shards) bytes += m.total_bytes;
+          observer->update_done(rank, u->key, r, bytes);
         }
         // The update this one replaced is let go before the answer, so the publisher can reuse
         // its memory by the time it hears the outcome.
-        std::set<std::string> released_keys;
-        for (const auto& id : r.released) {
-          auto it = side->key_of.find(id);
-          if (it == side->key_of.end()) continue;
-          released_keys.insert(it->second);
-          side->key_of.erase(it);
-        }
-        for (const auto& key : released_keys) report(key, "released", "");
+        for (const auto& key : side->forget(r.released)) report(key, "released", "");
         if (r.acknowledged) {
-          log_info("consumer rank " + std::to_string(rank) + ": active version " +
-                   std::to_string(r.weight_version) + " (" + msg.key + ")");
-          for (const auto& id : r.shard_ids) side->key_of[id] = msg.key;
-          report(msg.key, "acknowledged", "", r.timings.total);
-          if (r.released_self) report(msg.key, "released", "");
+          side->remember(r.shard_ids, u->key);
+          report(u->key, "acknowledged", "", r.timings.total);
         } else {
-          report(msg.key, "rejected", r.failure ? r.failure->message : "unknown failure",
+          report(u->key, "rejected", r.failure ? r.failure->message : "unknown failure",
                  r.timings.total);
-          if (r.released_self) report(msg.key, "released", "");
+        }
+        if (r.released_self) report(u->key, "released", "");
+        box->put(std::move(out));
+      },
+  };
+}
+
+// A consumer rank as its endpoint knows it.
+struct rank_slot {
+  std::shared_ptr<rollout_side> side;
+  rank_hello hello;
+  caf::actor worker;
+};
+
+// How long an endpoint holds reports back while some of its ranks still import an update, so
+// that a node's answers reach the coordinator in one batch; a slow rank delays its peers' news
+// by no more than this (the commit waits for every rank anyway).
+constexpr auto report_linger = std::chrono::milliseconds(20);
+
+struct endpoint_state {
+  coordinator_actor coordinator;
+  std::map<std::int32_t, rank_slot> ranks;
+  std::shared_ptr<report_outbox> box;
+  std::string token;
+  std::string who;            ///< "consumer rank 3" or "consumer ranks 0..1023", for the log
+  bool joined = false;        ///< every rank accepted by the current coordinator
+  bool reconnecting = false;  ///< a reconnect is scheduled
+  std::uint64_t join_round = 0;
+  std::size_t accepted = 0;  ///< ranks accepted in this round
+  std::chrono::milliseconds backoff{200};
+  /// Reports taken from the box, not yet sent; answers still owed, by update key.
+  std::vector<rank_report> pending;
+  std::optional<std::chrono::steady_clock::time_point> pending_since, linger_due;
+  std::map<std::string, std::set<std::int32_t>> owed;
+  /// Per update key still owed: the ranks that rejected it (the log says so once it is done).
+  std::map<std::string, std::vector<std::int32_t>> rejected;
+};
+
+using endpoint_pointer = consumer_actor::pointer;
+using endpoint_state_ptr = std::shared_ptr<endpoint_state>;
+
+void schedule_reconnect(endpoint_pointer self, const endpoint_state_ptr& st) {
+  if (st->reconnecting) return;
+  st->reconnecting = true;
+  self->delayed_send(self, st->backoff, reconnect_atom::value);
+}
+
+// Joins (or re-joins) every rank to the current coordinator, each telling it the version it
+// serves and what it still holds.
+void join_all(endpoint_pointer self, const endpoint_state_ptr& st) {
+  const auto round = ++st->join_round;
+  st->accepted = 0;
+  self->monitor(st->coordinator);
+  for (auto& [rank, slot] : st->ranks) {
+    auto hello = slot.hello;
+    hello.active_weight_version = slot.side->active_version();
+    hello.held = slot.side->held();
+    auto side = slot.side;
+    self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
+        .then(
+            [=](const std::string& token, const std::string& refusal) {
+              if (round != st->join_round) return;  // a later round replaced this one
+              if (token == hello.token && refusal.empty()) {
+                side->joined = true;
+                if (++st->accepted == st->ranks.size()) {
+                  st->joined = true;
+                  st->backoff = std::chrono::milliseconds(200);
+                }
+                return;
+              }
+              log_error("consumer rank " + std::to_string(hello.rank) + ": " + refusal);
+              side->refused = true;
+              self->quit(caf::exit_reason::user_shutdown);
+            },
+            [=](caf::error& err) {
+              if (round != st->join_round) return;
+              log_warn("consumer rank " + std::to_string(hello.rank) +
+                       ": join failed: " + self->system().render(err));
+              schedule_reconnect(self, st);
+            });
+  }
+}
+
+// A rank answered `r.key`; once all of the endpoint's ranks did, the log says how it went (one
+// line for the process, not one per rank).
+void answered(const endpoint_state_ptr& st, const rank_report& r) {
+  auto it = st->owed.find(r.key);
+  if (it == st->owed.end()) return;
+  if (r.state == "rejected") st->rejected[r.key].push_back(r.rank);
+  it->second.erase(r.rank);
+  if (!it->second.empty()) return;
+  st->owed.erase(it);
+  auto rejected = std::move(st->rejected[r.key]);
+  st->rejected.erase(r.key);
+  if (rejected.empty()) {
+    log_info(st->who + ": active version " + std::to_string(r.active_weight_version) + " (" +
+             r.key + ")");
+    return;
+  }
+  std::string list;
+  for (auto rank : rejected) list += (list.empty() ? "" : ",") + std::to_string(rank);
+  log_warn(st->who + ": update " + r.key + " rejected by rank(s) " + list + ": " + r.reason);
+}
+
+// Sends what is pending once every rank answered what it was handed, or once the oldest pending
+// report waited report_linger; otherwise makes sure a flush comes then.
+void flush(endpoint_pointer self, const endpoint_state_ptr& st) {
+  const auto now = std::chrono::steady_clock::now();
+  if (st->linger_due && now >= *st->linger_due) st->linger_due.reset();
+  for (auto& r : st->box->take()) {
+    if (r.state == "acknowledged" || r.state == "rejected") answered(st, r);
+    if (st->pending.empty()) st->pending_since = now;
+    st->pending.push_back(std::move(r));
+  }
+  if (st->pending.empty()) return;
+  if (st->owed.empty() || now - *st->pending_since >= report_linger) {
+    self->send(st->coordinator, report_atom::value,
+               report_batch{st->token, std::exchange(st->pending, {})});
+    st->pending_since.reset();
+    return;
+  }
+  if (!st->linger_due) {
+    st->linger_due = *st->pending_since + report_linger;
+    self->delayed_send(self, *st->linger_due - now, flush_atom::value);
+  }
+}
+
+// The endpoint of a process's consumer ranks: joins them, hands each update to the workers of
+// the ranks it names, and sends their reports on in batches.
+consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_actor coordinator,
+                                            endpoint_state_ptr st, endpoint where,
+                                            caf::io::middleman_actor connector) {
+  st->coordinator = coordinator;
+  {
+    std::lock_guard lock(st->box->mu);
+    st->box->endpoint = caf::actor_cast<caf::actor_addr>(self);
+  }
+  for (auto& [rank, slot] : st->ranks) self->monitor(slot.worker);
+  join_all(self, st);
+  self->set_down_handler([=](caf::down_msg& msg) {
+    if (msg.source != st->coordinator.address()) {
+      for (auto& [rank, slot] : st->ranks) {
+        if (msg.source != slot.worker.address()) continue;
+        log_error("consumer rank " + std::to_string(rank) +
+                  ": its worker stopped: " + self->system().render(msg.reason));
+        self->quit(msg.reason);
+        return;
+      }
+      return;
+    }
+    if (!really_down(st->coordinator)) {
+      log_warn(st->who + ": refused a down message for the coordinator, which is still running");
+      return;
+    }
+    st->joined = false;
+    for (auto& [rank, slot] : st->ranks) slot.side->joined = false;
+    // Keep serving the active version and look for a restarted coordinator, with backoff.
+    log_warn(st->who + ": coordinator went away; serving the active version, reconnecting");
+    schedule_reconnect(self, st);
+  });
+  return {
+      [=](update_atom, update_available& msg) {
+        if (msg.token != st->token) {
+          log_warn(st->who + ": refused update " + msg.key + ": token: not from the coordinator");
+          return;
+        }
+        auto u = std::make_shared<parsed_update>();
+        u->token = msg.token;
+        u->key = msg.key;
+        u->received_from = msg.received_from;
+        for (const auto& text : msg.manifests) {
+          auto m = manifest_from_json(text);
+          if (!m) {
+            u->error = m.error().message;
+            break;
+          }
+          u->shards.push_back(std::move(*m));
+        }
+        auto work = caf::make_message(update_atom::value, parsed_update_ptr(std::move(u)));
+        for (auto rank : msg.ranks) {
+          auto it = st->ranks.find(rank);
+          if (it == st->ranks.end()) {
+            log_warn(st->who + ": update " + msg.key + " names rank " + std::to_string(rank) +
+                     ", which is not here");
+            continue;
+          }
+          st->owed[msg.key].insert(rank);
+          caf::anon_send(it->second.worker, work);
         }
       },
       [=](reconnect_atom) {
+        st->reconnecting = false;
         if (st->joined) return;  // a stray reconnect: the coordinator is there
         st->backoff = std::min(st->backoff * 2, std::chrono::milliseconds(5000));
         self->request(connector, std::chrono::seconds(5), caf::connect_atom::value, where.host,
                       where.port)
             .then(
                 [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-                  if (!ptr) {
-                    self->delayed_send(self, st->backoff, reconnect_atom::value);
-                    return;
-                  }
+                  if (!ptr) return schedule_reconnect(self, st);
                   st->coordinator = caf::actor_cast<coordinator_actor>(ptr);
-                  log_info("consumer rank " + std::to_string(rank) +
-                           ": reconnected to the coordinator");
-                  join(self, st, hello, side);
+                  log_info(st->who + ": reconnected to the coordinator");
+                  join_all(self, st);
                 },
-                [=](caf::error&) { self->delayed_send(self, st->backoff, reconnect_atom::value); });
+                [=](caf::error&) { schedule_reconnect(self, st); });
       },
       [=](drop_atom, const std::string& token, const std::string& key) {
-        if (token != hello.token) return;
-        // Updates run to completion inside update_atom, so an aborted one is either already
+        if (token != st->token) return;
+        // Updates run to completion in the workers, so an aborted one is either already
         // rejected and released, or active — and the active version is kept.
-        log_info("consumer rank " + std::to_string(rank) + ": update " + key +
-                 " was aborted; keeping active version " + std::to_string(side->active_version()));
+        log_info(st->who + ": update " + key + " was aborted; keeping the active version");
       },
+      [=](flush_atom) { flush(self, st); },
   };
+}
+
+// Spawns a worker per rank and their endpoint; returns the endpoint first, then the workers
+// (stop them all together).
+std::vector<caf::actor> spawn_ranks(
+    caf::actor_system& sys, coordinator_actor coordinator, const endpoint& where,
+    caf::io::middleman_actor connector,
+    std::vector<std::pair<std::shared_ptr<rollout_side>, rank_hello>> ranks,
+    consumer_observer* observer) {
+  auto st = std::make_shared<endpoint_state>();
+  st->box = std::make_shared<report_outbox>();
+  st->token = where.token;
+  const auto first = ranks.front().second.rank, last = ranks.back().second.rank;
+  st->who = ranks.size() == 1
+                ? "consumer rank " + std::to_string(first)
+                : "consumer ranks " + std::to_string(first) + ".." + std::to_string(last);
+  std::vector<caf::actor> actors{caf::actor()};
+  for (auto& [side, hello] : ranks) {
+    auto worker = sys.spawn(rank_worker, side, hello, st->box, observer);
+    actors.push_back(worker);
+    st->ranks[hello.rank] = rank_slot{side, hello, worker};
+  }
+  actors.front() = caf::actor_cast<caf::actor>(
+      sys.spawn<guarded<consumer_actor::base>>(st->who, [=](consumer_actor::base* self) {
+        return endpoint_impl(self, coordinator, st, where, connector);
+      }));
+  return actors;
 }
 
 }  // namespace
@@ -202,12 +412,8 @@ int consumer_run(const consumer_options& options) {
               sys.get().render(coordinator.error()));
     return 1;
   }
-  // Installing is blocking CPU work, but this process runs nothing else on the scheduler, and
-  // networking (heartbeats included) has the middleman's own thread. A detached actor here
-  // made ~actor_system wait forever when the coordinator died first (CAF 0.17 keeps a
-  // reference to an actor whose handle went to a dead node).
-  std::vector<caf::actor> endpoints;
-  std::vector<std::shared_ptr<rollout_side>> sides;  // outlive the actors, for the observer
+  std::vector<std::pair<std::shared_ptr<rollout_side>, rank_hello>> ranks;
+  // The sides outlive the actors, for the observer.
   for (std::int32_t k = 0; k < options.count; ++k) {
     auto t = make_transport(options.transport, options.transport_settings);
     if (!t) return log_error(t.error().message), 1;
@@ -215,18 +421,14 @@ int consumer_run(const consumer_options& options) {
     if (!c) return log_error(c.error().message), 1;
     auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
     if (options.observer) options.observer->rank_started(options.rank + k, *side->own_runtime);
-    sides.push_back(side);
     auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
                             options.model_id, options.transport);
     hello.address = side->relay_address;
-    auto who = "consumer rank " + std::to_string(options.rank + k);
-    endpoints.push_back(caf::actor_cast<caf::actor>(sys.get().spawn<guarded<consumer_actor::base>>(
-        who, [=, c = *coordinator, where = options.coordinator,
-              connector = sys.connector()](consumer_actor::base* self) {
-          return consumer_impl(self, c, side, hello, where, connector, options.observer);
-        })));
+    ranks.emplace_back(side, std::move(hello));
   }
-  int rc = run_until_stopped(sys.get(), endpoints);
+  auto actors = spawn_ranks(sys.get(), *coordinator, options.coordinator, sys.connector(), ranks,
+                            options.observer);
+  int rc = run_until_stopped(sys.get(), actors);
   if (options.observer) options.observer->stopping();
   return rc;
 }
@@ -235,14 +437,14 @@ struct rollout_rank::impl {
   impl(std::chrono::milliseconds heartbeat, const tls_settings& tls) : sys(heartbeat, tls) {}
   cluster_system sys;  // first: blocks the stop signals before any thread starts
   std::shared_ptr<rollout_side> side;
-  caf::actor endpoint;
+  std::vector<caf::actor> actors;  ///< the endpoint, then the rank's worker
 };
 
 rollout_rank::rollout_rank(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
 rollout_rank::~rollout_rank() {
-  stop_and_wait(impl_->sys.get(), std::vector<caf::actor>{impl_->endpoint});
-  impl_->endpoint = nullptr;
+  stop_and_wait(impl_->sys.get(), impl_->actors);
+  impl_->actors.clear();
   impl_->side->executor.release_active();
 }
 
@@ -266,11 +468,8 @@ result<std::unique_ptr<rollout_rank>> rollout_rank::connect(const rollout_option
   p->side = std::make_shared<rollout_side>(std::move(*c), o.rank, o.verify, adapter, gate);
   auto hello = hello_make(o.coordinator.token, o.rank, "consumer", o.node, o.model_id, o.transport);
   hello.address = p->side->relay_address;
-  p->endpoint = caf::actor_cast<caf::actor>(p->sys.get().spawn<guarded<consumer_actor::base>>(
-      who, [=, c = *coordinator, side = p->side, where = o.coordinator,
-            connector = p->sys.connector()](consumer_actor::base* self) {
-        return consumer_impl(self, c, side, hello, where, connector, observer);
-      }));
+  p->actors = spawn_ranks(p->sys.get(), *coordinator, o.coordinator, p->sys.connector(),
+                          {{p->side, std::move(hello)}}, observer);
   auto rank = std::unique_ptr<rollout_rank>(new rollout_rank(std::move(p)));
   const auto deadline = std::chrono::steady_clock::now() + o.join_timeout;
   while (!rank->impl_->side->joined) {

@@ -28,15 +28,17 @@ using namespace proto;
 
 constexpr auto tick_interval = std::chrono::milliseconds(200);
 
+/// A joined actor: a publisher rank's endpoint, or the endpoint of one or more consumer ranks
+/// (every consumer rank of a process shares one).
 struct member {
-  std::int32_t rank;
   rank_role role;
+  std::set<std::int32_t> ranks;
 };
 
 struct coordinator_state {
   coordinator_book book;
   std::string token;
-  std::map<caf::actor_addr, member> members;
+  std::map<caf::actor_addr, member> members;  ///< by endpoint
   std::map<std::int32_t, consumer_actor> consumers;
   std::map<std::int32_t, publisher_actor> publishers;
   using outcome_promise = caf::typed_response_promise<std::string, std::string>;
@@ -84,12 +86,17 @@ std::string refusal_text(const std::string& why, errc code) {
                                                               json::error_handler_t::replace);
 }
 
-// Sends to each of `ranks` still connected (a rank that left has no endpoint any more).
+// Sends once to each endpoint of `ranks` still connected (a rank that left has none any more;
+// ranks sharing an endpoint share the message).
 template <class Endpoints, class... Ts>
 void send_to(coordinator_pointer self, const Endpoints& endpoints,
              const std::vector<std::int32_t>& ranks, const Ts&... xs) {
+  std::set<caf::actor_addr> sent;
   for (auto rank : ranks) {
-    if (auto it = endpoints.find(rank); it != endpoints.end()) self->send(it->second, xs...);
+    auto it = endpoints.find(rank);
+    if (it != endpoints.end() && sent.insert(it->second.address()).second) {
+      self->send(it->second, xs...);
+    }
   }
 }
 
@@ -122,6 +129,44 @@ std::map<std::int32_t, routed_update> route(coordinator_state& st, const book_ef
   return std::move(*routes);
 }
 
+// Sends an update to the ranks of `e`: one message per endpoint and route, so a process holding
+// many ranks (a node's rollout process) gets it once, with the list of its ranks.
+void distribute(coordinator_pointer self, const book_effect& e) {
+  auto& st = self->state;
+  update_available direct{st.token, e.key, {}, "", {}};
+  for (const auto& m : e.manifests) {
+    direct.manifests.push_back(manifest_to_json(m));
+    direct.received_from +=
+        (direct.received_from.empty() ? "publisher:" : ",") + std::to_string(m.source_rank);
+  }
+  auto routes = route(st, e);
+  // By endpoint, then by route ("" for straight from the publishers).
+  std::map<caf::actor_addr, std::pair<consumer_actor, std::map<std::string, update_available>>> out;
+  for (auto rank : e.ranks) {
+    auto endpoint = st.consumers.find(rank);
+    if (endpoint == st.consumers.end()) continue;  // it left
+    auto& [handle, messages] = out[endpoint->second.address()];
+    handle = endpoint->second;
+    auto it = routes.find(rank);
+    if (it == routes.end()) {
+      auto& msg = messages.try_emplace("", direct).first->second;
+      msg.ranks.push_back(rank);
+      continue;
+    }
+    update_available mine{st.token, e.key, {}, it->second.received_from, {}};
+    for (const auto& m : it->second.manifests) mine.manifests.push_back(manifest_to_json(m));
+    std::string route_id = mine.received_from;
+    for (const auto& text : mine.manifests) route_id += "\n" + text;
+    auto& msg = messages.try_emplace(route_id, std::move(mine)).first->second;
+    msg.ranks.push_back(rank);
+  }
+  for (auto& [addr, sends] : out) {
+    for (auto& [route_id, msg] : sends.second) {
+      self->send(sends.first, update_atom::value, std::move(msg));
+    }
+  }
+}
+
 void accept_publish(coordinator_pointer self, const weight_update_manifest& m,
                     coordinator_state::outcome_promise rp);
 
@@ -129,27 +174,9 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
   auto& st = self->state;
   for (const auto& e : effects) {
     switch (e.what) {
-      case book_effect::kind::distribute: {
-        update_available msg{st.token, e.key, {}, ""};
-        std::string from;
-        for (const auto& m : e.manifests) {
-          msg.manifests.push_back(manifest_to_json(m));
-          from += (from.empty() ? "publisher:" : ",") + std::to_string(m.source_rank);
-        }
-        msg.received_from = from;
-        auto routes = route(st, e);
-        for (auto rank : e.ranks) {
-          auto it = routes.find(rank);
-          if (it == routes.end()) {
-            send_to(self, st.consumers, {rank}, update_atom::value, msg);
-            continue;
-          }
-          update_available mine{st.token, e.key, {}, it->second.received_from};
-          for (const auto& m : it->second.manifests) mine.manifests.push_back(manifest_to_json(m));
-          send_to(self, st.consumers, {rank}, update_atom::value, mine);
-        }
+      case book_effect::kind::distribute:
+        distribute(self, e);
         break;
-      }
       case book_effect::kind::drop:
         send_to(self, st.consumers, e.ranks, drop_atom::value, st.token, e.key);
         break;
@@ -253,6 +280,37 @@ std::string status_json(coordinator_state& st) {
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// One consumer rank's report, from an endpoint that joined it.
+void take_report(coordinator_pointer self, const rank_report& r) {
+  auto& st = self->state;
+  auto& book = st.book;
+  auto now = coord_clock::now();
+  result<std::vector<book_effect>> effects = std::vector<book_effect>{};
+  if (r.state == "importing") {
+    effects = book.importing(r.key, r.rank, r.reason, now);
+  } else if (r.state == "acknowledged") {
+    st.active_version[r.rank] = r.active_weight_version;
+    effects = book.acknowledged(r.key, r.rank, now, r.seconds);
+  } else if (r.state == "rejected") {
+    effects = book.rejected(r.key, r.rank, r.reason, now);
+  } else if (r.state == "released") {
+    if (!book.find(r.key) && st.orphan_holds.count(r.key)) {
+      orphan_release(self, r.key, r.rank);
+      return;
+    }
+    effects = book.released(r.key, r.rank, now);
+  } else {
+    effects = make_error(errc::invalid_argument, "report refused: state: \"" + r.state +
+                                                     "\" is unknown (update=" + r.key +
+                                                     " rank=" + std::to_string(r.rank) + ")");
+  }
+  if (!effects) {
+    log_warn("coordinator: " + effects.error().message);
+    return;
+  }
+  run_effects(self, *effects);
+}
+
 const member* sender_member(coordinator_pointer self) {
   auto it = self->state.members.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
   return it == self->state.members.end() ? nullptr : &it->second;
@@ -268,26 +326,21 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     auto it = st.members.find(msg.source);
     if (it == st.members.end()) return;
     auto m = it->second;
+    const auto first = *m.ranks.begin();  // every rank of an endpoint has the same handle
     bool genuine = m.role == rank_role::consumer
-                       ? !st.consumers.count(m.rank) || really_down(st.consumers[m.rank])
-                       : !st.publishers.count(m.rank) || really_down(st.publishers[m.rank]);
+                       ? !st.consumers.count(first) || really_down(st.consumers[first])
+                       : !st.publishers.count(first) || really_down(st.publishers[first]);
+    auto who = "coordinator: " + std::string(rank_role_name(m.role)) +
+               (m.ranks.size() == 1
+                    ? " rank " + std::to_string(first)
+                    : " ranks " + std::to_string(first) + ".." + std::to_string(*m.ranks.rbegin()) +
+                          " (" + std::to_string(m.ranks.size()) + " ranks)");
     if (!genuine) {
-      log_warn("coordinator: refused a down message for " + std::string(rank_role_name(m.role)) +
-               " rank " + std::to_string(m.rank) + ", which is still running");
+      log_warn(who + ": refused a down message while the endpoint is still running");
       return;
     }
-    self->state.members.erase(it);
-    if (m.role == rank_role::consumer) {
-      self->state.consumers.erase(m.rank);
-      self->state.active_version.erase(m.rank);
-      std::vector<std::string> keys;
-      for (const auto& [key, holders] : self->state.orphan_holds) keys.push_back(key);
-      for (const auto& key : keys) orphan_release(self, key, m.rank);
-    }
-    if (m.role == rank_role::publisher) self->state.publishers.erase(m.rank);
+    st.members.erase(it);
     auto reason = "down: " + self->system().render(msg.reason);
-    auto who =
-        "coordinator: " + std::string(rank_role_name(m.role)) + " rank " + std::to_string(m.rank);
     // A rank that stopped in order (SIGTERM, the end of its work) says user_shutdown; only a
     // lost link or a crash is worth a warning.
     if (msg.reason == caf::exit_reason::user_shutdown || msg.reason == caf::exit_reason::normal) {
@@ -295,7 +348,18 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     } else {
       log_warn(who + " " + reason);
     }
-    run_effects(self, self->state.book.leave(m.rank, m.role, reason, coord_clock::now()));
+    for (auto rank : m.ranks) {
+      if (m.role == rank_role::consumer) {
+        st.consumers.erase(rank);
+        st.active_version.erase(rank);
+        std::vector<std::string> keys;
+        for (const auto& [key, holders] : st.orphan_holds) keys.push_back(key);
+        for (const auto& key : keys) orphan_release(self, key, rank);
+      } else {
+        st.publishers.erase(rank);
+      }
+      run_effects(self, st.book.leave(rank, m.role, reason, coord_clock::now()));
+    }
   });
   self->delayed_send(self, tick_interval, tick_atom::value);
   return {
@@ -322,11 +386,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         auto sender = self->current_sender();
         // A rank joining again replaces its old endpoint (it restarted).
         for (auto it = st.members.begin(); it != st.members.end();) {
-          if (it->second.rank == hello.rank && it->second.role == role) {
-            it = st.members.erase(it);
-          } else {
-            ++it;
-          }
+          if (it->second.role == role) it->second.ranks.erase(hello.rank);
+          it = it->second.ranks.empty() ? st.members.erase(it) : std::next(it);
         }
         auto effects = st.book.join(info, coord_clock::now());
         if (!effects) return {st.token, effects.error().message};
@@ -339,8 +400,14 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         for (const auto& key : hello.held) {
           if (!st.book.find(key)) st.orphan_holds[key].insert(hello.rank);
         }
-        st.members[caf::actor_cast<caf::actor_addr>(sender)] = {hello.rank, role};
-        self->monitor(caf::actor_cast<caf::actor>(sender));
+        auto [joined, fresh] =
+            st.members.try_emplace(caf::actor_cast<caf::actor_addr>(sender), member{role, {}});
+        if (joined->second.role != role) {
+          return {st.token, "join refused: role: this endpoint already joined ranks as " +
+                                std::string(rank_role_name(joined->second.role))};
+        }
+        joined->second.ranks.insert(hello.rank);
+        if (fresh) self->monitor(caf::actor_cast<caf::actor>(sender));
         log_info("coordinator: " + hello.role + " rank " + std::to_string(hello.rank) +
                  " joined from node " + hello.node);
         run_effects(self, *effects);
@@ -365,9 +432,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
         auto manifest = manifest_from_json(manifest_json);
         if (!manifest) return refuse(manifest.error().message, manifest.error().code);
-        if (manifest->source_rank != m->rank) {
+        if (!m->ranks.count(manifest->source_rank)) {
           return refuse("publish refused: source_rank " + std::to_string(manifest->source_rank) +
-                        " differs from the joined rank " + std::to_string(m->rank));
+                        " differs from the joined rank " + std::to_string(*m->ranks.begin()));
         }
         auto rp = self->make_response_promise<std::string, std::string>();
         if (st.book.retry_must_wait(*manifest)) {
@@ -383,33 +450,29 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       [=](report_atom, const rank_report& r) {
         const auto* m = sender_member(self);
         if (r.token != self->state.token || !m || m->role != rank_role::consumer ||
-            m->rank != r.rank) {
+            !m->ranks.count(r.rank)) {
           log_warn("coordinator: refused a report for rank " + std::to_string(r.rank) +
                    " from a peer that did not join as that consumer with the cluster token");
           return;
         }
-        auto& book = self->state.book;
-        auto now = coord_clock::now();
-        result<std::vector<book_effect>> effects = std::vector<book_effect>{};
-        if (r.state == "importing") {
-          effects = book.importing(r.key, r.rank, r.reason, now);
-        } else if (r.state == "acknowledged") {
-          self->state.active_version[r.rank] = r.active_weight_version;
-          effects = book.acknowledged(r.key, r.rank, now, r.seconds);
-        } else if (r.state == "rejected") {
-          effects = book.rejected(r.key, r.rank, r.reason, now);
-        } else if (r.state == "released") {
-          if (!book.find(r.key) && self->state.orphan_holds.count(r.key)) {
-            orphan_release(self, r.key, r.rank);
-            return;
-          }
-          effects = book.released(r.key, r.rank, now);
-        }
-        if (!effects) {
-          log_warn("coordinator: " + effects.error().message);
+        take_report(self, r);
+      },
+      [=](report_atom, const report_batch& batch) {
+        const auto* m = sender_member(self);
+        if (batch.token != self->state.token || !m || m->role != rank_role::consumer) {
+          log_warn("coordinator: refused a batch of " + std::to_string(batch.reports.size()) +
+                   " reports from a peer that did not join as a consumer with the cluster token");
           return;
         }
-        run_effects(self, *effects);
+        for (const auto& r : batch.reports) {
+          // Checked again per report: the batch may name only the endpoint's own ranks.
+          if (r.token != batch.token || !m->ranks.count(r.rank)) {
+            log_warn("coordinator: refused a report for rank " + std::to_string(r.rank) +
+                     " in the batch of an endpoint that did not join it");
+            continue;
+          }
+          take_report(self, r);
+        }
       },
       [=](status_atom, const std::string& given) -> std::string {
         if (given != self->state.token)

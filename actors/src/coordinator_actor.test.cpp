@@ -150,6 +150,54 @@ TEST_F(coordinator_actor_test,
   EXPECT_EQ(table["ranks"][0]["state"], "acknowledged");
 }
 
+TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_answers_in_one_batch) {
+  caf::scoped_actor publisher{sys()};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  caf::scoped_actor node{sys()}, other{sys()};  // ranks 3 and 4 share an endpoint; 5 is apart
+  ASSERT_EQ(join(node, consumer_hello(3)), std::make_pair(token, std::string()));
+  ASSERT_EQ(join(node, consumer_hello(4)), std::make_pair(token, std::string()));
+  ASSERT_EQ(join(other, consumer_hello(5)), std::make_pair(token, std::string()));
+
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));
+  update_available update;
+  node->receive([&](update_atom, const update_available& u) { update = u; },
+                caf::after(5s) >> [] { ADD_FAILURE() << "no update reached the endpoint"; });
+  EXPECT_EQ(update.ranks, (std::vector<std::int32_t>{3, 4}));
+  bool second = false;
+  node->receive([&](update_atom, const update_available&) { second = true; },
+                caf::after(100ms) >> [] {});
+  EXPECT_FALSE(second) << "the endpoint got the update once per rank";
+  other->receive([&](update_atom, const update_available& u) { update = u; },
+                 caf::after(5s) >> [] { ADD_FAILURE() << "no update reached rank 5"; });
+  EXPECT_EQ(update.ranks, (std::vector<std::int32_t>{5}));
+
+  // The node answers for its ranks, and tries to answer for rank 5 too: refused.
+  auto report = [](std::int32_t rank, std::string state) {
+    return rank_report{token, "m@1", rank, std::move(state), "", 1, 0.01};
+  };
+  node->send(
+      coordinator_, report_atom::value,
+      report_batch{token,
+                   {report(3, "importing"), report(4, "importing"), report(3, "acknowledged"),
+                    report(5, "acknowledged"), report(4, "rejected")}});
+  auto ranks = status()["updates"][0]["ranks"];
+  ASSERT_EQ(ranks.size(), 3u);
+  EXPECT_EQ(ranks[0]["state"], "acknowledged");
+  EXPECT_EQ(ranks[1]["state"], "rejected");  // one rank's failure is still its own
+  EXPECT_EQ(ranks[2]["state"], "pending");
+  // A batch without the token changes nothing.
+  other->send(coordinator_, report_atom::value,
+              report_batch{"guess", {rank_report{"guess", "m@1", 5, "acknowledged", "", 1, 0}}});
+  EXPECT_EQ(status()["updates"][0]["ranks"][2]["state"], "pending");
+  other->send(coordinator_, report_atom::value, report_batch{token, {report(5, "acknowledged")}});
+  std::string outcome;
+  publisher->receive([&](const std::string&, const std::string& o) { outcome = o; },
+                     caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+  EXPECT_EQ(json::parse(outcome)["phase"], "committed");
+}
+
 TEST_F(coordinator_actor_test, this_process_can_stop_it) {
   caf::scoped_actor self{sys()};
   self->monitor(coordinator_);

@@ -51,16 +51,19 @@ inline rank_hello hello_make(std::string token, std::int32_t rank, std::string r
   return h;
 }
 
-/// Coordinator -> consumer: install this update (every shard) or drop it.
+/// Coordinator -> consumer endpoint: install this update (every shard). One message reaches an
+/// endpoint for all of its `ranks` that import the same manifests from the same hop.
 struct update_available {
   std::string token;                   ///< the cluster token: a consumer obeys nobody else
   std::string key;                     ///< "<model_id>@<weight_version>"
   std::vector<std::string> manifests;  ///< JSON, one per publisher shard
   std::string received_from;           ///< the hop the bytes come from
+  std::vector<std::int32_t> ranks;     ///< the endpoint's ranks this is for
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, update_available& x) {
-  return f(caf::meta::type_name("update_available"), x.token, x.key, x.manifests, x.received_from);
+  return f(caf::meta::type_name("update_available"), x.token, x.key, x.manifests, x.received_from,
+           x.ranks);
 }
 
 /// Consumer -> coordinator: progress on one update.
@@ -79,12 +82,25 @@ typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
            x.active_weight_version, x.seconds);
 }
 
+/// Consumer endpoint -> coordinator: the reports of its ranks, in the order they happened. An
+/// endpoint holding many ranks (a node's rollout process) sends one batch where its ranks would
+/// have sent one report each.
+struct report_batch {
+  std::string token;
+  std::vector<rank_report> reports;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, report_batch& x) {
+  return f(caf::meta::type_name("report_batch"), x.token, x.reports);
+}
+
 }  // namespace wsync::proto
 
 CAF_BEGIN_TYPE_ID_BLOCK(wsync, caf::first_custom_type_id)
 CAF_ADD_TYPE_ID(wsync, (wsync::proto::rank_hello))
 CAF_ADD_TYPE_ID(wsync, (wsync::proto::update_available))
 CAF_ADD_TYPE_ID(wsync, (wsync::proto::rank_report))
+CAF_ADD_TYPE_ID(wsync, (wsync::proto::report_batch))
 CAF_END_TYPE_ID_BLOCK(wsync)
 
 namespace wsync::proto {
@@ -98,6 +114,7 @@ using drop_atom = caf::atom_constant<caf::atom("drop")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 
 // Authentication: CAF 0.17 lets a connected peer write a routed message's sender itself, so
 // the sender proves nothing. Every message that changes state, and every reply to one, carries
@@ -113,15 +130,17 @@ using coordinator_actor = caf::typed_actor<
     // (token, a publisher rank's shard as manifest JSON); the reply, once the update is
     // committed or aborted, is (token, the outcome as JSON or {"error": ...}).
     caf::replies_to<publish_atom, std::string, std::string>::with<std::string, std::string>,
-    // A consumer rank's progress.
-    caf::reacts_to<report_atom, rank_report>,
+    // A consumer rank's progress, alone or in its endpoint's batch.
+    caf::reacts_to<report_atom, rank_report>, caf::reacts_to<report_atom, report_batch>,
     // (token) -> the per-rank status table as JSON (docs/cluster.md, "The status object").
     caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>>;
 
-/// A consumer rank's endpoint: (token, update) to install, (token, key) of an aborted update.
+/// The endpoint of a process's consumer ranks: (token, update) to install, (token, key) of an
+/// aborted update. reconnect and flush are its own timers; one that a peer forges only makes it
+/// look for the coordinator, or send the reports it has, a little early.
 using consumer_actor = caf::typed_actor<caf::reacts_to<update_atom, update_available>,
                                         caf::reacts_to<drop_atom, std::string, std::string>,
-                                        caf::reacts_to<reconnect_atom>>;
+                                        caf::reacts_to<reconnect_atom>, caf::reacts_to<flush_atom>>;
 
 /// A publisher rank's endpoint: the trainer thread asks it to publish; the coordinator tells it
 /// when an update's memory may be reused.
