@@ -77,6 +77,11 @@ class cluster_system {
     cfg_.set("middleman.heartbeat-interval", caf::timespan{heartbeat});
     cfg_.set("middleman.connection-timeout", caf::timespan{heartbeat * 5});
     cfg_.set("logger.console", caf::atom("none"));
+    // One shared queue whose idle workers sleep on a condition variable: CAF's default work
+    // stealing polls, so every idle cluster process burnt CPU that the trainer and the engines
+    // beside it want, and on this project's 2-core machines the sharing policy committed updates
+    // to 1,024 ranks faster as well (docs/benchmark.md, `--mode cluster`).
+    cfg_.set("scheduler.policy", caf::atom("sharing"));
     sys_ = std::make_unique<caf::actor_system>(cfg_);
   }
   caf::actor_system& get() { return *sys_; }

@@ -18,9 +18,33 @@ using json = nlohmann::json;
 
 struct run_figures {
   std::string error;
-  double publish = 0, commit = 0, data_max = 0, data_sum = 0, overhead = 0;
+  double publish = 0, commit = 0, data_max = 0, data_sum = 0, overhead = 0, overhead_cores = 0;
   std::uint64_t last_version = 0;
+  long rss_after_100 = -1, rss_at_end = -1;  ///< the coordinator's, in KiB (-1: not reached)
 };
+
+// Resident set of `pid` in KiB, or -1.
+long rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// Newlines in `path` from `offset` on (which moves past what was read).
+std::size_t count_new_lines(const std::string& path, std::streamoff& offset) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(offset);
+  std::size_t lines = 0;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    lines += static_cast<std::size_t>(std::count(buf, buf + in.gcount(), '\n'));
+    offset += in.gcount();
+  }
+  return lines;
+}
 
 run_figures run_one(const cluster_bench_options& o, int consumers) {
   run_figures f;
@@ -36,18 +60,35 @@ run_figures run_one(const cluster_bench_options& o, int consumers) {
   auto pid = cluster.start({"publisher", "--coordinator", addr, "--rank", "0", "--layout", o.layout,
                             "--versions", std::to_string(o.repeat + 1), "--json"},
                            outcomes);
+  // Wait for the publisher, taking the coordinator's RSS once 100 updates are done and again
+  // at the end: history is bounded, so memory must stay flat however long the run.
   int status = 0;
-  if (!cluster.await_exit(pid, std::chrono::minutes(5), status)) {
-    f.error = "the publisher did not finish within 5 minutes";
-    return f;
+  const auto limit = std::chrono::minutes(5) + std::chrono::milliseconds(50) * o.repeat;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::streamoff read = 0;
+  std::size_t done = 0;
+  while (!cluster.await_exit(pid, std::chrono::milliseconds(50), status, false)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      cluster.await_exit(pid, std::chrono::milliseconds(0), status);  // kills it
+      f.error = "the publisher did not finish within " +
+                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(limit).count()) +
+                " s";
+      return f;
+    }
+    done += count_new_lines(outcomes, read);
+    if (f.rss_after_100 < 0 && done >= 100) f.rss_after_100 = rss_kib(cluster.coordinator_pid());
   }
+  f.rss_at_end = rss_kib(cluster.coordinator_pid());
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     f.error = WIFEXITED(status)
                   ? "the publisher exited with status " + std::to_string(WEXITSTATUS(status))
                   : "the publisher died of signal " + std::to_string(WTERMSIG(status));
     return f;
   }
-  std::vector<double> publish, commit, data_max, data_sum, overhead;
+  std::vector<double> publish, commit, data_max, data_sum, overhead, overhead_cores;
+  // The ranks' own work cannot finish sooner than spread over this machine's cores.
+  const double cores =
+      std::min<double>(std::max(1u, std::thread::hardware_concurrency()), consumers);
   std::ifstream in(outcomes);
   std::string line;
   for (bool warm_up = true; std::getline(in, line); warm_up = false) {
@@ -75,12 +116,14 @@ run_figures run_one(const cluster_bench_options& o, int consumers) {
     data_max.push_back(mx);
     data_sum.push_back(sum);
     overhead.push_back(c - mx);
+    overhead_cores.push_back(c - std::max(mx, sum / cores));
   }
   f.publish = median(publish);
   f.commit = median(commit);
   f.data_max = median(data_max);
   f.data_sum = median(data_sum);
   f.overhead = median(overhead);
+  f.overhead_cores = median(overhead_cores);
   cluster.stop_all();
   if (auto left = cluster.leftovers(); !left.empty()) f.error = "left in /dev/shm: " + left.front();
   return f;
@@ -96,25 +139,33 @@ int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
   std::sort(counts.begin(), counts.end());
   for (int c : counts) {
     auto f = run_one(o, c);
-    json row = {{"mode", "cluster"},
-                {"status", f.error.empty() ? "pass" : "fail"},
-                {"blocker", nullptr},
-                {"layout", o.layout},
-                {"consumers", c},
-                {"repeat", o.repeat},
-                {"weight_version", f.last_version},
-                {"active_weight_version", f.last_version},
-                {"timings_s",
-                 {{"publish", f.publish},
-                  {"commit", f.commit},
-                  {"data_max", f.data_max},
-                  {"data_sum", f.data_sum},
-                  {"overhead", f.overhead}}},
-                {"env",
-                 {{"cores", std::thread::hardware_concurrency()},
-                  {"transport_notes",
-                   "coordinator, publisher and one process holding every consumer rank, CAF "
-                   "over loopback; shared-memory data plane"}}}};
+    json row = {
+        {"mode", "cluster"},
+        {"status", f.error.empty() ? "pass" : "fail"},
+        {"blocker", nullptr},
+        {"layout", o.layout},
+        {"consumers", c},
+        {"repeat", o.repeat},
+        {"weight_version", f.last_version},
+        {"active_weight_version", f.last_version},
+        {"timings_s",
+         {{"publish", f.publish},
+          {"commit", f.commit},
+          {"data_max", f.data_max},
+          {"data_sum", f.data_sum},
+          {"overhead", f.overhead},
+          {"overhead_over_cores", f.overhead_cores}}},
+        {"coordinator_rss_kib",
+         {{"after_100_updates", f.rss_after_100 < 0 ? json(nullptr) : json(f.rss_after_100)},
+          {"at_end", f.rss_at_end < 0 ? json(nullptr) : json(f.rss_at_end)},
+          {"growth", f.rss_after_100 > 0 && f.rss_at_end > 0
+                         ? json(static_cast<double>(f.rss_at_end) / f.rss_after_100 - 1)
+                         : json(nullptr)}}},
+        {"env",
+         {{"cores", std::thread::hardware_concurrency()},
+          {"transport_notes",
+           "coordinator, publisher and one process holding every consumer rank, CAF "
+           "over loopback; shared-memory data plane"}}}};
     if (!f.error.empty()) row["error"] = f.error, code = 1;
     if (c == 1 && f.error.empty()) baseline = f.overhead;
     row["baseline"] = {{"name", "single-consumer-overhead"}, {"seconds", baseline}};

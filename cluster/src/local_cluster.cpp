@@ -95,14 +95,17 @@ std::string local_cluster::await_consumers(int count, std::chrono::seconds limit
          " consumer ranks joined within " + std::to_string(limit.count()) + " s";
 }
 
-bool local_cluster::await_exit(pid_t pid, std::chrono::milliseconds limit, int& status) {
-  for (auto deadline = clock_type::now() + limit; clock_type::now() < deadline;) {
+bool local_cluster::await_exit(pid_t pid, std::chrono::milliseconds limit, int& status,
+                               bool kill_after) {
+  for (auto deadline = clock_type::now() + limit;;) {
     if (::waitpid(pid, &status, WNOHANG) == pid) {
       running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
       return true;
     }
+    if (clock_type::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  if (!kill_after) return false;
   ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
   running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());

@@ -29,14 +29,16 @@ class local_cluster {
   std::string temp_path(const std::string& name) const { return (dir_ / name).string(); }
   /// Waits until `count` consumer ranks joined. Empty string, or what went wrong.
   std::string await_consumers(int count, std::chrono::seconds limit);
-  /// Waits for `pid` to exit; false if it ran past `limit` (it is then killed).
-  bool await_exit(pid_t pid, std::chrono::milliseconds limit, int& status);
+  /// Waits for `pid` to exit; false if it ran past `limit` (it is then killed, unless
+  /// `kill_after` is false: then it runs on and can be awaited again).
+  bool await_exit(pid_t pid, std::chrono::milliseconds limit, int& status, bool kill_after = true);
   /// SIGTERM to every process still running (coordinator last), SIGKILL after 10 s.
   void stop_all();
   /// /dev/shm entries left by any process this cluster started.
   std::vector<std::string> leftovers() const;
 
   const endpoint& coordinator() const { return coordinator_; }
+  pid_t coordinator_pid() const { return coordinator_pid_; }
   std::string coordinator_address() const;
 
  private:
