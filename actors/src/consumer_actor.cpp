@@ -118,6 +118,18 @@ struct report_outbox {
   }
 };
 
+// Where a rank's shards came from when a peer gave them (the status table's received_from);
+// empty when every shard came from where the update said.
+std::string import_source(const rollout_side& side, const std::vector<update_id>& shards) {
+  std::set<std::string> sources;
+  for (const auto& id : shards) {
+    if (auto from = side.consumer.import_source(id); !from.empty()) sources.insert(from);
+  }
+  std::string out;
+  for (const auto& s : sources) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
 // One consumer rank's worker: installs each update its endpoint hands it, on its own actor, so
 // the ranks of a process import in parallel on the scheduler's threads. Installing is blocking
 // CPU work, but a consumer process runs nothing else on the scheduler, and networking
@@ -133,9 +145,9 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
         if (!u || u->token != hello.token) return;  // only its endpoint knows it, and checked it
         std::vector<rank_report> out;
         auto report = [&](const std::string& key, const std::string& state, std::string reason,
-                          double seconds = 0) {
+                          double seconds = 0, std::string from = "") {
           out.push_back(rank_report{hello.token, key, rank, state, std::move(reason),
-                                    side->active_version(), seconds});
+                                    side->active_version(), seconds, std::move(from)});
         };
         if (!u->error.empty()) {
           report(u->key, "rejected", u->error);
@@ -154,7 +166,14 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
         for (const auto& key : side->forget(r.released)) report(key, "released", "");
         if (r.acknowledged) {
           side->remember(r.shard_ids, u->key);
-          report(u->key, "acknowledged", "", r.timings.total);
+          report(u->key, "acknowledged", "", r.timings.total, import_source(*side, r.shard_ids));
+        } else if (r.failure && r.failure->code == errc::unknown_update) {
+          // The bytes are gone (publisher exited or rewrote the slot, and no peer had them):
+          // nothing is wrong with the version, there is just nothing to install.
+          report(u->key, "waiting",
+                 "waiting for the next version: " + u->key + " is no longer held on this node (" +
+                     r.failure->message + ")",
+                 r.timings.total);
         } else {
           report(u->key, "rejected", r.failure ? r.failure->message : "unknown failure",
                  r.timings.total);
@@ -246,7 +265,7 @@ void join_all(endpoint_pointer self, const endpoint_state_ptr& st) {
 void answered(const endpoint_state_ptr& st, const rank_report& r) {
   auto it = st->owed.find(r.key);
   if (it == st->owed.end()) return;
-  if (r.state == "rejected") st->rejected[r.key].push_back(r.rank);
+  if (r.state != "acknowledged") st->rejected[r.key].push_back(r.rank);
   it->second.erase(r.rank);
   if (!it->second.empty()) return;
   st->owed.erase(it);
@@ -259,7 +278,7 @@ void answered(const endpoint_state_ptr& st, const rank_report& r) {
   }
   std::string list;
   for (auto rank : rejected) list += (list.empty() ? "" : ",") + std::to_string(rank);
-  log_warn(st->who + ": update " + r.key + " rejected by rank(s) " + list + ": " + r.reason);
+  log_warn(st->who + ": update " + r.key + " not installed by rank(s) " + list + ": " + r.reason);
 }
 
 // Sends what is pending once every rank answered what it was handed, or once the oldest pending
@@ -268,7 +287,9 @@ void flush(endpoint_pointer self, const endpoint_state_ptr& st) {
   const auto now = std::chrono::steady_clock::now();
   if (st->linger_due && now >= *st->linger_due) st->linger_due.reset();
   for (auto& r : st->box->take()) {
-    if (r.state == "acknowledged" || r.state == "rejected") answered(st, r);
+    if (r.state == "acknowledged" || r.state == "rejected" || r.state == "waiting") {
+      answered(st, r);
+    }
     if (st->pending.empty()) st->pending_since = now;
     st->pending.push_back(std::move(r));
   }

@@ -269,7 +269,8 @@ std::string status_json(coordinator_state& st) {
                      {"role", "consumer"},
                      {"state", state},
                      {"active_weight_version", st.active_version[rank]},
-                     {"received_from", p ? json(p->received_from) : json(nullptr)}});
+                     {"received_from", p ? json(p->received_from) : json(nullptr)},
+                     {"reason", p && !p->reason.empty() ? json(p->reason) : json(nullptr)}});
   }
   for (const auto& [rank, v] : st.active_version) all_ok = all_ok && v == committed_version;
   return json{{"status", all_ok && st.committed > 0 ? "pass" : "fail"},
@@ -290,9 +291,11 @@ void take_report(coordinator_pointer self, const rank_report& r) {
     effects = book.importing(r.key, r.rank, r.reason, now);
   } else if (r.state == "acknowledged") {
     st.active_version[r.rank] = r.active_weight_version;
-    effects = book.acknowledged(r.key, r.rank, now, r.seconds);
+    effects = book.acknowledged(r.key, r.rank, now, r.seconds, r.received_from);
   } else if (r.state == "rejected") {
     effects = book.rejected(r.key, r.rank, r.reason, now);
+  } else if (r.state == "waiting") {
+    effects = book.waiting(r.key, r.rank, r.reason, now);
   } else if (r.state == "released") {
     if (!book.find(r.key) && st.orphan_holds.count(r.key)) {
       orphan_release(self, r.key, r.rank);

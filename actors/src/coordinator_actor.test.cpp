@@ -136,10 +136,10 @@ TEST_F(coordinator_actor_test,
 
   // A report without the token is refused: the rank is still pending.
   consumer->send(coordinator_, report_atom::value,
-                 rank_report{"guess", "m@1", 3, "acknowledged", "", 1, 0.1});
+                 rank_report{"guess", "m@1", 3, "acknowledged", "", 1, 0.1, ""});
   EXPECT_EQ(status()["updates"][0]["ranks"][0]["state"], "pending");
   consumer->send(coordinator_, report_atom::value,
-                 rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.1});
+                 rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.1, ""});
   std::string outcome_token, outcome;
   publisher->receive(
       [&](const std::string& t, const std::string& o) { outcome_token = t, outcome = o; },
@@ -175,7 +175,7 @@ TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_ans
 
   // The node answers for its ranks, and tries to answer for rank 5 too: refused.
   auto report = [](std::int32_t rank, std::string state) {
-    return rank_report{token, "m@1", rank, std::move(state), "", 1, 0.01};
+    return rank_report{token, "m@1", rank, std::move(state), "", 1, 0.01, ""};
   };
   node->send(
       coordinator_, report_atom::value,
@@ -188,8 +188,9 @@ TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_ans
   EXPECT_EQ(ranks[1]["state"], "rejected");  // one rank's failure is still its own
   EXPECT_EQ(ranks[2]["state"], "pending");
   // A batch without the token changes nothing.
-  other->send(coordinator_, report_atom::value,
-              report_batch{"guess", {rank_report{"guess", "m@1", 5, "acknowledged", "", 1, 0}}});
+  other->send(
+      coordinator_, report_atom::value,
+      report_batch{"guess", {rank_report{"guess", "m@1", 5, "acknowledged", "", 1, 0, ""}}});
   EXPECT_EQ(status()["updates"][0]["ranks"][2]["state"], "pending");
   other->send(coordinator_, report_atom::value, report_batch{token, {report(5, "acknowledged")}});
   std::string outcome;

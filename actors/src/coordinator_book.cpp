@@ -15,7 +15,12 @@ bool in_flight(const update_record& u) {
 
 bool answered(rank_state s) {
   return s == rank_state::acknowledged || s == rank_state::rejected || s == rank_state::failed ||
-         s == rank_state::released;
+         s == rank_state::released || s == rank_state::waiting;
+}
+
+// Whether a rank in state `s` may still read the update's memory.
+bool holds(rank_state s) {
+  return s != rank_state::released && s != rank_state::failed && s != rank_state::waiting;
 }
 
 std::vector<std::int32_t> publisher_ranks(const update_record& u) {
@@ -36,7 +41,7 @@ void tally_add(update_record::tally& t, const rank_progress& p, int sign) {
   };
   add(t.unanswered, !answered(p.state));
   add(t.acknowledged, p.acknowledged);
-  add(t.holding, (p.state != rank_state::released && p.state != rank_state::failed) || p.may_hold);
+  add(t.holding, holds(p.state) || p.may_hold);
 }
 
 // A new entry for `rank` in `u`'s table (replacing any older one), pending since `now`.
@@ -68,6 +73,8 @@ std::string_view rank_state_name(rank_state s) {
       return "failed";
     case rank_state::released:
       return "released";
+    case rank_state::waiting:
+      return "waiting";
   }
   return "invalid";
 }
@@ -385,7 +392,8 @@ result<std::vector<book_effect>> coordinator_book::importing(const std::string& 
 result<std::vector<book_effect>> coordinator_book::acknowledged(const std::string& key,
                                                                 std::int32_t rank,
                                                                 coord_clock::time_point now,
-                                                                double data_s) {
+                                                                double data_s,
+                                                                std::string received_from) {
   auto e = consumer_entry(key, rank);
   if (!e) return e.error();
   auto& p = *e->progress;
@@ -395,6 +403,7 @@ result<std::vector<book_effect>> coordinator_book::acknowledged(const std::strin
                                                     context(key, rank) + ")");
   }
   p.data_s = data_s;
+  if (!received_from.empty()) p.received_from = std::move(received_from);
   set_state(*e->update, p, rank_state::acknowledged, now);
   effects out;
   check_finished(*e->update, now, out);
@@ -416,6 +425,25 @@ result<std::vector<book_effect>> coordinator_book::rejected(const std::string& k
   set_state(*e->update, p, rank_state::rejected, now);
   effects out;
   check_finished(*e->update, now, out);
+  return out;
+}
+
+result<std::vector<book_effect>> coordinator_book::waiting(const std::string& key,
+                                                           std::int32_t rank, std::string reason,
+                                                           coord_clock::time_point now) {
+  auto e = consumer_entry(key, rank);
+  if (!e) return e.error();
+  auto& p = *e->progress;
+  if (p.state != rank_state::pending && p.state != rank_state::importing) {
+    return make_error(errc::illegal_transition, "cannot wait on update in state " +
+                                                    std::string(rank_state_name(p.state)) + " (" +
+                                                    context(key, rank) + ")");
+  }
+  p.reason = std::move(reason);
+  set_state(*e->update, p, rank_state::waiting, now);
+  effects out;
+  check_finished(*e->update, now, out);
+  check_released(*e->update, out);
   return out;
 }
 

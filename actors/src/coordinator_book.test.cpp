@@ -374,7 +374,11 @@ TEST_F(book_test, running_counts_survive_any_sequence_of_messages) {
         (void)book_.acknowledged(key, rank, now_);
         break;
       case 3:
-        (void)book_.rejected(key, rank, "bad", now_);
+        if (pick(2) == 0) {
+          (void)book_.rejected(key, rank, "bad", now_);
+        } else {
+          (void)book_.waiting(key, rank, "gone", now_);
+        }
         break;
       case 4:
         (void)book_.released(key, rank, now_);
@@ -402,7 +406,8 @@ TEST_F(book_test, running_counts_survive_any_sequence_of_messages) {
         all_answered =
             all_answered && p.state != rank_state::pending && p.state != rank_state::importing;
         anyone_holds = anyone_holds || p.may_hold ||
-                       (p.state != rank_state::released && p.state != rank_state::failed);
+                       (p.state != rank_state::released && p.state != rank_state::failed &&
+                        p.state != rank_state::waiting);
       }
       if (u->phase == update_phase::distributing) {
         ASSERT_FALSE(all_answered) << u->key << " after step " << step;

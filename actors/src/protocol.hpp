@@ -71,15 +71,19 @@ struct rank_report {
   std::string token;
   std::string key;
   std::int32_t rank = 0;
-  std::string state;  ///< "importing" | "acknowledged" | "rejected" | "released"
-  std::string reason;
+  /// "importing" | "acknowledged" | "rejected" | "waiting" (the bytes were gone; it waits for
+  /// the next version) | "released"
+  std::string state;
+  std::string reason;  ///< importing: the hop it imports from; rejected / waiting: why
   std::uint64_t active_weight_version = 0;
-  double seconds = 0;  ///< acknowledged / rejected: the rank's import-to-answer time
+  double seconds = 0;         ///< acknowledged / rejected: the rank's import-to-answer time
+  std::string received_from;  ///< acknowledged: the hop that gave the bytes, when not the one
+                              ///< the update named (a peer on the node); else empty
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
   return f(caf::meta::type_name("rank_report"), x.token, x.key, x.rank, x.state, x.reason,
-           x.active_weight_version, x.seconds);
+           x.active_weight_version, x.seconds, x.received_from);
 }
 
 /// Consumer endpoint -> coordinator: the reports of its ranks, in the order they happened. An

@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   caf::anon_send(raw, caf::make_error(caf::sec::runtime_error));
   caf::anon_send(raw, caf::down_msg{raw.address(), caf::exit_reason::kill});
   caf::anon_send(raw, caf::timeout_msg{caf::atom("stream"), 1});
-  caf::anon_send(raw, report_atom::value, rank_report{"guess", "m@1", 0, "acknowledged", "", 1, 0});
+  caf::anon_send(raw, report_atom::value,
+                 rank_report{"guess", "m@1", 0, "acknowledged", "", 1, 0, ""});
 
   caf::scoped_actor self{sys};
   auto ask = [&](auto... xs) {

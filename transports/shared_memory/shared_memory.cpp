@@ -12,12 +12,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
+#include "shared_memory/peer_fd.hpp"
 #include "src/json_read.hpp"
 #include "wsync/manifest/log.hpp"
 
@@ -334,16 +336,32 @@ class shm_publisher final : public publisher_transport {
 
 class shm_consumer final : public consumer_transport {
  public:
+  shm_consumer()
+      : peers_(std::make_unique<shm_peer::registration>(
+            [this](const std::string& name) { return descriptor_of(name); },
+            [this] { return rank_.load(); })) {}
+
   ~shm_consumer() override {
+    peers_.reset();  // first: no peer gets a descriptor that is about to close
     for (auto& [key, m] : maps_) m.unmap();
     for (auto& m : retired_) m.unmap();
+  }
+
+  void rank_set(std::int32_t rank) override { rank_ = rank; }
+
+  std::string import_source(const update_id& id) const override {
+    std::lock_guard lock(mutex_);
+    for (const auto& [which, from] : sources_) {
+      if (which == id) return from;
+    }
+    return {};
   }
 
   result<std::vector<std::span<const std::byte>>> import_segments(
       const weight_update_manifest& m) override {
     auto h = handle_parse(m);
     if (!h) return h.error();
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     auto key = h->pool + "/" + std::to_string(h->slot);
     auto it = maps_.find(key);
     if (it != maps_.end() && it->second.name != h->name) {
@@ -352,9 +370,18 @@ class shm_consumer final : public consumer_transport {
       it = maps_.end();
     }
     if (it == maps_.end()) {
-      auto mapped = map(*h, m);
+      // Without the lock: mapping may ask peers, and a peer's request of this consumer takes it.
+      // One consumer's imports never overlap (the executor), so nobody maps this key meanwhile.
+      lock.unlock();
+      std::int32_t peer = -1;
+      auto mapped = map(*h, m, peer);
+      lock.lock();
       if (!mapped) return mapped.error();
       it = maps_.emplace(key, *mapped).first;
+      if (peer >= 0) {
+        sources_.emplace_back(m.update_id, "rank:" + std::to_string(peer) + " (shared memory)");
+        if (sources_.size() > 64) sources_.pop_front();
+      }
     }
     auto& mp = it->second;
     if (h->capacity > mp.map_bytes - header_bytes) {
@@ -407,8 +434,24 @@ class shm_consumer final : public consumer_transport {
     const std::byte* base = nullptr;
     std::uint64_t map_bytes = 0;
     int holds = 0;
-    void unmap() const { ::munmap(const_cast<std::byte*>(base), map_bytes); }
+    int fd = -1;  ///< kept open, so that a peer on this node can be given the slot
+    void unmap() const {
+      ::munmap(const_cast<std::byte*>(base), map_bytes);
+      if (fd >= 0) ::close(fd);
+    }
   };
+
+  // For a peer's request: a duplicate descriptor of slot `name` if this consumer maps it.
+  int descriptor_of(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [key, mp] : maps_) {
+      if (mp.name == name && mp.fd >= 0) return ::fcntl(mp.fd, F_DUPFD_CLOEXEC, 0);
+    }
+    for (const auto& mp : retired_) {
+      if (mp.name == name && mp.fd >= 0) return ::fcntl(mp.fd, F_DUPFD_CLOEXEC, 0);
+    }
+    return -1;
+  }
 
   void retire(std::unordered_map<std::string, mapping>::iterator it) {
     if (it->second.holds == 0) {
@@ -423,18 +466,25 @@ class shm_consumer final : public consumer_transport {
   // same slot cost nothing but a generation check. 2 MiB-aligned, so the huge pages the
   // publisher made (slot_collapse) are mapped whole: the first verify then reads at the speed of
   // later ones.
-  result<mapping> map(const handle& h, const weight_update_manifest& m) {
+  // When the publisher unlinked the slot (it exited), a consumer on this node that still maps it
+  // can give it: `peer` is then that consumer's rank.
+  result<mapping> map(const handle& h, const weight_update_manifest& m, std::int32_t& peer) {
     int fd = ::shm_open(("/" + h.name).c_str(), O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0) {
       int err = errno;
-      if (err == ENOENT) {
+      if (err != ENOENT) {
+        return make_error(errc::io_error, "shared-memory: shm_open " + h.name + " failed: " +
+                                              errno_text(err) + " (" + update_context(m) + ")");
+      }
+      auto got = shm_peer::fetch(h.name, *peers_);
+      if (!got) {
         return make_error(errc::unknown_update,
                           "unknown update_id: " + m.update_id + ": shared-memory segment " +
-                              h.name + " no longer exists (publisher released it or exited) (" +
-                              update_context(m) + ")");
+                              h.name + " no longer exists (publisher released it or exited) and " +
+                              got.error().message + " (" + update_context(m) + ")");
       }
-      return make_error(errc::io_error, "shared-memory: shm_open " + h.name + " failed: " +
-                                            errno_text(err) + " (" + update_context(m) + ")");
+      fd = got->fd;
+      peer = got->rank;
     }
     struct stat st {};
     if (::fstat(fd, &st) != 0 ||
@@ -448,25 +498,29 @@ class shm_consumer final : public consumer_transport {
     std::uint64_t bytes = header_bytes + h.capacity;
     void* p = map_aligned(fd, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE);
     int err = errno;
-    ::close(fd);
     if (p == MAP_FAILED) {
+      ::close(fd);
       return make_error(errc::io_error, "shared-memory: mmap " + h.name + " failed: " +
                                             errno_text(err) + " (" + update_context(m) + ")");
     }
     const auto* header = static_cast<const slot_header*>(p);
     if (std::memcmp(header->magic, magic, sizeof magic) != 0 || header->capacity != h.capacity) {
       ::munmap(p, bytes);
+      ::close(fd);
       return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + h.name +
                                                     " is not a wsync slot of the named capacity (" +
                                                     update_context(m) + ")");
     }
-    return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0};
+    return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0, fd};
   }
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::unordered_map<std::string, mapping> maps_;  // "<pool>/<slot>" -> mapping
   std::vector<mapping> retired_;
   std::unordered_map<update_id, std::pair<std::string, std::string>> held_;
+  std::deque<std::pair<update_id, std::string>> sources_;  ///< recent imports a peer served
+  std::atomic<std::int32_t> rank_{-1};
+  std::unique_ptr<shm_peer::registration> peers_;  ///< last: built after, gone before the maps
 };
 
 constexpr transport_caps shm_caps{.cpu_memory = true,

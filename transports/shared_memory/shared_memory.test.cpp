@@ -406,6 +406,78 @@ TEST_F(shared_memory_test, consumer_process_imports_zero_copy_and_verifies) {
   EXPECT_TRUE(exited_ok(status)) << describe(status);
 }
 
+// A rank that joins after the publisher exited: the slot's name is gone, but a consumer that
+// still maps it gives it, in this process or from another (the descriptor crosses a Unix socket).
+TEST_F(shared_memory_test, a_slot_whose_publisher_exited_comes_from_a_peer_that_maps_it) {
+  make_publisher(2);
+  const int parent = ::getpid();
+  auto m = publisher_->publish(sources_, 1, {4});
+  ASSERT_TRUE(m) << m.error().message;
+  auto holder = make_local_consumer(4);
+  ASSERT_TRUE(holder->import_update(*m));
+  publisher_.reset();  // the trainer exits: every slot is unlinked
+  transport_.reset();
+  ASSERT_EQ(segments_of(parent), std::vector<std::string>{});
+
+  {  // another consumer of this process
+    auto late = child_consumer(5);
+    ASSERT_TRUE(late);
+    auto u = late->import_update(*m);
+    ASSERT_TRUE(u) << u.error().message;
+    EXPECT_EQ(check_import(**u, parent), "");
+    EXPECT_TRUE(late->verify(m->update_id));
+    EXPECT_EQ(late->import_source(m->update_id), "rank:4 (shared memory)");
+    ASSERT_TRUE(late->release(m->update_id));
+  }
+  // A consumer process started after the publisher left.
+  child_process late([](int fd) {
+    auto msg = recv_msg(fd);
+    if (!msg) return 10;
+    auto manifest = manifest_from_json(*msg);
+    if (!manifest) return 11;
+    auto c = child_consumer(6);
+    if (!c) return 12;
+    auto u = c->import_update(*manifest);
+    std::string reply = u ? "" : "import: " + u.error().message;
+    if (reply.empty()) {
+      if (auto v = c->verify(manifest->update_id); !v) reply = "verify: " + v.error().message;
+    }
+    if (reply.empty()) reply = "ok from " + c->import_source(manifest->update_id);
+    (void)c->release(manifest->update_id);
+    return send_msg(fd, reply) ? 0 : 13;
+  });
+  ASSERT_TRUE(late.started());
+  ASSERT_TRUE(late.send(manifest_to_json(*m)));
+  auto reply = late.receive();
+  ASSERT_TRUE(reply) << "no answer from the late consumer process";
+  EXPECT_EQ(*reply, "ok from rank:4 (shared memory)");
+  int status = late.wait();
+  EXPECT_TRUE(exited_ok(status)) << describe(status);
+  ASSERT_TRUE(holder->release(m->update_id));
+}
+
+TEST_F(shared_memory_test, a_slot_nobody_holds_any_more_is_gone_with_its_publisher) {
+  make_publisher(2);
+  auto m = publisher_->publish(sources_, 1, {4});
+  ASSERT_TRUE(m) << m.error().message;
+  {
+    auto holder = make_local_consumer(4);
+    ASSERT_TRUE(holder->import_update(*m));
+    ASSERT_TRUE(holder->release(m->update_id));
+  }  // its last consumer is gone too
+  publisher_.reset();
+  transport_.reset();
+  auto late = child_consumer(5);
+  ASSERT_TRUE(late);
+  auto u = late->import_update(*m);
+  ASSERT_FALSE(u);
+  EXPECT_EQ(u.error().code, errc::unknown_update);
+  EXPECT_NE(u.error().message.find("no longer exists (publisher released it or exited) and no "
+                                   "peer on this node holds it"),
+            std::string::npos)
+      << u.error().message;
+}
+
 TEST_F(shared_memory_test, slots_are_private_and_mapped_read_only) {
   make_publisher(2);
   auto m = publisher_->publish(sources_, 1, {1});

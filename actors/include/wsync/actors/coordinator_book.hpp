@@ -41,8 +41,10 @@ struct rank_info {
 };
 
 /// A consumer rank's progress on one update: pending, importing, acknowledged, rejected,
-/// failed or released, with the time of each state.
-enum class rank_state { pending, importing, acknowledged, rejected, failed, released };
+/// failed or released, with the time of each state. `waiting`: the update's bytes were gone
+/// (its publisher exited, or rewrote the slot, and no peer holds it): the rank holds nothing of
+/// it and waits for the next version; an answer, like rejected, but nothing was wrong with it.
+enum class rank_state { pending, importing, acknowledged, rejected, failed, released, waiting };
 std::string_view rank_state_name(rank_state s);
 
 struct rank_progress {
@@ -131,8 +133,13 @@ class coordinator_book {
   result<std::vector<book_effect>> importing(const std::string& key, std::int32_t rank,
                                              std::string received_from,
                                              coord_clock::time_point now);
+  /// `received_from`, when not empty, replaces where the rank said it imports from (a peer gave
+  /// it the bytes instead).
   result<std::vector<book_effect>> acknowledged(const std::string& key, std::int32_t rank,
-                                                coord_clock::time_point now, double data_s = 0);
+                                                coord_clock::time_point now, double data_s = 0,
+                                                std::string received_from = "");
+  result<std::vector<book_effect>> waiting(const std::string& key, std::int32_t rank,
+                                           std::string reason, coord_clock::time_point now);
   result<std::vector<book_effect>> rejected(const std::string& key, std::int32_t rank,
                                             std::string reason, coord_clock::time_point now);
   result<std::vector<book_effect>> released(const std::string& key, std::int32_t rank,

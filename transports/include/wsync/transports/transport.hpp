@@ -74,6 +74,11 @@ class consumer_transport {
   /// for transports that name their readers in shared state (file-mmap's leases).
   virtual void rank_set(std::int32_t /*rank*/) {}
 
+  /// Where the bytes of a recent import came from when not from its publisher, as the status
+  /// table shows it (shared memory: "rank:3 (shared memory)", a peer on this node that still
+  /// mapped a slot its publisher had unlinked); empty otherwise.
+  virtual std::string import_source(const update_id& /*id*/) const { return {}; }
+
   /// Where other consumers reach this one to pull, chunk by chunk, the updates it imports (it
   /// relays them while its own import is still running); empty when this transport cannot
   /// relay. Valid for the consumer's lifetime.

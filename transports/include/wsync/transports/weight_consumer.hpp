@@ -68,6 +68,8 @@ class weight_consumer {
 
   result<update_state> state(const update_id& id) const;
   std::int32_t rank() const { return config_.rank; }
+  /// consumer_transport::import_source of a recent import.
+  std::string import_source(const update_id& id) const { return transport_->import_source(id); }
 
  private:
   struct entry {
