@@ -76,9 +76,10 @@ struct rank_report {
   std::string state;
   std::string reason;  ///< importing: the hop it imports from; rejected / waiting: why
   std::uint64_t active_weight_version = 0;
-  double seconds = 0;         ///< acknowledged / rejected: the rank's import-to-answer time
-  std::string received_from;  ///< acknowledged: the hop that gave the bytes, when not the one
-                              ///< the update named (a peer on the node); else empty
+  double seconds = 0;  ///< acknowledged / rejected: the rank's import-to-answer time
+  /// acknowledged: the hop the bytes came from (a peer on the node, when one gave them); an
+  /// acknowledgement needs no "importing" report before it
+  std::string received_from;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
