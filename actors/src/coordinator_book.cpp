@@ -322,7 +322,7 @@ void coordinator_book::check_finished(update_record& u, coord_clock::time_point 
   u.finished = now;
   out.push_back({book_effect::kind::outcome, u.key, publisher_ranks(u), {}});
   check_released(u, out);
-  collect_garbage(u.model_id);
+  collect_garbage(u.model_id, &u);  // u itself stays: the caller still uses it
 }
 
 void coordinator_book::abort(update_record& u, const std::string& reason,
@@ -501,16 +501,16 @@ std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
   return out;
 }
 
-void coordinator_book::collect_garbage(const std::string& model_id) {
-  // Keep the newest finished updates; never drop one a consumer still holds or that is the
-  // latest committed (catch-up source).
+void coordinator_book::collect_garbage(const std::string& model_id, const update_record* keep) {
+  // Keep the newest finished updates; never drop one a consumer still holds, the latest
+  // committed (catch-up source) or `keep` (a later finish drops it).
   auto list = updates(model_id);
   const auto* latest = latest_committed(model_id);
   std::size_t finished = 0;
   for (const auto* u : list) finished += !in_flight(*u);
   for (const auto* u : list) {
     if (finished <= config_.history_per_model) break;
-    if (in_flight(*u) || u == latest || !u->publishers_released) continue;
+    if (in_flight(*u) || u == latest || u == keep || !u->publishers_released) continue;
     updates_.erase(u->key);
     --finished;
   }

@@ -174,7 +174,7 @@ class coordinator_book {
   void abort(update_record& u, const std::string& reason, coord_clock::time_point now,
              effects& out);
   void check_released(update_record& u, effects& out);
-  void collect_garbage(const std::string& model_id);
+  void collect_garbage(const std::string& model_id, const update_record* keep);
   update_record* latest_committed_mutable(const std::string& model_id);
 
   book_config config_;
