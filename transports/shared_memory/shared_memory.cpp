@@ -370,6 +370,7 @@ class shm_consumer final : public consumer_transport {
       it = maps_.end();
     }
     if (it == maps_.end()) {
+      forget_vanished_locked();
       // Without the lock: mapping may ask peers, and a peer's request of this consumer takes it.
       // One consumer's imports never overlap (the executor), so nobody maps this key meanwhile.
       lock.unlock();
@@ -440,6 +441,20 @@ class shm_consumer final : public consumer_transport {
       if (fd >= 0) ::close(fd);
     }
   };
+
+  // Unmaps the cached slots this consumer does not hold whose names are gone (their publisher
+  // exited or replaced them): a restarted publisher's new ring would otherwise add to the old
+  // mappings and descriptors forever. A slot a rank still holds stays, for it and its peers.
+  void forget_vanished_locked() {
+    for (auto it = maps_.begin(); it != maps_.end();) {
+      if (it->second.holds == 0 && ::access(("/dev/shm/" + it->second.name).c_str(), F_OK) != 0) {
+        it->second.unmap();
+        it = maps_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 
   // For a peer's request: a duplicate descriptor of slot `name` if this consumer maps it.
   int descriptor_of(const std::string& name) {

@@ -478,6 +478,29 @@ TEST_F(shared_memory_test, a_slot_nobody_holds_any_more_is_gone_with_its_publish
       << u.error().message;
 }
 
+TEST_F(shared_memory_test, a_restarted_publisher_does_not_pile_up_old_mappings) {
+  auto consumer = child_consumer(1);
+  ASSERT_TRUE(consumer);
+  const auto fds_before = open_fds();
+  std::string old_slot;
+  for (std::uint64_t v = 1; v <= 3; ++v) {  // three publisher lives, one version each
+    make_publisher(1);
+    auto m = publisher_->publish(sources_, v, {1});
+    ASSERT_TRUE(m) << m.error().message;
+    ASSERT_TRUE(consumer->import_update(*m));
+    ASSERT_TRUE(consumer->release(m->update_id));
+    auto mapped = wsync_mappings();
+    EXPECT_EQ(mapped.size(), 2u) << "beyond the publisher's and the consumer's mapping of its slot";
+    if (!old_slot.empty()) {
+      for (const auto& line : mapped) EXPECT_EQ(line.find(old_slot), std::string::npos) << line;
+    }
+    old_slot = segments_of(::getpid()).at(0);
+    publisher_.reset();
+    transport_.reset();
+  }
+  EXPECT_LE(open_fds(), fds_before + 1);  // the last slot's descriptor, nothing per restart
+}
+
 TEST_F(shared_memory_test, slots_are_private_and_mapped_read_only) {
   make_publisher(2);
   auto m = publisher_->publish(sources_, 1, {1});
