@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "coordinator_actor.hpp"
 #include "guard.hpp"
@@ -17,6 +18,7 @@
 #include "wsync/actors/node.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
+#include "wsync/transports/registry.hpp"
 
 namespace wsync {
 namespace {
@@ -129,6 +131,39 @@ std::map<std::int32_t, routed_update> route(coordinator_state& st, const book_ef
   return std::move(*routes);
 }
 
+// A catch-up from a rank that still holds the version, for transports whose consumers relay
+// what they hold (ucx): its publisher may be gone. The handle keeps the publisher as the
+// fallback. Prefers a holder on the joining rank's node; none (or a transport that cannot
+// relay, like shared memory, whose consumers pass descriptors instead): nothing.
+std::optional<routed_update> catch_up_route(coordinator_state& st, const book_effect& e,
+                                            std::int32_t rank) {
+  const auto* u = st.book.find(e.key);
+  auto me = st.book.consumers().find(rank);
+  if (!u || me == st.book.consumers().end()) return std::nullopt;
+  const rank_info* best = nullptr;
+  for (const auto& [r, p] : u->consumers) {
+    if (r == rank || p.state != rank_state::acknowledged) continue;  // released: not held
+    auto holder = st.book.consumers().find(r);
+    if (holder == st.book.consumers().end() || holder->second.address.empty()) continue;
+    if (!best || (holder->second.node == me->second.node && best->node != me->second.node)) {
+      best = &holder->second;
+    }
+  }
+  if (!best) return std::nullopt;
+  routed_update out;
+  for (const auto& m : e.manifests) {
+    auto t = make_transport(m.transport);
+    if (!t) return std::nullopt;
+    auto handle = (*t)->handle_via_relay(m.transport_handle, best->address);
+    if (!handle) return std::nullopt;
+    out.manifests.push_back(m);
+    out.manifests.back().transport_handle = std::move(*handle);
+  }
+  out.received_from = "rank:" + std::to_string(best->rank) +
+                      (best->node == me->second.node ? " (shared memory)" : " (network)");
+  return out;
+}
+
 // Sends an update to the ranks of `e`: one message per endpoint and route, so a process holding
 // many ranks (a node's rollout process) gets it once, with the list of its ranks.
 void distribute(coordinator_pointer self, const book_effect& e) {
@@ -139,7 +174,12 @@ void distribute(coordinator_pointer self, const book_effect& e) {
     direct.received_from +=
         (direct.received_from.empty() ? "publisher:" : ",") + std::to_string(m.source_rank);
   }
-  auto routes = route(st, e);
+  auto routes = e.catch_up ? std::map<std::int32_t, routed_update>{} : route(st, e);
+  if (e.catch_up) {
+    for (auto rank : e.ranks) {
+      if (auto r = catch_up_route(st, e, rank)) routes[rank] = std::move(*r);
+    }
+  }
   // By endpoint, then by route ("" for straight from the publishers).
   std::map<caf::actor_addr, std::pair<consumer_actor, std::map<std::string, update_available>>> out;
   for (auto rank : e.ranks) {

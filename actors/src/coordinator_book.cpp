@@ -149,7 +149,8 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
       latest->publishers_released = false;
       std::vector<weight_update_manifest> shards;
       for (const auto& [r, m] : latest->shards) shards.push_back(m);
-      out.push_back({book_effect::kind::distribute, latest->key, {info.rank}, std::move(shards)});
+      out.push_back(
+          {book_effect::kind::distribute, latest->key, {info.rank}, std::move(shards), true});
     }
   }
   return out;

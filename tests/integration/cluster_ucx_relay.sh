@@ -3,7 +3,8 @@
 # nodes n1 and n2, a publisher on n0, all on the ucx transport over TCP on loopback. With the
 # default striped tree each node's leader takes one stripe from the publisher and the other
 # from the other node's leader, members take everything from their leader; every rank
-# acknowledges every version, and `wsync status` shows each rank's source.
+# acknowledges every version, and `wsync status` shows each rank's source. Once the publisher
+# exited, a rank that joins catches up from a rank on its node that holds the last version.
 wsync="$1"
 name=cluster_ucx_relay
 source "$(dirname "$0")/processes.sh"
@@ -34,6 +35,19 @@ expect 0 'stripes:publisher:0|rank:2(network)'
 expect 1 'rank:0(sharedmemory)'
 expect 2 'stripes:rank:0(network)|publisher:0'
 expect 3 'rank:2(sharedmemory)'
+# The publisher has exited: a rank joining n1 now catches up on version 3 from a rank there that
+# still holds it (a relay of the ucx transport), not from the publisher.
+"$wsync" consumer --coordinator "$addr" --rank 4 --node n1 --model "$layout" "${ucx[@]}" \
+  >"$work/consumer4.log" 2>&1 &
+pids+=("$!")
+for _ in $(seq 400); do
+  status=$("$wsync" status --coordinator "$addr" --json)
+  grep -q '"active_weight_version":3,"node":"n1","rank":4' <<<"$status" && break
+  sleep 0.05
+done
+grep -q '"active_weight_version":3,"node":"n1","rank":4' <<<"$status" ||
+  fail "rank 4 did not catch up after the publisher exited: $status"
+expect 4 'rank:0(sharedmemory)'
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait
 echo "cluster_ucx_relay: pass"

@@ -97,6 +97,8 @@ struct book_effect {
   std::string key;
   std::vector<std::int32_t> ranks;
   std::vector<weight_update_manifest> manifests;
+  /// distribute: a committed version sent to a rank that joined (catch-up), not a new one
+  bool catch_up = false;
 };
 
 struct book_config {
