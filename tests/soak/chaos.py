@@ -53,9 +53,13 @@ def publisher(work, rank, updates, pace):
 
     # The whole model: TrainerRank publishes every PUBLISHERS-th tensor from `rank` on.
     shard = {n: torch.zeros(ELEMENTS) for r in range(PUBLISHERS) for n in names(r)}
+    # From the start: a SIGTERM between two publishes must still close the trainer (which
+    # unlinks its slots), not end the process where it stands.
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
     trainer = None
     v = None
-    while True:
+    while not done.is_set():
         try:
             if trainer is None:
                 trainer = wsync.TrainerRank(rank=rank, ranks=PUBLISHERS, outcome_timeout=30)
@@ -78,14 +82,13 @@ def publisher(work, rank, updates, pace):
             # publish (or is made again when it never joined).
             print(f"publisher {rank}: {e}; retrying", file=sys.stderr, flush=True)
             time.sleep(0.3)
-    write_json(os.path.join(work, f"publisher-{rank}.done"), {"last": v - 1})
-    # A trainer outlives its last publish here (as in a job that keeps training): a consumer
-    # restarted now catches up from it. (After the trainers exit, a peer would have to serve
-    # the catch-up: not built yet, see docs/robustness.md.)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    if v is not None:
+        write_json(os.path.join(work, f"publisher-{rank}.done"), {"last": v - 1})
+    # A trainer outlives its last publish here (as in a job that keeps training); a consumer
+    # restarted after the trainers exit would catch up from a peer (docs/cluster.md).
     done.wait()
-    trainer.close()
+    if trainer is not None:
+        trainer.close()
 
 
 def consumer(work, rank, incarnation):
