@@ -39,6 +39,12 @@ subcommand add_coordinator(CLI::App& app) {
                    "unanswered ranks")
       ->check(CLI::Range(100, 3600000));
   coord
+      ->add_option("--history", opt.history_per_model,
+                   "finished updates kept per model for `wsync status` (older ones are dropped, "
+                   "so memory stays flat however long the job runs)")
+      ->check(CLI::Range(1u, 100000u))
+      ->capture_default_str();
+  coord
       ->add_option("--plan", state->plan,
                    "how updates cross nodes when the consumers' transport relays (ucx): tree "
                    "(striped), chain or star; one leader per node either way")

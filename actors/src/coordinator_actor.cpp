@@ -582,6 +582,7 @@ int coordinator_run(const coordinator_options& options) {
   cluster_system sys(options.heartbeat, options.listen.tls);
   book_config config;
   config.update_deadline = options.update_deadline;
+  config.history_per_model = options.history_per_model;
   auto coordinator = coordinator_spawn(sys.get(), options.listen.token, config, options.router);
   auto port = sys.publish(coordinator, options.listen);
   if (!port) {

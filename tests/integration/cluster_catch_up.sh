@@ -8,7 +8,7 @@ name=cluster_catch_up
 source "$(dirname "$0")/processes.sh"
 export WSYNC_TOKEN=catch-up-token
 layout=synthetic:4194304:8
-"$wsync" coordinator --port 0 --port-file "$work/port" >"$work/coordinator.log" 2>&1 &
+"$wsync" coordinator --port 0 --port-file "$work/port" --history 2 >"$work/coordinator.log" 2>&1 &
 pids+=("$!")
 wait_for_file "$work/port" || fail "the coordinator did not start"
 addr="127.0.0.1:$(cat "$work/port")"
@@ -56,6 +56,9 @@ rank_field 3 reason | grep -q "waiting for the next version" || fail "rank 3 rea
   --versions 1 --json >"$work/publisher2.log" 2>&1 || fail "the second publisher failed"
 grep -q '"phase":"committed"' "$work/publisher2.log" || fail "version 4 did not commit"
 wait_rank 3 active_weight_version 4 || fail "rank 3 did not install version 4"
+# --history 2: the status keeps about the last two finished updates, not all four.
+kept=$(status | /usr/bin/env python3 -c "import json, sys; print(len(json.load(sys.stdin)['updates']))")
+[ "$kept" -le 3 ] || fail "--history 2 kept $kept updates"
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait
 check_no_segments

@@ -59,6 +59,7 @@ struct coordinator_options {
   endpoint listen;                                   ///< port 0: pick one
   std::string port_file;                             ///< written once listening (for launchers)
   std::chrono::milliseconds update_deadline{30000};  ///< first shard to commit
+  std::uint32_t history_per_model = 16;              ///< finished updates kept for status
   std::chrono::milliseconds heartbeat{200};          ///< CAF heartbeat; peers time out at 5x
   update_router router;                              ///< empty: every rank from the publishers
   /// Listen on a non-loopback address without TLS anyway (refused otherwise).
