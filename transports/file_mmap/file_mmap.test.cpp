@@ -234,13 +234,14 @@ TEST_P(file_mmap_test, the_lease_of_a_dead_reader_expires) {
 
 TEST_P(file_mmap_test, a_silent_lease_expires_after_the_lease_timeout) {
   // A reader on another host: no pid to check, only its heartbeat.
-  start_publisher(std::chrono::milliseconds(3000), {{"lease_timeout_ms", "300"}});
+  // The timeout leaves a loaded machine (TSan, -j2) time to see the lease fresh first.
+  start_publisher(std::chrono::milliseconds(6000), {{"lease_timeout_ms", "1500"}});
   ASSERT_TRUE(publish(1));
   ASSERT_TRUE(publish(2));
   std::string lease = dir_ + "/leases/buffer-0.1.remote.lease";
   std::ofstream(lease) << R"({"host":"another-host","pid":1,"start":0,"rank":9})";
   // Fresh heartbeat and a short wait: refused, naming the remote reader.
-  start_publisher(std::chrono::milliseconds(50), {{"lease_timeout_ms", "300"}});
+  start_publisher(std::chrono::milliseconds(50), {{"lease_timeout_ms", "1500"}});
   auto refused = publish(3);
   ASSERT_FALSE(refused);
   EXPECT_TRUE(contains(refused.error().message, "no free buffer: held by "))
@@ -248,7 +249,7 @@ TEST_P(file_mmap_test, a_silent_lease_expires_after_the_lease_timeout) {
   EXPECT_TRUE(contains(refused.error().message, "rank 9 (pid 1 on another-host"))
       << refused.error().message;
   // Nobody refreshes it: within the writer's wait it goes stale and the buffer comes free.
-  start_publisher(std::chrono::milliseconds(3000), {{"lease_timeout_ms", "300"}});
+  start_publisher(std::chrono::milliseconds(6000), {{"lease_timeout_ms", "1500"}});
   auto m3 = publish(3);
   ASSERT_TRUE(m3) << m3.error().message;
   EXPECT_EQ(buffer_of(*m3), 0);
