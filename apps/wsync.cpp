@@ -1,6 +1,8 @@
 // The `wsync` executable: thin subcommands over the libraries. Each subcommand lives in its own
 // cmd_*.cpp; this file builds the app, parses, and runs the one chosen.
 
+#include <sys/resource.h>
+
 #include <iostream>
 #include <memory>
 #include <vector>
@@ -9,6 +11,21 @@
 #include "subcommand.hpp"
 #include "toml_config.hpp"
 #include "wsync/transports/registry.hpp"
+
+namespace {
+
+// Descriptors: a coordinator holds one connection per consumer process and publisher, a consumer
+// process of 1,024 ranks one mapping descriptor per slot and a socket per peer request. The soft
+// limit (often 1,024) is raised to the hard one, as servers do; the hard limit is the operator's.
+void raise_descriptor_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace wsync::cli;
@@ -39,6 +56,7 @@ int main(int argc, char** argv) {
       add_status(app), add_demo(app),        add_certs(app)};
 
   launcher_environment();
+  raise_descriptor_limit();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ConfigError& e) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -56,6 +57,44 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 std::string errno_text(int err) {
   return std::string(std::strerror(err));
 }
+
+// An open descriptor of one slot, shared by every consumer rank of this process that maps it.
+struct slot_fd {
+  explicit slot_fd(int f) : fd(f) {}
+  ~slot_fd() { ::close(fd); }
+  slot_fd(const slot_fd&) = delete;
+  slot_fd& operator=(const slot_fd&) = delete;
+  const int fd;
+};
+
+// One descriptor per slot per process, however many consumer ranks map it: with a descriptor per
+// rank, 1,024 ranks in one process would pass the usual `ulimit -n` of 1,024 at the first update.
+class open_slots {
+ public:
+  static open_slots& instance() {
+    static auto* s = new open_slots;  // never destroyed: consumers may outlive static destructors
+    return *s;
+  }
+  /// Takes `fd`; when another rank opened the same slot meanwhile, closes `fd` and shares theirs.
+  std::shared_ptr<const slot_fd> adopt(const std::string& name, int fd) {
+    std::lock_guard lock(mu_);
+    auto& entry = by_name_[name];
+    if (auto held = entry.lock()) {
+      ::close(fd);
+      return held;
+    }
+    auto made = std::make_shared<const slot_fd>(fd);
+    entry = made;
+    if (by_name_.size() > 256) {  // names of slots nobody maps any more
+      std::erase_if(by_name_, [](const auto& kv) { return kv.second.expired(); });
+    }
+    return made;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::weak_ptr<const slot_fd>> by_name_;
+};
 
 // Maps `bytes` of `fd` from offset 0 at a 2 MiB-aligned address, so that every 2 MiB page of the
 // object can be mapped whole (one PMD entry instead of 512 PTEs). MAP_FAILED with errno on failure.
@@ -435,11 +474,8 @@ class shm_consumer final : public consumer_transport {
     const std::byte* base = nullptr;
     std::uint64_t map_bytes = 0;
     int holds = 0;
-    int fd = -1;  ///< kept open, so that a peer on this node can be given the slot
-    void unmap() const {
-      ::munmap(const_cast<std::byte*>(base), map_bytes);
-      if (fd >= 0) ::close(fd);
-    }
+    std::shared_ptr<const slot_fd> fd;  ///< kept open, so that a peer on this node can be given it
+    void unmap() const { ::munmap(const_cast<std::byte*>(base), map_bytes); }
   };
 
   // Unmaps the cached slots this consumer does not hold whose names are gone (their publisher
@@ -460,10 +496,10 @@ class shm_consumer final : public consumer_transport {
   int descriptor_of(const std::string& name) {
     std::lock_guard lock(mutex_);
     for (const auto& [key, mp] : maps_) {
-      if (mp.name == name && mp.fd >= 0) return ::fcntl(mp.fd, F_DUPFD_CLOEXEC, 0);
+      if (mp.name == name) return ::fcntl(mp.fd->fd, F_DUPFD_CLOEXEC, 0);
     }
     for (const auto& mp : retired_) {
-      if (mp.name == name && mp.fd >= 0) return ::fcntl(mp.fd, F_DUPFD_CLOEXEC, 0);
+      if (mp.name == name) return ::fcntl(mp.fd->fd, F_DUPFD_CLOEXEC, 0);
     }
     return -1;
   }
@@ -484,49 +520,53 @@ class shm_consumer final : public consumer_transport {
   // When the publisher unlinked the slot (it exited), a consumer on this node that still maps it
   // can give it: `peer` is then that consumer's rank.
   result<mapping> map(const handle& h, const weight_update_manifest& m, std::int32_t& peer) {
-    int fd = ::shm_open(("/" + h.name).c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) {
-      int err = errno;
-      if (err != ENOENT) {
-        return make_error(errc::io_error, "shared-memory: shm_open " + h.name + " failed: " +
-                                              errno_text(err) + " (" + update_context(m) + ")");
-      }
-      auto got = shm_peer::fetch(h.name, *peers_);
-      if (!got) {
-        return make_error(errc::unknown_update,
-                          "unknown update_id: " + m.update_id + ": shared-memory segment " +
-                              h.name + " no longer exists (publisher released it or exited) and " +
-                              got.error().message + " (" + update_context(m) + ")");
-      }
-      fd = got->fd;
-      peer = got->rank;
-    }
+    auto opened = open_slot(h, m, peer);
+    if (!opened) return opened.error();
+    auto fd = open_slots::instance().adopt(h.name, *opened);
     struct stat st {};
-    if (::fstat(fd, &st) != 0 ||
+    if (::fstat(fd->fd, &st) != 0 ||
         static_cast<std::uint64_t>(st.st_size) < header_bytes + h.capacity) {
-      ::close(fd);
       return make_error(errc::invalid_manifest,
                         "invalid manifest: transport_handle: segment " + h.name +
                             " is smaller than the capacity the handle names (" + update_context(m) +
                             ")");
     }
     std::uint64_t bytes = header_bytes + h.capacity;
-    void* p = map_aligned(fd, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE);
+    void* p = map_aligned(fd->fd, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE);
     int err = errno;
     if (p == MAP_FAILED) {
-      ::close(fd);
       return make_error(errc::io_error, "shared-memory: mmap " + h.name + " failed: " +
                                             errno_text(err) + " (" + update_context(m) + ")");
     }
     const auto* header = static_cast<const slot_header*>(p);
     if (std::memcmp(header->magic, magic, sizeof magic) != 0 || header->capacity != h.capacity) {
       ::munmap(p, bytes);
-      ::close(fd);
       return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + h.name +
                                                     " is not a wsync slot of the named capacity (" +
                                                     update_context(m) + ")");
     }
-    return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0, fd};
+    return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0, std::move(fd)};
+  }
+
+  // A new read-only descriptor of the slot: by name, or when the publisher unlinked it (it
+  // exited), from a consumer on this node that still maps it (`peer` is then that one's rank).
+  result<int> open_slot(const handle& h, const weight_update_manifest& m, std::int32_t& peer) {
+    int fd = ::shm_open(("/" + h.name).c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd >= 0) return fd;
+    int err = errno;
+    if (err != ENOENT) {
+      return make_error(errc::io_error, "shared-memory: shm_open " + h.name + " failed: " +
+                                            errno_text(err) + " (" + update_context(m) + ")");
+    }
+    auto got = shm_peer::fetch(h.name, *peers_);
+    if (!got) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + m.update_id + ": shared-memory segment " + h.name +
+                            " no longer exists (publisher released it or exited) and " +
+                            got.error().message + " (" + update_context(m) + ")");
+    }
+    peer = got->rank;
+    return got->fd;
   }
 
   mutable std::mutex mutex_;

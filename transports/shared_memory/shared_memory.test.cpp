@@ -518,6 +518,29 @@ TEST_F(shared_memory_test, a_restarted_publisher_does_not_pile_up_old_mappings) 
   EXPECT_LE(open_fds(), fds_before + 1);  // the last slot's descriptor, nothing per restart
 }
 
+// Many ranks in one process (wsync consumer --count 1024) share one descriptor per slot: a
+// descriptor per rank and slot would pass the usual `ulimit -n` of 1,024 at the first update.
+TEST_F(shared_memory_test, ranks_of_one_process_share_one_descriptor_per_slot) {
+  make_publisher(2);
+  auto m1 = publisher_->publish(sources_, 1, {1});
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto m2 = publisher_->publish(sources_, 2, {1});  // the second slot
+  ASSERT_TRUE(m2) << m2.error().message;
+  const auto fds_before = open_fds();
+  std::vector<std::unique_ptr<weight_consumer>> ranks;
+  for (int r = 0; r < 64; ++r) {
+    ranks.push_back(make_local_consumer(r));
+    ASSERT_TRUE(ranks.back()->import_update(*m1));
+    ASSERT_TRUE(ranks.back()->import_update(*m2));
+  }
+  // Each consumer may hold a socket or two of the process's peer server, nothing per slot.
+  EXPECT_LE(open_fds(), fds_before + 2 + 2) << "descriptors grow with the ranks";
+  for (auto& c : ranks) {
+    ASSERT_TRUE(c->release(m1->update_id));
+    ASSERT_TRUE(c->release(m2->update_id));
+  }
+}
+
 TEST_F(shared_memory_test, slots_are_private_and_mapped_read_only) {
   make_publisher(2);
   auto m = publisher_->publish(sources_, 1, {1});
