@@ -229,40 +229,51 @@ void schedule_reconnect(endpoint_pointer self, const endpoint_state_ptr& st) {
   self->delayed_send(self, st->backoff, reconnect_atom::value);
 }
 
-// Joins (or re-joins) every rank to the current coordinator, each telling it the version it
-// serves and what it still holds.
+// Joins one rank to the current coordinator in join round `round`, telling it the version the
+// rank serves and what it still holds. A join that fails while the coordinator still runs (a
+// timeout under load) is retried for that rank alone: re-joining its accepted peers would make
+// the coordinator drop what they hold mid-update. Only a coordinator that is gone is reconnected.
+void join_rank(endpoint_pointer self, const endpoint_state_ptr& st, std::int32_t rank,
+               std::uint64_t round) {
+  auto it = st->ranks.find(rank);
+  if (round != st->join_round || it == st->ranks.end() || it->second.side->joined) return;
+  auto hello = it->second.hello;
+  auto side = it->second.side;
+  hello.active_weight_version = side->active_version();
+  hello.held = side->held();
+  self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
+      .then(
+          [=](const std::string& token, const std::string& refusal) {
+            if (round != st->join_round) return;  // a later round replaced this one
+            if (token == hello.token && refusal.empty()) {
+              if (side->joined) return;
+              side->joined = true;
+              if (++st->accepted == st->ranks.size()) {
+                st->joined = true;
+                st->backoff = std::chrono::milliseconds(200);
+              }
+              return;
+            }
+            log_error("consumer rank " + std::to_string(hello.rank) + ": " + refusal);
+            side->refused = true;
+            self->quit(caf::exit_reason::user_shutdown);
+          },
+          [=](caf::error& err) {
+            if (round != st->join_round) return;
+            log_warn("consumer rank " + std::to_string(hello.rank) +
+                     ": join failed: " + self->system().render(err));
+            if (really_down(st->coordinator)) return schedule_reconnect(self, st);
+            self->delayed_send(self, st->backoff, reconnect_atom::value, rank, round);
+          });
+}
+
+// Joins (or re-joins) every rank to the current coordinator: a new round.
 void join_all(endpoint_pointer self, const endpoint_state_ptr& st) {
   const auto round = ++st->join_round;
   st->accepted = 0;
   self->monitor(st->coordinator);
-  for (auto& [rank, slot] : st->ranks) {
-    auto hello = slot.hello;
-    hello.active_weight_version = slot.side->active_version();
-    hello.held = slot.side->held();
-    auto side = slot.side;
-    self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
-        .then(
-            [=](const std::string& token, const std::string& refusal) {
-              if (round != st->join_round) return;  // a later round replaced this one
-              if (token == hello.token && refusal.empty()) {
-                side->joined = true;
-                if (++st->accepted == st->ranks.size()) {
-                  st->joined = true;
-                  st->backoff = std::chrono::milliseconds(200);
-                }
-                return;
-              }
-              log_error("consumer rank " + std::to_string(hello.rank) + ": " + refusal);
-              side->refused = true;
-              self->quit(caf::exit_reason::user_shutdown);
-            },
-            [=](caf::error& err) {
-              if (round != st->join_round) return;
-              log_warn("consumer rank " + std::to_string(hello.rank) +
-                       ": join failed: " + self->system().render(err));
-              schedule_reconnect(self, st);
-            });
-  }
+  for (auto& [rank, slot] : st->ranks) slot.side->joined = false;
+  for (auto& [rank, slot] : st->ranks) join_rank(self, st, rank, round);
 }
 
 // A rank answered `r.key`; once all of the endpoint's ranks did, the log says how it went (one
@@ -388,6 +399,9 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
                   join_all(self, st);
                 },
                 [=](caf::error&) { schedule_reconnect(self, st); });
+      },
+      [=](reconnect_atom, std::int32_t rank, std::uint64_t round) {
+        join_rank(self, st, rank, round);  // a retry of one rank's join; stale rounds are ignored
       },
       [=](drop_atom, const std::string& token, const std::string& key) {
         if (token != st->token) return;

@@ -427,13 +427,20 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                        hello.publisher_ranks,
                        hello.active_weight_version};
         auto sender = self->current_sender();
+        const auto sender_addr = caf::actor_cast<caf::actor_addr>(sender);
+        // Everything is checked before anything changes: a refused join leaves no trace.
+        if (auto m = st.members.find(sender_addr);
+            m != st.members.end() && m->second.role != role) {
+          return {st.token, "join refused: role: this endpoint already joined ranks as " +
+                                std::string(rank_role_name(m->second.role))};
+        }
+        auto effects = st.book.join(info, coord_clock::now());  // checks, then registers
+        if (!effects) return {st.token, effects.error().message};
         // A rank joining again replaces its old endpoint (it restarted).
         for (auto it = st.members.begin(); it != st.members.end();) {
           if (it->second.role == role) it->second.ranks.erase(hello.rank);
           it = it->second.ranks.empty() ? st.members.erase(it) : std::next(it);
         }
-        auto effects = st.book.join(info, coord_clock::now());
-        if (!effects) return {st.token, effects.error().message};
         if (role == rank_role::consumer) {
           st.consumers[hello.rank] = caf::actor_cast<consumer_actor>(sender);
           st.active_version[hello.rank] = hello.active_weight_version;
@@ -443,12 +450,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         for (const auto& key : hello.held) {
           if (!st.book.find(key)) st.orphan_holds[key].insert(hello.rank);
         }
-        auto [joined, fresh] =
-            st.members.try_emplace(caf::actor_cast<caf::actor_addr>(sender), member{role, {}});
-        if (joined->second.role != role) {
-          return {st.token, "join refused: role: this endpoint already joined ranks as " +
-                                std::string(rank_role_name(joined->second.role))};
-        }
+        auto [joined, fresh] = st.members.try_emplace(sender_addr, member{role, {}});
         joined->second.ranks.insert(hello.rank);
         if (fresh) self->monitor(caf::actor_cast<caf::actor>(sender));
         log_info("coordinator: " + hello.role + " rank " + std::to_string(hello.rank) +

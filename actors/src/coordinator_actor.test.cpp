@@ -98,6 +98,30 @@ TEST_F(coordinator_actor_test, a_join_with_a_wrong_token_gets_no_token_back) {
   EXPECT_TRUE(status()["ranks"].empty());
 }
 
+TEST_F(coordinator_actor_test, a_refused_join_changes_nothing) {
+  caf::scoped_actor endpoint{sys()};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  ASSERT_EQ(join(endpoint, hello), std::make_pair(token, std::string()));
+  // The same endpoint now claims consumer rank 0 and a bad one: both refused, neither registered,
+  // and its publisher rank stays joined (it can still publish).
+  EXPECT_EQ(join(endpoint, consumer_hello(0)),
+            std::make_pair(token, std::string("join refused: role: this endpoint already joined "
+                                              "ranks as publisher")));
+  caf::scoped_actor consumer{sys()};
+  auto bad = consumer_hello(-2);
+  EXPECT_EQ(join(consumer, bad).second, "join refused: rank: negative (-2)");
+  auto ranks = status()["ranks"];
+  ASSERT_EQ(ranks.size(), 1u) << ranks.dump();
+  EXPECT_EQ(ranks[0]["role"], "publisher");
+  EXPECT_EQ(ranks[0]["rank"], 0);
+  std::string outcome_token = "unset";
+  endpoint->request(coordinator_, 5s, publish_atom::value, token, manifest_to_json(shard(1)))
+      .receive([&](const std::string& t, const std::string&) { outcome_token = t; },
+               [&](caf::error& e) { ADD_FAILURE() << sys().render(e); });
+  EXPECT_EQ(outcome_token, token) << "the publisher rank was dropped by the refused join";
+}
+
 TEST_F(coordinator_actor_test, exits_and_errors_from_outside_do_not_stop_it) {
   caf::anon_send_exit(coordinator_, caf::exit_reason::kill);
   caf::anon_send_exit(coordinator_, caf::exit_reason::user_shutdown);

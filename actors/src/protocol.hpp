@@ -143,9 +143,10 @@ using coordinator_actor = caf::typed_actor<
 /// The endpoint of a process's consumer ranks: (token, update) to install, (token, key) of an
 /// aborted update. reconnect and flush are its own timers; one that a peer forges only makes it
 /// look for the coordinator, or send the reports it has, a little early.
-using consumer_actor = caf::typed_actor<caf::reacts_to<update_atom, update_available>,
-                                        caf::reacts_to<drop_atom, std::string, std::string>,
-                                        caf::reacts_to<reconnect_atom>, caf::reacts_to<flush_atom>>;
+using consumer_actor = caf::typed_actor<
+    caf::reacts_to<update_atom, update_available>,
+    caf::reacts_to<drop_atom, std::string, std::string>, caf::reacts_to<reconnect_atom>,
+    caf::reacts_to<reconnect_atom, std::int32_t, std::uint64_t>, caf::reacts_to<flush_atom>>;
 
 /// A publisher rank's endpoint: the trainer thread asks it to publish; the coordinator tells it
 /// when an update's memory may be reused.
