@@ -1,6 +1,9 @@
 #include "wsync/manifest/checksum.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
+#include <vector>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -72,6 +75,63 @@ std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes) {
   _mm_sfence();  // streaming stores are weakly ordered; publish only after they are visible
 #endif
   return XXH3_64bits_digest(&state);
+}
+
+}  // namespace wsync
+
+namespace wsync {
+
+std::string_view checksum_algorithm_name(checksum_algorithm a) {
+  return a == checksum_algorithm::xxh3_64_chunked ? "xxh3-64-chunked" : "xxh3-64";
+}
+
+std::optional<checksum_algorithm> checksum_algorithm_parse(std::string_view name) {
+  if (name == "xxh3-64") return checksum_algorithm::xxh3_64;
+  if (name == "xxh3-64-chunked") return checksum_algorithm::xxh3_64_chunked;
+  return std::nullopt;
+}
+
+std::uint64_t checksum_of_chunks(const std::uint64_t* digests, std::size_t count) {
+  static_assert(std::endian::native == std::endian::little, "digests hash as little-endian words");
+  return XXH3_64bits(digests, count * sizeof(std::uint64_t));
+}
+
+namespace {
+
+template <class PerChunk>
+std::uint64_t chunked(std::size_t nbytes, std::uint64_t chunk, PerChunk&& per_chunk) {
+  const auto count = static_cast<std::size_t>(checksum_chunks(nbytes, chunk));
+  std::vector<std::uint64_t> digests(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t off = i * chunk;
+    digests[i] = per_chunk(off, std::min<std::size_t>(chunk, nbytes - off));
+  }
+  return checksum_of_chunks(digests.data(), count);
+}
+
+}  // namespace
+
+std::uint64_t checksum_compute(const void* data, std::size_t nbytes,
+                               const checksum_method& method) {
+  if (method.algorithm == checksum_algorithm::xxh3_64) return checksum_compute(data, nbytes);
+  const auto* p = static_cast<const unsigned char*>(data);
+  return chunked(nbytes, method.chunk_bytes,
+                 [&](std::size_t off, std::size_t n) { return checksum_compute(p + off, n); });
+}
+
+std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes,
+                            const checksum_method& method) {
+  if (method.algorithm == checksum_algorithm::xxh3_64) return checksum_copy(dst, src, nbytes);
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  return chunked(nbytes, method.chunk_bytes, [&](std::size_t off, std::size_t n) {
+    return checksum_copy(d + off, s + off, n);
+  });
+}
+
+const unsigned char* checksum_default_secret() {
+  static_assert(sizeof(XXH3_kSecret) == 192);
+  return XXH3_kSecret;
 }
 
 }  // namespace wsync

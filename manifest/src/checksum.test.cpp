@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "wsync/manifest/xxh3_parts.hpp"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -91,6 +94,105 @@ TEST(checksum, fused_copy_at_64_byte_alignment) {
     EXPECT_EQ(std::memcmp(dst.at(0), src.at(0), n), 0) << n;
     EXPECT_EQ(*dst.at(n), 0x5a) << n;
   }
+}
+
+}  // namespace
+}  // namespace wsync
+
+namespace wsync {
+namespace {
+
+std::vector<unsigned char> random_bytes(std::size_t n, std::uint64_t seed) {
+  std::vector<unsigned char> v(n);
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& b : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<unsigned char>(x >> 24);
+  }
+  return v;
+}
+
+// The split form a GPU kernel runs: block sums in any order, then the serial finish.
+std::uint64_t parts_hash(const unsigned char* p, std::size_t n) {
+  std::vector<xxh3::lanes> sums(n > xxh3::short_max ? xxh3::long_blocks(n) : 0);
+  return xxh3::hash(p, n, checksum_default_secret(), sums.data());
+}
+
+TEST(xxh3_parts, equal_libxxhash_at_every_length_to_4_kib_and_any_alignment) {
+  auto data = random_bytes(4096 + 8, 1);
+  for (std::size_t n = 0; n <= 4096; ++n) {
+    for (std::size_t shift : {0, 3}) {  // aligned and unaligned starts
+      const auto* p = data.data() + shift;
+      ASSERT_EQ(parts_hash(p, n), XXH3_64bits(p, n)) << "length " << n << " shift " << shift;
+    }
+  }
+}
+
+TEST(xxh3_parts, equal_libxxhash_over_long_inputs_and_block_edges) {
+  auto data = random_bytes((1 << 20) + 2048, 2);
+  for (std::size_t n :
+       {std::size_t{1023 * 1024}, std::size_t{1024 * 1024}, std::size_t{1024 * 1024 + 1},
+        std::size_t{1024 * 1024 + 63}, std::size_t{1024 * 1024 + 64}, std::size_t{1024 * 1024 + 65},
+        std::size_t{(1 << 20) + 2047}}) {
+    ASSERT_EQ(parts_hash(data.data(), n), XXH3_64bits(data.data(), n)) << "length " << n;
+  }
+}
+
+TEST(xxh3_parts, block_sums_in_any_order_give_the_same_hash) {
+  auto data = random_bytes(10 * 1024 + 100, 3);
+  const std::size_t n = data.size();
+  std::vector<xxh3::lanes> sums(xxh3::long_blocks(n));
+  for (std::size_t b = sums.size(); b-- > 0;) {  // last block first, as threads may
+    sums[b] = xxh3::long_block_sum(data.data() + b * xxh3::block_bytes, checksum_default_secret());
+  }
+  EXPECT_EQ(xxh3::long_finish(data.data(), n, sums.data(), checksum_default_secret()),
+            XXH3_64bits(data.data(), n));
+}
+
+TEST(checksum_chunked, is_xxh3_of_the_chunk_digests) {
+  auto data = random_bytes(3 * 4096 + 17, 4);
+  const checksum_method method{checksum_algorithm::xxh3_64_chunked, 4096};
+  std::vector<std::uint64_t> digests;
+  for (std::size_t off = 0; off < data.size(); off += 4096) {
+    digests.push_back(
+        XXH3_64bits(data.data() + off, std::min<std::size_t>(4096, data.size() - off)));
+  }
+  ASSERT_EQ(digests.size(), 4u);
+  EXPECT_EQ(checksum_chunks(data.size(), 4096), 4u);
+  EXPECT_EQ(checksum_compute(data.data(), data.size(), method),
+            XXH3_64bits(digests.data(), digests.size() * 8));
+  EXPECT_EQ(checksum_compute(nullptr, 0, method), XXH3_64bits(nullptr, 0));  // no chunks
+  // Whole-tensor xxh3-64 is unchanged by the overload.
+  EXPECT_EQ(checksum_compute(data.data(), data.size(), checksum_method{}),
+            XXH3_64bits(data.data(), data.size()));
+}
+
+TEST(checksum_chunked, copy_hashes_like_compute_and_copies_every_byte) {
+  auto data = random_bytes(5 * 65536 + 4097, 5);
+  const checksum_method method{checksum_algorithm::xxh3_64_chunked, 65536};
+  std::vector<unsigned char> out(data.size());
+  EXPECT_EQ(checksum_copy(out.data(), data.data(), data.size(), method),
+            checksum_compute(data.data(), data.size(), method));
+  EXPECT_EQ(out, data);
+}
+
+TEST(checksum_chunked, a_flipped_byte_in_any_chunk_changes_it) {
+  auto data = random_bytes(4 * 4096 + 100, 6);
+  const checksum_method method{checksum_algorithm::xxh3_64_chunked, 4096};
+  const auto good = checksum_compute(data.data(), data.size(), method);
+  for (std::size_t at :
+       {std::size_t{0}, std::size_t{4095}, std::size_t{4096}, std::size_t{9000}, data.size() - 1}) {
+    data[at] ^= 0x10;
+    EXPECT_NE(checksum_compute(data.data(), data.size(), method), good) << "byte " << at;
+    data[at] ^= 0x10;
+  }
+}
+
+TEST(checksum_chunked, names_round_trip) {
+  for (auto a : {checksum_algorithm::xxh3_64, checksum_algorithm::xxh3_64_chunked}) {
+    EXPECT_EQ(checksum_algorithm_parse(checksum_algorithm_name(a)), a);
+  }
+  EXPECT_EQ(checksum_algorithm_parse("crc32"), std::nullopt);
 }
 
 }  // namespace

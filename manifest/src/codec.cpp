@@ -229,6 +229,25 @@ bool read_manifest(const json& j, weight_update_manifest& m, std::string& err) {
     if (!read_uint(sr, "nbytes", m.segments[i].nbytes, err)) return false;
     if (err = sr.unknown_key(); !err.empty()) return false;
   }
+  if (j.contains("checksum")) {  // absent: xxh3-64 over each whole tensor
+    const json* cs = r.get("checksum", json::value_t::object, err);
+    if (!cs) return false;
+    reader cr(*cs, "checksum");
+    std::string algorithm;
+    if (!read_string(cr, "algorithm", algorithm, err)) return false;
+    auto parsed = checksum_algorithm_parse(algorithm);
+    if (!parsed) {
+      return err =
+                 "checksum.algorithm: \"" + algorithm + "\" is neither xxh3-64 nor xxh3-64-chunked",
+             false;
+    }
+    m.checksum_method.algorithm = *parsed;
+    if (cs->contains("chunk_bytes") &&
+        !read_uint(cr, "chunk_bytes", m.checksum_method.chunk_bytes, err)) {
+      return false;
+    }
+    if (err = cr.unknown_key(); !err.empty()) return false;
+  }
   const json* meta = r.get("metadata", json::value_t::object, err);
   if (!meta) return false;
   m.metadata.clear();
@@ -264,6 +283,10 @@ std::string manifest_to_json(const weight_update_manifest& m) {
       {"transport", m.transport},         {"transport_handle", base64_encode(m.transport_handle)},
       {"tensors", std::move(tensors)},    {"segments", std::move(segments)},
       {"metadata", m.metadata},           {"total_bytes", m.total_bytes}};
+  if (m.checksum_method != checksum_method{}) {
+    j["checksum"] = {{"algorithm", checksum_algorithm_name(m.checksum_method.algorithm)},
+                     {"chunk_bytes", m.checksum_method.chunk_bytes}};
+  }
   // Names and ids may hold any bytes; replace invalid UTF-8 rather than throw. Validation refuses
   // such ids, so a valid manifest always round-trips exactly.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);

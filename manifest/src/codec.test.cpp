@@ -335,3 +335,41 @@ RC_GTEST_PROP(codec, spliced_manifests_never_crash_the_decoder, ()) {
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync {
+namespace {
+
+TEST(codec, the_checksum_method_round_trips_and_its_absence_means_xxh3_64) {
+  auto plain = manifest_to_json(full_manifest());
+  EXPECT_EQ(plain.find("\"checksum\":{"), std::string::npos) << "xxh3-64 is written as before";
+  auto m = full_manifest();
+  m.checksum_method = {checksum_algorithm::xxh3_64_chunked, 1 << 20};
+  auto text = manifest_to_json(m);
+  EXPECT_NE(text.find("\"checksum\":{\"algorithm\":\"xxh3-64-chunked\",\"chunk_bytes\":1048576}"),
+            std::string::npos)
+      << text;
+  auto back = manifest_from_json(text);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, m);
+  auto old = manifest_from_json(plain);
+  ASSERT_TRUE(old) << old.error().message;
+  EXPECT_EQ(old->checksum_method, checksum_method{});
+}
+
+TEST(codec, a_bad_checksum_method_is_named) {
+  auto m = full_manifest();
+  m.checksum_method = {checksum_algorithm::xxh3_64_chunked, 4096};
+  auto text = manifest_to_json(m);
+  auto edit = [&](const std::string& from, const std::string& to) {
+    auto t = text;
+    return t.replace(t.find(from), from.size(), to);
+  };
+  expect_refused(edit("\"xxh3-64-chunked\"", "\"crc32\""),
+                 "checksum.algorithm: \"crc32\" is neither xxh3-64 nor xxh3-64-chunked");
+  expect_refused(edit("\"chunk_bytes\":4096", "\"chunk_bytes\":4096,\"seed\":1"),
+                 "checksum.seed: unknown field");
+  expect_refused(edit("\"chunk_bytes\":4096", "\"chunk_bytes\":-1"), "checksum.chunk_bytes:");
+}
+
+}  // namespace
+}  // namespace wsync

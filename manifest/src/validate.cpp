@@ -5,6 +5,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "wsync/manifest/checksum.hpp"
+
 namespace wsync {
 namespace {
 
@@ -137,6 +139,19 @@ result<void> manifest_validate(const weight_update_manifest& m,
     if (!valid_text(key) || !valid_text(value)) {
       return c.fail("metadata", "key or value is not UTF-8 text without control characters");
     }
+  }
+
+  const auto& cm = m.checksum_method;
+  if (cm.algorithm == checksum_algorithm::xxh3_64 && cm.chunk_bytes != 0) {
+    return c.fail("checksum.chunk_bytes", "set, but xxh3-64 hashes whole tensors");
+  }
+  if (cm.algorithm == checksum_algorithm::xxh3_64_chunked &&
+      (cm.chunk_bytes < checksum_chunk_min || cm.chunk_bytes > checksum_chunk_max ||
+       (cm.chunk_bytes & (cm.chunk_bytes - 1)) != 0)) {
+    return c.fail("checksum.chunk_bytes", std::to_string(cm.chunk_bytes) +
+                                              " is not a power of two from " +
+                                              std::to_string(checksum_chunk_min) + " to " +
+                                              std::to_string(checksum_chunk_max));
   }
 
   // Segments: sizes add up to total_bytes without overflow and within limits.

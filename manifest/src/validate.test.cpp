@@ -717,3 +717,24 @@ RC_GTEST_PROP(validate, arbitrary_manifests_are_judged_without_crashing, ()) {
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync {
+namespace {
+
+TEST(validate, the_chunked_checksum_needs_a_power_of_two_chunk_in_range) {
+  auto m = valid_manifest();
+  m.checksum_method = {checksum_algorithm::xxh3_64_chunked, 4096};
+  expect_accepted(m);
+  m.checksum_method.chunk_bytes = std::uint64_t{1} << 30;
+  expect_accepted(m);
+  for (std::uint64_t bad :
+       {std::uint64_t{0}, std::uint64_t{2048}, std::uint64_t{6144}, std::uint64_t{2} << 30}) {
+    m.checksum_method.chunk_bytes = bad;
+    expect_refused(m, "checksum.chunk_bytes");
+  }
+  m.checksum_method = {checksum_algorithm::xxh3_64, 4096};
+  expect_refused(m, "checksum.chunk_bytes");
+}
+
+}  // namespace
+}  // namespace wsync

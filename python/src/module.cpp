@@ -239,8 +239,12 @@ void halves_bind(pyb::module_& m) {
       .def(pyb::init([](const std::string& transport, const transport_options& options,
                         const std::string& model_id, const std::string& source_worker,
                         std::int32_t source_rank, std::uint64_t max_segment_bytes,
-                        unsigned copy_threads, std::int64_t slot_wait_ms) {
+                        unsigned copy_threads, std::int64_t slot_wait_ms,
+                        std::uint64_t checksum_chunk_bytes) {
              publisher_config c;
+             if (checksum_chunk_bytes > 0) {
+               c.checksum = {checksum_algorithm::xxh3_64_chunked, checksum_chunk_bytes};
+             }
              c.model_id = model_id;
              c.source_worker = source_worker.empty() ? default_worker() : source_worker;
              c.source_rank = source_rank;
@@ -252,7 +256,7 @@ void halves_bind(pyb::module_& m) {
            }),
            pyb::arg("transport"), pyb::arg("options"), pyb::arg("model_id"),
            pyb::arg("source_worker"), pyb::arg("source_rank"), pyb::arg("max_segment_bytes"),
-           pyb::arg("copy_threads"), pyb::arg("slot_wait_ms"))
+           pyb::arg("copy_threads"), pyb::arg("slot_wait_ms"), pyb::arg("checksum_chunk_bytes"))
       .def("publish", &publisher_half::publish)
       .def("release", &publisher_half::release)
       .def("last_version", &publisher_half::last_version)

@@ -216,3 +216,26 @@ def test_a_rejected_version_is_published_again():
     con.release(retry.update_id)
     for m in (m2, retry):
         pub.release(m.update_id)
+
+
+def test_chunked_checksums_are_published_and_verified():
+    pub = wsync.SharedMemoryTensorBridge(checksum_chunk_bytes=4096)
+    con = wsync.SharedMemoryTensorBridge(verify_threads=2)
+    big = torch.arange(50_000, dtype=torch.float32)  # 49 chunks of 4 KiB
+    m = pub.publish({"big": big, "small": torch.ones(3)}, weight_version=1)
+    doc = json.loads(m.to_json())
+    assert doc["checksum"] == {"algorithm": "xxh3-64-chunked", "chunk_bytes": 4096}
+    views = con.import_update(m)  # verifies every chunk
+    assert torch.equal(views["big"], big)
+    del views
+    con.release(m.update_id)
+    # The same bytes under a whole-tensor digest: the consumer hashes by the manifest's method.
+    doc["tensors"][0]["checksum"] = wsync.Manifest.from_json(
+        wsync.LocalCloneTensorBridge().publish({"big": big}, weight_version=1).to_json()
+    ).tensors[0].checksum.to_bytes(8, "big").hex()
+    with pytest.raises(wsync.ChecksumMismatchError, match='"big"'):
+        con.import_update(wsync.Manifest.from_json(json.dumps(doc)))
+    pub.release(m.update_id)
+    with pytest.raises(wsync.InvalidManifestError, match="checksum.chunk_bytes: 5000"):
+        wsync.SharedMemoryTensorBridge(checksum_chunk_bytes=5000).publish(
+            {"w": torch.ones(4)}, weight_version=1)

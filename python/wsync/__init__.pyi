@@ -143,7 +143,7 @@ class WeightBridge:
                  source_rank: int = ..., model_id: str = ...,
                  options: Optional[Mapping[str, Any]] = ..., max_segment_bytes: int = ...,
                  copy_threads: int = ..., slot_wait_s: float = ...,
-                 verify_threads: int = ...) -> None: ...
+                 verify_threads: int = ..., checksum_chunk_bytes: int = ...) -> None: ...
     def publish(self, source: _Source, weight_version: int,
                 metadata: Optional[Mapping[str, Any]] = ...) -> Manifest:
         """Publishes one complete version of CPU tensors; the bytes stay until release()."""
@@ -166,7 +166,7 @@ class SharedMemoryTensorBridge(WeightBridge):
     def __init__(self, *, source_worker: Optional[str] = ..., source_rank: int = ...,
                  model_id: str = ..., options: Optional[Mapping[str, Any]] = ...,
                  max_segment_bytes: int = ..., copy_threads: int = ..., slot_wait_s: float = ...,
-                 verify_threads: int = ...) -> None: ...
+                 verify_threads: int = ..., checksum_chunk_bytes: int = ...) -> None: ...
 
 class LocalCloneTensorBridge(WeightBridge):
     """A bridge inside one process (imports are copies): the baseline for tests."""
@@ -174,12 +174,13 @@ class LocalCloneTensorBridge(WeightBridge):
     def __init__(self, *, source_worker: Optional[str] = ..., source_rank: int = ...,
                  model_id: str = ..., options: Optional[Mapping[str, Any]] = ...,
                  max_segment_bytes: int = ..., copy_threads: int = ..., slot_wait_s: float = ...,
-                 verify_threads: int = ...) -> None: ...
+                 verify_threads: int = ..., checksum_chunk_bytes: int = ...) -> None: ...
 
 def make_weight_bridge(name: str, *, source_worker: Optional[str] = ..., source_rank: int = ...,
                        model_id: str = ..., options: Optional[Mapping[str, Any]] = ...,
                        max_segment_bytes: int = ..., copy_threads: int = ...,
-                       slot_wait_s: float = ..., verify_threads: int = ...) -> WeightBridge:
+                       slot_wait_s: float = ..., verify_threads: int = ...,
+                       checksum_chunk_bytes: int = ...) -> WeightBridge:
     """A bridge over the transport ``name`` (aliases: ``local``, ``shm``); UnknownTransportError
     lists what this build has."""
 

@@ -43,20 +43,24 @@ class WeightBridge:
         model_id: the model the updates belong to (default "model").
         options: transport options as text (``{"dir": "/shared/w"}``).
         max_segment_bytes, copy_threads, slot_wait_s: publisher tuning.
+        checksum_chunk_bytes: 0 (default) checksums whole tensors (xxh3-64); a power of two from
+            4096 to 2**30 checksums each piece of that size (xxh3-64-chunked), so consumers
+            verify one large tensor on several threads.
         verify_threads: threads that recompute checksums on import.
     """
 
     def __init__(self, transport: str = "shared-memory", source_worker: Optional[str] = None,
                  source_rank: int = 0, model_id: str = "model", options: Optional[Mapping] = None,
                  max_segment_bytes: int = 256 * _MiB, copy_threads: int = 2,
-                 slot_wait_s: float = 10.0, verify_threads: int = 2) -> None:
+                 slot_wait_s: float = 10.0, verify_threads: int = 2,
+                 checksum_chunk_bytes: int = 0) -> None:
         self.transport = transport
         self.source_worker = source_worker or ""
         self.source_rank = int(source_rank)
         self.model_id = model_id
         self.options = options_text(options)
         self._publisher_args = (int(max_segment_bytes), int(copy_threads),
-                                int(slot_wait_s * 1000))
+                                int(slot_wait_s * 1000), int(checksum_chunk_bytes))
         self._verify_threads = int(verify_threads)
         self._publisher = None
         self._consumer = None
@@ -73,10 +77,10 @@ class WeightBridge:
 
     def _publisher_half(self):
         if self._publisher is None:
-            seg, threads, wait_ms = self._publisher_args
+            seg, threads, wait_ms, chunk = self._publisher_args
             self._publisher = _wsync.Publisher(self.transport, self.options, self.model_id,
                                                self.source_worker, self.source_rank, seg, threads,
-                                               wait_ms)
+                                               wait_ms, chunk)
         return self._publisher
 
     def publish(self, source: Any, weight_version: int,

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "wsync/manifest/checksum.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 #include "wsync/transports/weight_publisher.hpp"
@@ -303,6 +304,47 @@ TEST_P(transport_suite, wrong_checksum_is_a_mismatch_naming_the_tensor) {
   ASSERT_TRUE(status);
   EXPECT_FALSE(status->consumers.at(7).acknowledged);
   EXPECT_TRUE(starts_with(status->consumers.at(7).reason, "tensor checksum mismatch"));
+}
+
+// The chunked checksum: one large tensor verified on several threads, chunk by chunk; a
+// manifest whose digests were made another way is a mismatch naming the tensor.
+TEST_P(transport_suite, chunked_checksums_verify_on_threads_and_catch_a_wrong_digest) {
+  publisher_config cfg;
+  cfg.model_id = "suite";
+  cfg.slot_wait = std::chrono::milliseconds(200);
+  cfg.checksum = {checksum_algorithm::xxh3_64_chunked, 64 << 10};
+  publisher_.reset();  // one publisher per transport at a time (file-mmap's dir)
+  auto p = transport_->make_publisher();
+  ASSERT_TRUE(p) << p.error().message;
+  publisher_ = std::make_unique<weight_publisher>(std::move(*p), GetParam(), cfg);
+  set_tensors({1001, (20 << 20) + 5, 64}, 1);  // over the parallel-verify threshold
+  auto m = publisher_->publish(sources_, 1, {7, 8});
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->checksum_method, cfg.checksum);
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    EXPECT_EQ(m->tensors[i].checksum,
+              checksum_compute(bytes_[i].data(), bytes_[i].size(), cfg.checksum));
+  }
+  weight_consumer good(*transport_->make_consumer(), consumer_config{7, 3});
+  auto u = good.import_update(*m);
+  ASSERT_TRUE(u) << u.error().message;
+  expect_same_bytes(**u);
+  auto v = good.verify(m->update_id);
+  EXPECT_TRUE(v) << v.error().message;
+  ASSERT_TRUE(good.release(m->update_id));
+
+  auto whole = *m;  // the same bytes, digests of whole tensors: not what "chunked" means
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    whole.tensors[i].checksum = checksum_compute(bytes_[i].data(), bytes_[i].size());
+  }
+  weight_consumer other(*transport_->make_consumer(), consumer_config{8, 3});
+  ASSERT_TRUE(other.import_update(whole));
+  auto mismatch = other.verify(whole.update_id);
+  ASSERT_FALSE(mismatch);
+  EXPECT_EQ(mismatch.error().code, errc::checksum_mismatch);
+  EXPECT_TRUE(contains(mismatch.error().message, "\"t0\"")) << mismatch.error().message;
+  ASSERT_TRUE(other.reject(whole.update_id, mismatch.error().message));
+  ASSERT_TRUE(other.release(whole.update_id));
 }
 
 TEST_P(transport_suite, out_of_order_calls_are_refused) {

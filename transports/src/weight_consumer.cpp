@@ -1,5 +1,6 @@
 #include "wsync/transports/weight_consumer.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -107,19 +108,32 @@ result<void> weight_consumer::verify(const update_id& id) {
     if (it != updates_.end()) u = it->second.update.get();
   }
   if (u == nullptr) return step(id, update_event::verify_ok);  // gives the right refusal
-  // Workers take tensors in turn; the first mismatch (lowest index) is reported.
+  // Work items: whole tensors (xxh3-64), or every chunk of every tensor (xxh3-64-chunked, so
+  // that one large tensor spreads over the threads too). Workers take items in turn.
+  const auto& method = u->manifest.checksum_method;
+  const bool chunked = method.algorithm == checksum_algorithm::xxh3_64_chunked;
+  const std::size_t tensors = u->tensors.size();
+  std::vector<std::size_t> first(tensors + 1, 0);  // tensor i's items: [first[i], first[i+1])
+  for (std::size_t i = 0; i < tensors; ++i) {
+    const auto n = u->tensors[i].descriptor->nbytes;
+    first[i + 1] = first[i] + (chunked ? checksum_chunks(n, method.chunk_bytes) : 1);
+  }
+  std::vector<std::uint64_t> digests(first[tensors]);
+  std::vector<std::size_t> tensor_of(first[tensors]);
+  for (std::size_t i = 0; i < tensors; ++i) {
+    std::fill(tensor_of.begin() + first[i], tensor_of.begin() + first[i + 1], i);
+  }
   std::atomic<std::size_t> next{0};
-  std::atomic<std::size_t> bad{u->tensors.size()};
-  std::vector<std::uint64_t> got(u->tensors.size());
   auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < u->tensors.size();) {
-      const auto& t = u->tensors[i];
-      got[i] = checksum_compute(t.data, t.descriptor->nbytes);
-      if (got[i] != t.descriptor->checksum) {
-        std::size_t cur = bad.load();
-        while (i < cur && !bad.compare_exchange_weak(cur, i)) {
-        }
+    for (std::size_t k; (k = next.fetch_add(1)) < digests.size();) {
+      const auto& t = u->tensors[tensor_of[k]];
+      const auto nbytes = t.descriptor->nbytes;
+      if (!chunked) {
+        digests[k] = checksum_compute(t.data, nbytes);
+        continue;
       }
+      const auto off = (k - first[tensor_of[k]]) * method.chunk_bytes;
+      digests[k] = checksum_compute(t.data + off, std::min(method.chunk_bytes, nbytes - off));
     }
   };
   // Small updates hash faster than a thread starts.
@@ -129,7 +143,15 @@ result<void> weight_consumer::verify(const update_id& id) {
   for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
   work();
   for (auto& w : workers) w.join();
-  if (std::size_t i = bad.load(); i < u->tensors.size()) {
+  // The first mismatch (lowest index) is reported.
+  std::vector<std::uint64_t> got(tensors);
+  std::size_t bad = tensors;
+  for (std::size_t i = tensors; i-- > 0;) {
+    got[i] = chunked ? checksum_of_chunks(digests.data() + first[i], first[i + 1] - first[i])
+                     : digests[first[i]];
+    if (got[i] != u->tensors[i].descriptor->checksum) bad = i;
+  }
+  if (std::size_t i = bad; i < tensors) {
     {
       std::lock_guard lock(mutex_);
       if (auto it = updates_.find(id); it != updates_.end()) it->second.verify_failed = true;

@@ -104,7 +104,8 @@ void weight_publisher::copy_all(std::span<const tensor_source> tensors,
                                 const std::vector<std::span<std::byte>>& dest) {
   auto copy_one = [&](std::size_t i) {
     auto& d = descs[i];
-    d.checksum = checksum_copy(dest[d.segment].data() + d.offset, tensors[i].data, d.nbytes);
+    d.checksum = checksum_copy(dest[d.segment].data() + d.offset, tensors[i].data, d.nbytes,
+                               config_.checksum);
   };
   std::uint64_t total = 0;
   for (const auto& t : tensors) total += t.nbytes;
@@ -146,6 +147,7 @@ result<weight_update_manifest> weight_publisher::publish(
   m.source_rank = config_.source_rank;
   m.transport = transport_name_;
   m.metadata = std::move(metadata);
+  m.checksum_method = config_.checksum;
   {
     std::lock_guard lock(mutex_);
     if (auto no = version_refusal_locked(weight_version, m)) return *no;

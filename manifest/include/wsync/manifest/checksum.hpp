@@ -1,10 +1,17 @@
 #pragma once
 // Per-tensor checksums (XXH3-64, header-only inline build) and the fused copy-and-hash used when
-// packing tensors into segments.
+// packing tensors into segments. Two methods (manifest.hpp's checksum_method): XXH3-64 over the
+// whole tensor, and the chunked form, which threads and GPU kernels compute in parallel: the
+// XXH3-64 of each chunk_bytes chunk (the last may be shorter), then the XXH3-64 of those
+// digests as little-endian 64-bit words. An empty tensor has no chunks.
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+
+#include "wsync/manifest/manifest.hpp"
 
 namespace wsync {
 
@@ -14,6 +21,32 @@ std::uint64_t checksum_compute(const void* data, std::size_t nbytes);
 /// Copies nbytes from src to dst and returns checksum_compute(src, nbytes), reading src once:
 /// each cache-sized block is hashed and then copied while it is still in cache.
 std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes);
+
+/// The name manifests use: "xxh3-64" or "xxh3-64-chunked"; and back (nullopt when unknown).
+std::string_view checksum_algorithm_name(checksum_algorithm a);
+std::optional<checksum_algorithm> checksum_algorithm_parse(std::string_view name);
+
+/// Smallest and largest chunk of the chunked method (both powers of two).
+inline constexpr std::uint64_t checksum_chunk_min = std::uint64_t{4} << 10;
+inline constexpr std::uint64_t checksum_chunk_max = std::uint64_t{1} << 30;
+
+/// Chunks of a tensor of `nbytes` under the chunked method.
+inline std::uint64_t checksum_chunks(std::uint64_t nbytes, std::uint64_t chunk_bytes) {
+  return nbytes == 0 ? 0 : (nbytes - 1) / chunk_bytes + 1;
+}
+
+/// The chunked method's final step: XXH3-64 of `count` chunk digests.
+std::uint64_t checksum_of_chunks(const std::uint64_t* digests, std::size_t count);
+
+/// The checksum of a byte range by `method`, in the calling thread.
+std::uint64_t checksum_compute(const void* data, std::size_t nbytes, const checksum_method& method);
+
+/// checksum_copy by `method`.
+std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes,
+                            const checksum_method& method);
+
+/// XXH3's default 192-byte secret, for xxh3_parts.hpp (a GPU kernel copies it to the device).
+const unsigned char* checksum_default_secret();
 
 /// A checksum as 16 lower-case hex digits, as manifests and error messages show it.
 std::string checksum_hex(std::uint64_t checksum);

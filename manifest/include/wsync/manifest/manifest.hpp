@@ -24,7 +24,7 @@ struct tensor_descriptor {
   std::string device = "cpu";  ///< "cpu" or "cuda:N"
   std::uint32_t segment = 0;   ///< index into weight_update_manifest::segments
   std::uint64_t offset = 0;    ///< byte offset inside the segment, 256-byte aligned
-  std::uint64_t checksum = 0;  ///< XXH3-64 of the tensor's nbytes
+  std::uint64_t checksum = 0;  ///< of the tensor's nbytes, by the manifest's checksum_method
   friend bool operator==(const tensor_descriptor&, const tensor_descriptor&) = default;
 };
 
@@ -32,6 +32,18 @@ struct tensor_descriptor {
 struct segment_descriptor {
   std::uint64_t nbytes = 0;
   friend bool operator==(const segment_descriptor&, const segment_descriptor&) = default;
+};
+
+/// How every tensor checksum of a manifest is computed.
+enum class checksum_algorithm : std::uint8_t {
+  xxh3_64,          ///< XXH3-64 of the tensor's bytes (a manifest without "checksum" means it)
+  xxh3_64_chunked,  ///< XXH3-64 of each chunk_bytes chunk, then XXH3-64 of those digests
+};
+
+struct checksum_method {
+  checksum_algorithm algorithm = checksum_algorithm::xxh3_64;
+  std::uint64_t chunk_bytes = 0;  ///< xxh3_64_chunked only: a power of two, 4 KiB to 1 GiB
+  friend bool operator==(const checksum_method&, const checksum_method&) = default;
 };
 
 /// Immutable record of one published shard of an update.
@@ -45,6 +57,7 @@ struct weight_update_manifest {
   std::string transport_handle;  ///< opaque, written and read only by that transport
   std::vector<tensor_descriptor> tensors;
   std::vector<segment_descriptor> segments;
+  wsync::checksum_method checksum_method;
   std::map<std::string, std::string> metadata;
   std::uint64_t total_bytes = 0;  ///< sum of segment sizes
   friend bool operator==(const weight_update_manifest&, const weight_update_manifest&) = default;

@@ -36,6 +36,9 @@ struct publisher_config {
   std::uint64_t max_segment_bytes = std::uint64_t{256} << 20;
   std::chrono::milliseconds slot_wait{10000};
   unsigned copy_threads = 2;  ///< threads that copy and checksum; 1 disables the pool
+  /// How tensor checksums are computed; the chunked method lets consumers (and GPUs) verify one
+  /// large tensor on many threads.
+  checksum_method checksum;
   /// true: memory goes back when every expected consumer released or failed (on_* calls).
   /// false: only release(update_id) gives it back — for a coordinator that does the per-rank
   /// bookkeeping itself.
