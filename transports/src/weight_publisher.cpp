@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <thread>
 
@@ -102,38 +103,53 @@ weight_publisher::~weight_publisher() {
 void weight_publisher::copy_all(std::span<const tensor_source> tensors,
                                 std::vector<tensor_descriptor>& descs,
                                 const std::vector<std::span<std::byte>>& dest) {
-  auto copy_one = [&](std::size_t i) {
-    auto& d = descs[i];
-    d.checksum = checksum_copy(dest[d.segment].data() + d.offset, tensors[i].data, d.nbytes,
-                               config_.checksum);
+  // Pieces: whole tensors (xxh3-64), or every chunk of every tensor (xxh3-64-chunked, so that
+  // one large tensor is copied and hashed by all threads). Each piece is copied and hashed in
+  // one pass; the threads take the largest pieces first.
+  const auto& method = config_.checksum;
+  const bool chunked = method.algorithm == checksum_algorithm::xxh3_64_chunked;
+  struct piece {
+    std::size_t tensor;
+    std::uint64_t offset, nbytes;
   };
+  std::vector<piece> pieces;
+  std::vector<std::size_t> first(tensors.size() + 1, 0);  // tensor i's pieces, in order
   std::uint64_t total = 0;
-  for (const auto& t : tensors) total += t.nbytes;
-  unsigned threads = config_.copy_threads;
-  if (threads <= 1 || total < parallel_copy_min_bytes || tensors.size() < 2) {
-    for (std::size_t i = 0; i < tensors.size(); ++i) copy_one(i);
-    return;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::uint64_t n = descs[i].nbytes;
+    total += n;
+    const std::uint64_t step = chunked ? method.chunk_bytes : std::max<std::uint64_t>(n, 1);
+    for (std::uint64_t off = 0; off < n || (off == 0 && !chunked); off += step) {
+      pieces.push_back({i, off, std::min(step, n - off)});
+    }
+    first[i + 1] = pieces.size();
   }
-  // Largest tensors first, each to the least-loaded thread: balanced within one tensor's size.
-  std::vector<std::size_t> order(tensors.size());
+  std::vector<std::uint64_t> digests(pieces.size());
+  std::vector<std::size_t> order(pieces.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return tensors[a].nbytes > tensors[b].nbytes; });
-  std::vector<std::vector<std::size_t>> share(threads);
-  std::vector<std::uint64_t> load(threads, 0);
-  for (auto i : order) {
-    auto k = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    share[k].push_back(i);
-    load[k] += tensors[i].nbytes;
-  }
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return pieces[a].nbytes > pieces[b].nbytes;
+  });
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t k; (k = next.fetch_add(1)) < order.size();) {
+      const auto& p = pieces[order[k]];
+      const auto& d = descs[p.tensor];
+      digests[order[k]] = checksum_copy(dest[d.segment].data() + d.offset + p.offset,
+                                        tensors[p.tensor].data + p.offset, p.nbytes);
+    }
+  };
+  unsigned threads = config_.copy_threads;
+  if (threads <= 1 || total < parallel_copy_min_bytes || pieces.size() < 2) threads = 1;
   std::vector<std::thread> workers;
-  for (unsigned k = 1; k < threads; ++k) {
-    workers.emplace_back([&, k] {
-      for (auto i : share[k]) copy_one(i);
-    });
-  }
-  for (auto i : share[0]) copy_one(i);
+  for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
+  work();
   for (auto& w : workers) w.join();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    descs[i].checksum = chunked
+                            ? checksum_of_chunks(digests.data() + first[i], first[i + 1] - first[i])
+                            : digests[first[i]];
+  }
 }
 
 result<weight_update_manifest> weight_publisher::publish(
