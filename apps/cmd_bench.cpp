@@ -50,8 +50,12 @@ void add_point_flags(CLI::App* bench, bench_state& s) {
                    "against ucx_perftest with the same transports and message size; "
                    "cluster: control-plane overhead per update for each --consumers count; "
                    "fanout: time to commit across emulated nodes (network namespaces with "
-                   "rate-limited links, root only) for each --plan, against one consumer")
-      ->check(CLI::IsMember({"local", "shared-memory", "file-mmap", "ucx", "cluster", "fanout"}))
+                   "rate-limited links, root only) for each --plan, against one consumer; "
+                   "gpu-checksum: the chunked checksum kernel against a device-to-device "
+                   "cudaMemcpy of the same bytes; cuda-ipc, cuda-vmm, nccl: the GPU transports "
+                   "(a blocked row names why they cannot run here)")
+      ->check(CLI::IsMember({"local", "shared-memory", "file-mmap", "ucx", "cluster", "fanout",
+                             "gpu-checksum", "cuda-ipc", "cuda-vmm", "nccl"}))
       ->capture_default_str();
   bench->add_flag("--smoke", opt.smoke,
                   "quick run for tests: 8 MiB in 16 tensors (unless --layout/--bytes), at most "
@@ -151,6 +155,19 @@ subcommand add_bench(CLI::App& app) {
                    "ucx and fanout modes: bytes per pulled chunk (default 4 MiB for ucx, 256 KiB "
                    "for fanout)")
       ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30));
+  bench
+      ->add_option("--checksum-chunk-bytes", state->point.checksum_chunk_bytes,
+                   "checksum tensors by the chunked method (xxh3-64 of each chunk of this many "
+                   "bytes, then of the digests), so that one large tensor verifies on several "
+                   "threads; a power of two from 4096 to 2^30. Default: xxh3-64 of whole tensors "
+                   "(gpu-checksum mode: 1 MiB)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30) &
+              CLI::Validator(
+                  [](const std::string& text) {
+                    auto v = std::stoull(text);
+                    return (v & (v - 1)) == 0 ? std::string() : "not a power of two";
+                  },
+                  "POWER OF TWO"));
   return {bench, [state] {
             return bench_dispatch(*state);
           }};

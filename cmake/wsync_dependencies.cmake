@@ -44,6 +44,58 @@ if(NOT WSYNC_WITH_UCX STREQUAL "OFF")
 endif()
 find_program(WSYNC_UCX_PERFTEST ucx_perftest)
 
+# CUDA (the GPU data plane: checksum kernels now, cuda-ipc / cuda-vmm / nccl): the toolkit is not
+# a Debian package, so it is used where a machine has one (/usr/local/cuda or nvcc on PATH). AUTO
+# builds the GPU parts when the toolkit and nvcc are found and says so when not; ON makes them
+# required; OFF leaves them out. Without them the GPU transports answer
+# "blocked: built without CUDA (no CUDA toolkit found at configure time)". Sanitizer builds leave
+# CUDA out (nvcc does not take the sanitizer flags). CMAKE_CUDA_ARCHITECTURES defaults to 90
+# (H100/H200); set it for other GPUs.
+set(WSYNC_WITH_CUDA AUTO CACHE STRING "Build the GPU data plane: AUTO, ON or OFF")
+set(WSYNC_HAVE_CUDA OFF)
+set(WSYNC_HAVE_NCCL OFF)
+if(NOT WSYNC_SANITIZER STREQUAL "" AND NOT WSYNC_WITH_CUDA STREQUAL "ON")
+  message(STATUS "wsync: CUDA is off in sanitizer builds")
+elseif(NOT WSYNC_WITH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  find_package(CUDAToolkit QUIET)
+  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND AND CUDAToolkit_VERSION VERSION_LESS 12.0)
+    # The kernels are C++20, which nvcc takes from 12.0 (Debian's nvidia-cuda-toolkit is 11.8).
+    if(WSYNC_WITH_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "WSYNC_WITH_CUDA=ON needs CUDA 12 or newer; found ${CUDAToolkit_VERSION}")
+    endif()
+    message(STATUS "wsync: CUDA ${CUDAToolkit_VERSION} is older than 12.0: the GPU parts are off")
+  elseif(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)  # CMake 3.25 knows nvcc up to C++17
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    set(WSYNC_HAVE_CUDA ON)
+    message(STATUS "wsync: CUDA ${CUDAToolkit_VERSION} found: GPU parts on "
+                   "(architectures ${CMAKE_CUDA_ARCHITECTURES})")
+    # NCCL beside the toolkit (/usr/local/cuda) or in the system (libnccl-dev).
+    find_path(WSYNC_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    find_library(WSYNC_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+    if(WSYNC_NCCL_INCLUDE_DIR AND WSYNC_NCCL_LIBRARY)
+      set(WSYNC_HAVE_NCCL ON)
+      message(STATUS "wsync: NCCL found: ${WSYNC_NCCL_LIBRARY}")
+    endif()
+  elseif(WSYNC_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "WSYNC_WITH_CUDA=ON but no CUDA toolkit with nvcc was found "
+                        "(set CUDAToolkit_ROOT or CMAKE_CUDA_COMPILER)")
+  else()
+    message(STATUS "wsync: no CUDA toolkit found: the GPU transports answer blocked")
+  endif()
+endif()
+
 # The Python module (python/): pybind11 (python3-pybind11 / pybind11-dev) and the headers of the
 # interpreter it is built for (python3-dev). That interpreter is Debian's /usr/bin/python3, the one
 # that sees python3-torch; a python3 earlier on PATH (pyenv, conda) usually does not. AUTO builds

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "baselines.hpp"
+#include "gpu_bench.hpp"
 #include "wsync/bench/rank_process.hpp"
 #include "wsync/bench/timing.hpp"
 #include "wsync/manifest/codec.hpp"
@@ -305,6 +306,9 @@ std::optional<run_stop> publisher_start(point_run& r) {
   pcfg.model_id = r.layout.name;
   pcfg.copy_threads = std::max(r.opt.copy_threads, 1u);
   pcfg.slot_wait = std::chrono::seconds(60);
+  if (r.opt.checksum_chunk_bytes) {
+    pcfg.checksum = {checksum_algorithm::xxh3_64_chunked, r.opt.checksum_chunk_bytes};
+  }
   r.copy_threads = pcfg.copy_threads;
   r.publisher = std::make_unique<weight_publisher>(std::move(*pt), std::string(r.t->name()), pcfg);
 
@@ -557,6 +561,7 @@ int bench_one(const bench_options& opt, std::ostream& out) {
 }  // namespace
 
 int bench_run(const bench_options& opt, std::ostream& out) {
+  if (gpu_mode(opt.mode)) return gpu_bench_run(opt, out);
   if (opt.mode != "ucx" || !opt.ucx_tls.empty()) return bench_one(opt, out);
   // One row over TCP, one over shared memory; the worst outcome is the run's.
   int worst = 0;

@@ -1,5 +1,6 @@
 #include "wsync/transports/registry.hpp"
 
+#include "cuda/gpu_transports.hpp"
 #include "file_mmap/file_mmap.hpp"
 #include "local_clone/local_clone.hpp"
 #include "shared_memory/shared_memory.hpp"
@@ -48,6 +49,7 @@ void register_builtin_transports(transport_registry& registry) {
 #if WSYNC_HAVE_UCX
   (void)registry.add(ucx_entry());
 #endif
+  for (auto& e : gpu_transport_entries()) (void)registry.add(std::move(e));
 }
 
 const transport_registry& builtin_transports() {

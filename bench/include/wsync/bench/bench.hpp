@@ -9,10 +9,12 @@
 namespace wsync {
 
 struct bench_options {
-  std::string mode = "shared-memory";  ///< "local", "shared-memory", "file-mmap" or "ucx"
-  bool smoke = false;                  ///< small and quick: 8 MiB in 16 tensors, 3 repeats
-  std::string layout;                  ///< model layout name; empty: qwen2.5-0.5b or --bytes
-  std::uint64_t bytes = 0;             ///< synthetic layout size (with `tensors`)
+  /// "local", "shared-memory", "file-mmap", "ucx", or a GPU mode: "cuda-ipc", "cuda-vmm",
+  /// "nccl", "gpu-checksum"
+  std::string mode = "shared-memory";
+  bool smoke = false;       ///< small and quick: 8 MiB in 16 tensors, 3 repeats
+  std::string layout;       ///< model layout name; empty: qwen2.5-0.5b or --bytes
+  std::uint64_t bytes = 0;  ///< synthetic layout size (with `tensors`)
   std::uint64_t tensors = 0;
   unsigned repeat = 5;
   bool verify = true;
@@ -25,6 +27,9 @@ struct bench_options {
   /// "tcp" and "sm" (shared memory).
   std::string ucx_tls;
   std::uint64_t ucx_chunk_bytes = 0;  ///< ucx mode: pull chunk size; 0 = the transport's default
+  /// Tensor checksums by the chunked method with this chunk size (0: xxh3-64 of whole tensors;
+  /// gpu-checksum mode: 0 means 1 MiB).
+  std::uint64_t checksum_chunk_bytes = 0;
 };
 
 /// Runs the benchmark; prints one JSON row per timed update and the result row last.

@@ -1,0 +1,116 @@
+// The GPU parts. Everywhere: the GPU transports answer "blocked" with the precise cause. With a
+// CUDA device: the kernel's chunked checksums equal the CPU's for the same bytes, over tensor
+// sizes around every edge of the algorithm, and a flipped byte in any chunk is caught. Without
+// one these skip, saying why (the arithmetic is checked on the CPU by manifest's xxh3_parts
+// tests).
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/transports/gpu.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync {
+namespace {
+
+std::vector<unsigned char> random_bytes(std::size_t n, std::uint64_t seed) {
+  std::vector<unsigned char> v(n);
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (auto& b : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<unsigned char>(x >> 29);
+  }
+  return v;
+}
+
+TEST(gpu_transports, answer_blocked_with_the_cause) {
+  for (const char* name : {"cuda-ipc", "cuda-vmm", "nccl"}) {
+    ASSERT_TRUE(transport_known(name)) << name;
+    auto t = make_transport(name);
+    ASSERT_FALSE(t) << name << " claims to run";
+    EXPECT_EQ(t.error().code, errc::blocked) << t.error().message;
+    EXPECT_EQ(t.error().message.rfind("blocked: ", 0), 0u) << t.error().message;
+    EXPECT_NE(t.error().message.find(name), std::string::npos) << t.error().message;
+    if (auto r = gpu::ready(); !r) {  // the machine's own reason, word for word
+      EXPECT_EQ(t.error().message.rfind(r.error().message, 0), 0u) << t.error().message;
+    }
+  }
+}
+
+TEST(gpu_ready, says_exactly_why_not) {
+  auto r = gpu::ready();
+  if (r) GTEST_SKIP() << "a CUDA device is here";
+  EXPECT_EQ(r.error().code, errc::blocked);
+  const auto& m = r.error().message;
+  EXPECT_TRUE(m == "blocked: built without CUDA (no CUDA toolkit found at configure time)" ||
+              m.rfind("blocked: no CUDA device (", 0) == 0)
+      << m;
+}
+
+class gpu_test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto r = gpu::ready(); !r) GTEST_SKIP() << r.error().message;
+  }
+};
+
+TEST_F(gpu_test, chunked_checksums_on_the_gpu_equal_the_cpu) {
+  constexpr std::uint64_t chunk = 4096;
+  // Sizes around every edge: empty, short paths, one block, chunk edges, many chunks.
+  const std::vector<std::size_t> sizes = {
+      0,   1,    3,    4,    8,    9,    16,   17,   128,  129,  240,
+      241, 1023, 1024, 1025, 4095, 4096, 4097, 4336, 8192, 8193, (1 << 20) + 77};
+  std::size_t total = 0;
+  std::vector<std::size_t> offsets;
+  for (auto n : sizes) {
+    offsets.push_back(total);
+    total += (n + 255) / 256 * 256 + 256;  // 256-aligned like packed tensors
+  }
+  auto host = random_bytes(total, 11);
+  auto dev = gpu::device_buffer::make(total);
+  ASSERT_TRUE(dev) << dev.error().message;
+  ASSERT_TRUE(dev->upload(host.data(), total));
+  std::vector<gpu::device_range> ranges;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    ranges.push_back({static_cast<const unsigned char*>(dev->data()) + offsets[i], sizes[i]});
+  }
+  const checksum_method method{checksum_algorithm::xxh3_64_chunked, chunk};
+  auto got = gpu::chunked_checksums(ranges, chunk);
+  ASSERT_TRUE(got) << got.error().message;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ((*got)[i], checksum_compute(host.data() + offsets[i], sizes[i], method))
+        << "size " << sizes[i];
+  }
+  // An unaligned start (a view into a tensor) takes the byte-wise reads.
+  gpu::device_range odd{static_cast<const unsigned char*>(dev->data()) + 3, 10000};
+  auto odd_sum = gpu::chunked_checksums({&odd, 1}, chunk);
+  ASSERT_TRUE(odd_sum) << odd_sum.error().message;
+  EXPECT_EQ((*odd_sum)[0], checksum_compute(host.data() + 3, 10000, method));
+}
+
+TEST_F(gpu_test, a_flipped_byte_in_any_chunk_is_caught) {
+  constexpr std::uint64_t chunk = 65536;
+  const std::size_t n = 5 * chunk + 1000;
+  auto host = random_bytes(n, 12);
+  auto dev = gpu::device_buffer::make(n);
+  ASSERT_TRUE(dev) << dev.error().message;
+  ASSERT_TRUE(dev->upload(host.data(), n));
+  gpu::device_range all{dev->data(), n};
+  const auto good = checksum_compute(host.data(), n, {checksum_algorithm::xxh3_64_chunked, chunk});
+  for (std::size_t at : {std::size_t{0}, chunk - 1, chunk, 3 * chunk + 17, n - 1}) {
+    unsigned char flipped = host[at] ^ 0x01;
+    ASSERT_TRUE(dev->upload(&flipped, 1, at));
+    auto got = gpu::chunked_checksums({&all, 1}, chunk);
+    ASSERT_TRUE(got) << got.error().message;
+    EXPECT_NE((*got)[0], good) << "byte " << at;
+    ASSERT_TRUE(dev->upload(&host[at], 1, at));
+  }
+  auto back = gpu::chunked_checksums({&all, 1}, chunk);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ((*back)[0], good);
+}
+
+}  // namespace
+}  // namespace wsync

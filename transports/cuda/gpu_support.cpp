@@ -1,0 +1,192 @@
+#include <utility>
+
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/xxh3_parts.hpp"
+#include "wsync/transports/gpu.hpp"
+
+#if WSYNC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#endif
+
+namespace wsync::gpu {
+
+#if WSYNC_HAVE_CUDA
+
+namespace {
+
+std::string cuda_text(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+error cuda_failure(const std::string& what, cudaError_t e) {
+  return {errc::io_error, "CUDA: " + what + " failed (" + cuda_text(e) + ")"};
+}
+
+}  // namespace
+
+result<void> ready() {
+  int devices = 0;
+  if (auto e = cudaGetDeviceCount(&devices); e != cudaSuccess) {
+    // Without a driver at all the runtime says "insufficient driver": name the missing library.
+    std::string driver;
+    if (void* lib = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+      ::dlclose(lib);
+    } else if (const char* why = ::dlerror()) {
+      driver = std::string("; no NVIDIA driver: ") + why;
+    }
+    return make_error(errc::blocked, "blocked: no CUDA device (" + cuda_text(e) + driver + ")");
+  }
+  if (devices == 0) {
+    return make_error(errc::blocked, "blocked: no CUDA device (cudaGetDeviceCount found none)");
+  }
+  return {};
+}
+
+result<std::string> device_name(int device) {
+  if (auto r = ready(); !r) return r.error();
+  cudaDeviceProp prop{};
+  if (auto e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    return cuda_failure("cudaGetDeviceProperties(" + std::to_string(device) + ")", e);
+  }
+  return std::string(prop.name);
+}
+
+result<device_buffer> device_buffer::make(std::size_t bytes) {
+  if (auto r = ready(); !r) return r.error();
+  device_buffer b;
+  if (auto e = cudaMalloc(&b.data_, bytes > 0 ? bytes : 1); e != cudaSuccess) {
+    return cuda_failure("cudaMalloc(" + std::to_string(bytes) + " bytes)", e);
+  }
+  b.size_ = bytes;
+  return b;
+}
+
+device_buffer::~device_buffer() {
+  if (data_) cudaFree(data_);
+}
+
+result<void> device_buffer::upload(const void* host, std::size_t bytes, std::size_t offset) {
+  if (offset > size_ || bytes > size_ - offset) {
+    return make_error(errc::invalid_argument, "device_buffer: upload past its end");
+  }
+  if (auto e = cudaMemcpy(static_cast<char*>(data_) + offset, host, bytes, cudaMemcpyHostToDevice);
+      e != cudaSuccess) {
+    return cuda_failure("cudaMemcpy host to device", e);
+  }
+  return {};
+}
+
+result<void> device_buffer::download(void* host, std::size_t bytes, std::size_t offset) const {
+  if (offset > size_ || bytes > size_ - offset) {
+    return make_error(errc::invalid_argument, "device_buffer: download past its end");
+  }
+  if (auto e =
+          cudaMemcpy(host, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return cuda_failure("cudaMemcpy device to host", e);
+  }
+  return {};
+}
+
+result<void> copy_device(void* dst, const void* src, std::size_t bytes) {
+  if (auto e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice); e != cudaSuccess) {
+    return cuda_failure("cudaMemcpy device to device", e);
+  }
+  if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    return cuda_failure("cudaDeviceSynchronize", e);
+  }
+  return {};
+}
+
+result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_range> ranges,
+                                                     std::uint64_t chunk_bytes, void* stream) {
+  if (chunk_bytes < checksum_chunk_min || chunk_bytes > checksum_chunk_max ||
+      (chunk_bytes & (chunk_bytes - 1)) != 0) {
+    return make_error(errc::invalid_argument, "chunked_checksums: chunk_bytes " +
+                                                  std::to_string(chunk_bytes) +
+                                                  " is not a power of two from 4096 to 2^30");
+  }
+  if (auto r = ready(); !r) return r.error();
+  std::vector<detail::chunk_job> jobs;
+  std::vector<std::size_t> first(ranges.size() + 1, 0);  // range i's jobs: [first[i], first[i+1])
+  std::uint64_t blocks = 0;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(ranges[i].data);
+    for (std::uint64_t off = 0; off < ranges[i].nbytes; off += chunk_bytes) {
+      const std::uint64_t len = std::min(chunk_bytes, ranges[i].nbytes - off);
+      jobs.push_back({p + off, len, blocks});
+      if (len > xxh3::short_max) blocks += xxh3::long_blocks(len);
+    }
+    first[i + 1] = jobs.size();
+  }
+  std::vector<std::uint64_t> digests(jobs.size());
+  if (!jobs.empty()) {
+    const char* what = "";
+    if (int e = detail::chunk_digests(jobs, blocks, digests.data(), stream, &what); e != 0) {
+      return cuda_failure(std::string("chunked checksum: ") + what, static_cast<cudaError_t>(e));
+    }
+  }
+  std::vector<std::uint64_t> out(ranges.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    out[i] = checksum_of_chunks(digests.data() + first[i], first[i + 1] - first[i]);
+  }
+  return out;
+}
+
+#else  // built without CUDA
+
+namespace {
+
+error not_built() {
+  return {errc::blocked, "blocked: built without CUDA (no CUDA toolkit found at configure time)"};
+}
+
+}  // namespace
+
+result<void> ready() {
+  return not_built();
+}
+
+result<std::string> device_name(int) {
+  return not_built();
+}
+
+result<device_buffer> device_buffer::make(std::size_t) {
+  return not_built();
+}
+
+device_buffer::~device_buffer() = default;
+
+result<void> device_buffer::upload(const void*, std::size_t, std::size_t) {
+  return not_built();
+}
+
+result<void> device_buffer::download(void*, std::size_t, std::size_t) const {
+  return not_built();
+}
+
+result<void> copy_device(void*, const void*, std::size_t) {
+  return not_built();
+}
+
+result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_range>, std::uint64_t,
+                                                     void*) {
+  return not_built();
+}
+
+#endif
+
+device_buffer::device_buffer(device_buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+device_buffer& device_buffer::operator=(device_buffer&& other) noexcept {
+  if (this != &other) {
+    device_buffer gone(std::move(*this));
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+}  // namespace wsync::gpu

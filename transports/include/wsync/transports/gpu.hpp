@@ -1,0 +1,78 @@
+#pragma once
+// The GPU side of the data plane, in plain C++ (no CUDA header here): whether GPU work can run on
+// this machine, device memory for tests and benchmarks, and chunked checksums computed by a CUDA
+// kernel. Built with the CUDA toolkit (WSYNC_WITH_CUDA, cmake/wsync_dependencies.cmake); without
+// it every call answers errc::blocked naming that.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "wsync/manifest/result.hpp"
+
+namespace wsync::gpu {
+
+/// Nothing when a CUDA device can be used; otherwise errc::blocked with the exact cause:
+/// "blocked: built without CUDA (no CUDA toolkit found at configure time)" or
+/// "blocked: no CUDA device (<CUDA error name>: <CUDA error text>)".
+result<void> ready();
+
+/// "NVIDIA H100 80GB HBM3" and the like, for benchmark rows.
+result<std::string> device_name(int device = 0);
+
+/// A device allocation on the current device (RAII).
+class device_buffer {
+ public:
+  static result<device_buffer> make(std::size_t bytes);
+  device_buffer() = default;
+  device_buffer(device_buffer&& other) noexcept;
+  device_buffer& operator=(device_buffer&& other) noexcept;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer();
+
+  void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  result<void> upload(const void* host, std::size_t bytes, std::size_t offset = 0);
+  result<void> download(void* host, std::size_t bytes, std::size_t offset = 0) const;
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// Copies `bytes` between two device allocations and waits for the copy: the device-to-device
+/// baseline benchmarks compare with.
+result<void> copy_device(void* dst, const void* src, std::size_t bytes);
+
+/// Bytes in device memory.
+struct device_range {
+  const void* data = nullptr;
+  std::uint64_t nbytes = 0;
+};
+
+/// The checksum of each range by the chunked method (xxh3-64-chunked with `chunk_bytes`; see
+/// wsync/manifest/checksum.hpp), computed on the current device on `stream` (a cudaStream_t;
+/// nullptr: the default stream). Waits for the result. Scratch: 64 bytes per KiB hashed.
+result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_range> ranges,
+                                                     std::uint64_t chunk_bytes,
+                                                     void* stream = nullptr);
+
+namespace detail {
+
+/// One chunk for the kernels: its bytes and where its block sums start in the scratch.
+struct chunk_job {
+  const unsigned char* data;
+  std::uint64_t len;
+  std::uint64_t first_block;  ///< index of its first 1,024-byte block among all jobs' blocks
+};
+
+/// Runs the kernels (gpu_checksum.cu): one digest per job into `digests`. `blocks` is the sum of
+/// the jobs' whole blocks. Returns a cudaError_t (0 = success) and, on failure, what failed.
+int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std::uint64_t* digests,
+                  void* stream, const char** what);
+
+}  // namespace detail
+}  // namespace wsync::gpu
