@@ -205,3 +205,73 @@ TEST_F(http_gateway_test, thirty_two_clients_hammer_status_and_metrics_during_up
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync {
+namespace {
+
+// vLLM's NCCL engine: init_info is checked field by field, then refused with the reason this
+// rank cannot join an NCCL group (no such transport here yet; on this machine no GPU either).
+TEST_F(http_gateway_test, vllm_nccl_init_info_is_checked_then_refused_as_blocked) {
+  const std::string id(171, 'A');  // 128 bytes, standard base64
+  auto refusal = [&](const json& info) {
+    auto r = post("/init_weight_transfer_engine", json{{"init_info", info}}.dump());
+    EXPECT_TRUE(r);
+    if (!r) return std::make_pair(0, std::string());
+    return std::make_pair(r->status, json::parse(r->body).value("error", r->body));
+  };
+  auto good = json{{"nccl_unique_id_b64", id + "="},
+                   {"rank_offset", 1},
+                   {"world_size", 2},
+                   {"packed", true},
+                   {"packed_buffer_size_bytes", 1 << 30},
+                   {"packed_num_buffers", 2}};
+  auto [status, message] = refusal(good);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(message.rfind("init_info.nccl_unique_id_b64: blocked: ", 0), 0u) << message;
+  EXPECT_NE(message.find("nccl"), std::string::npos) << message;
+
+  auto tcp = refusal({{"master_address", "10.0.0.1"},
+                      {"master_port", 29500},
+                      {"rank_offset", 1},
+                      {"world_size", 2}});
+  EXPECT_EQ(tcp.first, 400);
+  EXPECT_EQ(tcp.second.rfind("init_info.master_address: blocked: torch's TCP-store rendezvous", 0),
+            0u)
+      << tcp.second;
+  EXPECT_NE(tcp.second.find("nccl_unique_id_b64"), std::string::npos) << tcp.second;
+
+  auto with = [&](const char* key, const json& value) {
+    auto info = good;
+    info[key] = value;
+    return refusal(info).second;
+  };
+  auto without = [&](const char* key) {
+    auto info = good;
+    info.erase(key);
+    return refusal(info).second;
+  };
+  EXPECT_EQ(with("master_address", "10.0.0.1")
+                .rfind("init_info: master_address/master_port and "
+                       "nccl_unique_id_b64 are two rendezvous modes",
+                       0),
+            0u);
+  EXPECT_EQ(with("nccl_unique_id_b64", std::string(171, '_') + "=")
+                .rfind("init_info.nccl_unique_id_b64: not standard base64", 0),
+            0u);
+  EXPECT_EQ(with("nccl_unique_id_b64", "AAAA"),
+            "init_info.nccl_unique_id_b64: decodes to 3 bytes; an NCCL unique id has 128");
+  EXPECT_EQ(without("rank_offset"), "init_info.rank_offset: missing");
+  EXPECT_EQ(with("world_size", "2"), "init_info.world_size: must be an integer");
+  EXPECT_EQ(with("rank_offset", 0),
+            "init_info.rank_offset: 0 would put a rollout rank on rank 0, the trainer's");
+  EXPECT_EQ(with("world_size", 1),
+            "init_info.world_size: 1 leaves no rank for this worker after rank_offset 1");
+  EXPECT_EQ(with("packed", 1), "init_info.packed: must be a boolean");
+  EXPECT_EQ(with("packed_num_buffers", 0),
+            "init_info.packed_num_buffers: must be a positive integer");
+  // Nothing changed: the shared-memory engine initialised in SetUp still takes updates.
+  EXPECT_EQ(install(1), 200);
+}
+
+}  // namespace
+}  // namespace wsync

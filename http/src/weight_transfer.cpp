@@ -1,6 +1,7 @@
 #include "wsync/http/weight_transfer.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,93 @@ const char* http_detail::phase_name(phase p) {
   return "?";
 }
 
+namespace {
+
+// Bytes that standard (RFC 4648, padded) base64 `text` decodes to, or nullopt when it is not
+// that: vLLM sends the NCCL unique id so and refuses the URL-safe alphabet.
+std::optional<std::size_t> base64_bytes(const std::string& text) {
+  if (text.empty() || text.size() % 4 != 0) return std::nullopt;
+  std::size_t pad = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '=') {
+      if (i + 2 < text.size()) return std::nullopt;  // padding only at the end
+      ++pad;
+      continue;
+    }
+    if (pad > 0) return std::nullopt;
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/') return std::nullopt;
+  }
+  return text.size() / 4 * 3 - pad;
+}
+
+// init_info of vLLM's NCCL engine (it has a rendezvous): checked field by field, then refused
+// with the reason no NCCL group can be joined here. nullopt when it is not an NCCL init_info.
+std::optional<http_reply> nccl_init_refusal(const json& info) {
+  const bool tcp = info.contains("master_address") || info.contains("master_port");
+  const bool unique = info.contains("nccl_unique_id_b64");
+  if (!tcp && !unique) return std::nullopt;
+  if (tcp && unique) {
+    return fail(400,
+                "init_info: master_address/master_port and nccl_unique_id_b64 are two "
+                "rendezvous modes; send one (wsync takes nccl_unique_id_b64)");
+  }
+  if (tcp) {
+    return fail(400,
+                "init_info.master_address: blocked: torch's TCP-store rendezvous "
+                "(master_address/master_port) is not supported; use NCCL unique-id mode "
+                "(init_info.nccl_unique_id_b64), or {\"transport\": \"shared-memory\"} "
+                "and wsync manifests");
+  }
+  const auto& id = info["nccl_unique_id_b64"];
+  if (!id.is_string()) return fail(400, "init_info.nccl_unique_id_b64: must be a string");
+  auto bytes = base64_bytes(id.get<std::string>());
+  if (!bytes) {
+    return fail(400,
+                "init_info.nccl_unique_id_b64: not standard base64 (RFC 4648, padded; the "
+                "URL-safe alphabet is refused)");
+  }
+  if (*bytes != 128) {
+    return fail(400, "init_info.nccl_unique_id_b64: decodes to " + std::to_string(*bytes) +
+                         " bytes; an NCCL unique id has 128");
+  }
+  for (const char* key : {"rank_offset", "world_size"}) {
+    if (!info.contains(key)) return fail(400, std::string("init_info.") + key + ": missing");
+    if (!info[key].is_number_integer()) {
+      return fail(400, std::string("init_info.") + key + ": must be an integer");
+    }
+  }
+  const auto offset = info["rank_offset"].get<std::int64_t>();
+  const auto world = info["world_size"].get<std::int64_t>();
+  if (offset < 1) {
+    return fail(400, "init_info.rank_offset: " + std::to_string(offset) +
+                         " would put a rollout rank on rank 0, the trainer's");
+  }
+  if (world <= offset) {
+    return fail(400, "init_info.world_size: " + std::to_string(world) +
+                         " leaves no rank for this worker after rank_offset " +
+                         std::to_string(offset));
+  }
+  if (info.contains("packed") && !info["packed"].is_boolean()) {
+    return fail(400, "init_info.packed: must be a boolean");
+  }
+  for (const char* key : {"packed_buffer_size_bytes", "packed_num_buffers"}) {
+    if (info.contains(key) &&
+        (!info[key].is_number_integer() || info[key].get<std::int64_t>() < 1)) {
+      return fail(400, std::string("init_info.") + key + ": must be a positive integer");
+    }
+  }
+  auto nccl = make_transport("nccl");
+  if (nccl) {  // cannot happen while the transport is not written; never pretend it joined
+    return fail(500,
+                "init_info.nccl_unique_id_b64: the nccl transport exists but this surface "
+                "does not drive it yet");
+  }
+  return fail(400, "init_info.nccl_unique_id_b64: " + nccl.error().message);
+}
+
+}  // namespace
+
 weight_transfer_service::weight_transfer_service(weight_transfer_config config)
     : impl_(std::make_unique<impl>(std::move(config), "")) {
   impl_->ranks.push_back({impl_->config.rank, &impl_->runtime, 0, "joined"});
@@ -96,11 +184,7 @@ http_reply weight_transfer_service::init(std::string_view body) {
   std::string why;
   auto options = options_field(info, "transport_options", "init_info", why);
   if (!options) return fail(400, why);
-  if (info.contains("master_address") || info.contains("nccl_unique_id_b64")) {
-    return fail(400,
-                "init_info.master_address: blocked: NCCL rendezvous is not a wsync transport "
-                "here; send {\"transport\": \"shared-memory\"} and wsync manifests instead");
-  }
+  if (auto no = nccl_init_refusal(info)) return *no;
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
   if (s.current == phase::started) {
