@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "random_bytes.hpp"
 #include "wsync/manifest/xxh3_parts.hpp"
 
 #define XXH_INLINE_ALL
@@ -102,15 +103,7 @@ TEST(checksum, fused_copy_at_64_byte_alignment) {
 namespace wsync {
 namespace {
 
-std::vector<unsigned char> random_bytes(std::size_t n, std::uint64_t seed) {
-  std::vector<unsigned char> v(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& b : v) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    b = static_cast<unsigned char>(x >> 24);
-  }
-  return v;
-}
+using test::random_bytes;
 
 // The split form a GPU kernel runs: block sums in any order, then the serial finish.
 std::uint64_t parts_hash(const unsigned char* p, std::size_t n) {

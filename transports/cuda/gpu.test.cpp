@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "random_bytes.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/transports/gpu.hpp"
 #include "wsync/transports/registry.hpp"
@@ -15,15 +16,7 @@
 namespace wsync {
 namespace {
 
-std::vector<unsigned char> random_bytes(std::size_t n, std::uint64_t seed) {
-  std::vector<unsigned char> v(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 7;
-  for (auto& b : v) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    b = static_cast<unsigned char>(x >> 29);
-  }
-  return v;
-}
+using test::random_bytes;
 
 TEST(gpu_transports, answer_blocked_with_the_cause) {
   for (const char* name : {"cuda-ipc", "cuda-vmm", "nccl"}) {
