@@ -239,3 +239,14 @@ def test_chunked_checksums_are_published_and_verified():
     with pytest.raises(wsync.InvalidManifestError, match="checksum.chunk_bytes: 5000"):
         wsync.SharedMemoryTensorBridge(checksum_chunk_bytes=5000).publish(
             {"w": torch.ones(4)}, weight_version=1)
+
+
+def test_gpu_transports_say_why_they_cannot_run():
+    for name in ("cuda-ipc", "cuda-vmm", "nccl"):
+        assert name in wsync.transports()
+        with pytest.raises(wsync.BlockedError, match=f"^blocked: .*{name}"):
+            wsync.make_weight_bridge(name).publish({"w": torch.ones(2)}, weight_version=1)
+    with pytest.raises(wsync.InvalidArgumentError,
+                       match="tensor w: field device: meta tensors need a CUDA transport"):
+        wsync.SharedMemoryTensorBridge().publish({"w": torch.empty(2, device="meta")},
+                                                 weight_version=1)

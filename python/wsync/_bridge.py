@@ -202,8 +202,9 @@ _ALIASES = {"local": "local-clone", "shm": "shared-memory", "shared_memory": "sh
 
 def make_weight_bridge(name: str, **kwargs: Any) -> WeightBridge:
     """A bridge over the transport `name` (``"local-clone"``, ``"shared-memory"``,
-    ``"file-mmap"``, ``"ucx"``, or a CUDA transport when built). Unknown names raise
-    UnknownTransportError listing what this build has."""
+    ``"file-mmap"``, ``"ucx"``). Unknown names raise UnknownTransportError listing what this
+    build has; the CUDA transports (``"cuda-ipc"``, ``"cuda-vmm"``, ``"nccl"``) are listed but
+    raise BlockedError with the cause at the first publish or import."""
     return WeightBridge(_ALIASES.get(name, name), **kwargs)
 
 

@@ -80,9 +80,8 @@ def named_tensors(source: Any) -> List[Tuple[str, torch.Tensor]]:
 def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
     """The extension's tensor tuples and the tensors that back them (keep those alive).
 
-    Non-contiguous tensors are made contiguous (one copy each); CPU only: this module was built
-    without CUDA transports, so a device tensor is refused rather than copied behind the caller's
-    back.
+    Non-contiguous tensors are made contiguous (one copy each); CPU only: the CUDA transports are
+    not written yet, so a device tensor is refused rather than copied behind the caller's back.
     """
     tuples = []
     keep = []
@@ -90,7 +89,7 @@ def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
         if t.device.type != "cpu":
             raise InvalidArgumentError(
                 f"tensor {name}: field device: {t.device} tensors need a CUDA transport, which "
-                "this build of wsync does not have; pass CPU tensors (t.cpu())"
+                "wsync does not have yet; pass CPU tensors (t.cpu())"
             )
         wire = wire_dtype(name, t)
         t = t.detach()
