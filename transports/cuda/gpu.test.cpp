@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "cuda/chunk_jobs.hpp"
 #include "random_bytes.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/transports/gpu.hpp"
@@ -107,3 +108,51 @@ TEST_F(gpu_test, a_flipped_byte_in_any_chunk_is_caught) {
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync::gpu {
+namespace {
+
+// What the kernels run, run on the CPU in their decomposition: the job plan (chunks, block
+// indices, jobs without blocks), the binary search from block to job, the eight threads per
+// block with the partner-lane exchange, and the per-chunk finish. Only the launch is left for a
+// GPU to check.
+TEST(gpu_kernel_plan, equals_the_cpu_checksum_in_the_kernels_decomposition) {
+  constexpr std::uint64_t chunk = 4096;
+  const std::vector<std::size_t> sizes = {0,    1,    17,   240,  241,  1023, 1024,         1025,
+                                          4095, 4096, 4097, 8192, 9000, 3,    (1 << 16) + 5};
+  std::vector<std::vector<unsigned char>> bytes;
+  std::vector<device_range> ranges;  // host memory stands in for the device's
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    bytes.push_back(random_bytes(sizes[i] + 3, 40 + i));
+    ranges.push_back({bytes.back().data() + (i % 2 ? 3 : 0), sizes[i]});  // some unaligned
+  }
+  std::vector<detail::chunk_job> jobs;
+  std::vector<std::size_t> first;
+  const auto blocks = detail::plan_jobs(ranges, chunk, jobs, first);
+  std::uint64_t want_blocks = 0;
+  for (const auto& j : jobs) want_blocks += detail::blocks_of(j.len);
+  EXPECT_EQ(blocks, want_blocks);
+  auto digests = detail::run_on_cpu(jobs, blocks, checksum_default_secret());
+  const checksum_method method{checksum_algorithm::xxh3_64_chunked, chunk};
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    auto got = checksum_of_chunks(digests.data() + first[i], first[i + 1] - first[i]);
+    EXPECT_EQ(got, checksum_compute(ranges[i].data, ranges[i].nbytes, method))
+        << "size " << sizes[i];
+  }
+}
+
+TEST(gpu_kernel_plan, every_block_maps_to_the_job_that_owns_it) {
+  std::vector<detail::chunk_job> jobs = {
+      {nullptr, 5000, 0}, {nullptr, 100, 4}, {nullptr, 10, 4}, {nullptr, 2048, 4}, {nullptr, 1, 5}};
+  // Job 0 owns blocks 0..3 (5000 bytes: 4 whole blocks before its tail), jobs 1 and 2 none,
+  // job 3 block 4 (2048 bytes: 1 whole block), job 4 none.
+  EXPECT_EQ(detail::job_of(jobs.data(), jobs.size(), 0), 0u);
+  EXPECT_EQ(detail::job_of(jobs.data(), jobs.size(), 3), 0u);
+  EXPECT_EQ(detail::job_of(jobs.data(), jobs.size(), 4), 3u);
+  EXPECT_EQ(detail::blocks_of(5000), 4u);
+  EXPECT_EQ(detail::blocks_of(2048), 1u);
+  EXPECT_EQ(detail::blocks_of(240), 0u);
+}
+
+}  // namespace
+}  // namespace wsync::gpu

@@ -1,5 +1,5 @@
-// Chunked XXH3-64 on the GPU, in two kernels over the arithmetic of xxh3_parts.hpp (which the CPU
-// tests check against libxxhash):
+// Chunked XXH3-64 on the GPU, in two kernels over chunk_jobs.hpp and xxh3_parts.hpp (whose
+// decomposition the CPU tests run and check against libxxhash):
 //   1. block_sums: eight threads per 1,024-byte block, each reading one 8-byte word of every
 //      stripe (so a warp reads 256 contiguous bytes at a time), add up the block's contribution
 //      to the eight accumulators; every block of every chunk at once.
@@ -11,9 +11,9 @@
 
 #include <vector>
 
+#include "cuda/chunk_jobs.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/xxh3_parts.hpp"
-#include "wsync/transports/gpu.hpp"
 
 namespace wsync::gpu::detail {
 namespace {
@@ -22,51 +22,25 @@ __constant__ unsigned char secret_c[xxh3::secret_bytes];
 
 constexpr unsigned threads_per_cta = 256;
 
-// The job holding block `b`: jobs are sorted by first_block; jobs without blocks are skipped
-// because the next job starts at the same index.
-__device__ std::size_t job_of(const chunk_job* jobs, std::size_t n, std::uint64_t b) {
-  std::size_t lo = 0, hi = n;  // first job with first_block > b, minus one
-  while (lo < hi) {
-    std::size_t mid = (lo + hi) / 2;
-    if (jobs[mid].first_block <= b) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo - 1;
-}
-
 __global__ void block_sums(const chunk_job* jobs, std::size_t n, std::uint64_t blocks,
                            xxh3::lanes* sums) {
   const std::uint64_t g = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   const std::uint64_t b = g / 8;
   const int lane = static_cast<int>(g % 8);
-  std::uint64_t product = 0, data_sum = 0;
+  lane_part part;
   if (b < blocks) {
     const auto& job = jobs[job_of(jobs, n, b)];
-    const unsigned char* block = job.data + (b - job.first_block) * xxh3::block_bytes;
-    for (std::size_t s = 0; s < xxh3::stripes_per_block; ++s) {
-      std::uint64_t data = xxh3::read64(block + s * xxh3::stripe_bytes + 8 * lane);
-      std::uint64_t keyed = data ^ xxh3::read64(secret_c + s * 8 + 8 * lane);
-      product += (keyed & 0xFFFFFFFFULL) * (keyed >> 32);
-      data_sum += data;
-    }
+    part = block_lane(job.data + (b - job.first_block) * xxh3::block_bytes, lane, secret_c);
   }
-  // Lane i's accumulator takes its own products and the data words of lane i ^ 1. Every thread
-  // of the warp takes part in the shuffle, in range or not.
-  const std::uint64_t partner = __shfl_xor_sync(0xFFFFFFFFU, data_sum, 1);
-  if (b < blocks) sums[b].v[lane] = product + partner;
+  // Every thread of the warp takes part in the shuffle, in range or not.
+  const std::uint64_t partner = __shfl_xor_sync(0xFFFFFFFFU, part.data, 1);
+  if (b < blocks) sums[b].v[lane] = part.product + partner;
 }
 
 __global__ void chunk_finish(const chunk_job* jobs, std::size_t n, const xxh3::lanes* sums,
                              std::uint64_t* digests) {
   const std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  if (j >= n) return;
-  const auto& job = jobs[j];
-  digests[j] = job.len <= xxh3::short_max
-                   ? xxh3::hash_short(job.data, job.len, secret_c)
-                   : xxh3::long_finish(job.data, job.len, sums + job.first_block, secret_c);
+  if (j < n) digests[j] = finish(jobs[j], sums, secret_c);
 }
 
 unsigned grid_for(std::uint64_t threads) {

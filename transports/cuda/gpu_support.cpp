@@ -1,7 +1,7 @@
 #include <utility>
 
+#include "cuda/chunk_jobs.hpp"
 #include "wsync/manifest/checksum.hpp"
-#include "wsync/manifest/xxh3_parts.hpp"
 #include "wsync/transports/gpu.hpp"
 
 #if WSYNC_HAVE_CUDA
@@ -109,17 +109,8 @@ result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_rang
   }
   if (auto r = ready(); !r) return r.error();
   std::vector<detail::chunk_job> jobs;
-  std::vector<std::size_t> first(ranges.size() + 1, 0);  // range i's jobs: [first[i], first[i+1])
-  std::uint64_t blocks = 0;
-  for (std::size_t i = 0; i < ranges.size(); ++i) {
-    const auto* p = static_cast<const unsigned char*>(ranges[i].data);
-    for (std::uint64_t off = 0; off < ranges[i].nbytes; off += chunk_bytes) {
-      const std::uint64_t len = std::min(chunk_bytes, ranges[i].nbytes - off);
-      jobs.push_back({p + off, len, blocks});
-      if (len > xxh3::short_max) blocks += xxh3::long_blocks(len);
-    }
-    first[i + 1] = jobs.size();
-  }
+  std::vector<std::size_t> first;  // range i's jobs: [first[i], first[i+1])
+  const std::uint64_t blocks = detail::plan_jobs(ranges, chunk_bytes, jobs, first);
   std::vector<std::uint64_t> digests(jobs.size());
   if (!jobs.empty()) {
     const char* what = "";

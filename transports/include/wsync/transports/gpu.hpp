@@ -60,19 +60,4 @@ result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_rang
                                                      std::uint64_t chunk_bytes,
                                                      void* stream = nullptr);
 
-namespace detail {
-
-/// One chunk for the kernels: its bytes and where its block sums start in the scratch.
-struct chunk_job {
-  const unsigned char* data;
-  std::uint64_t len;
-  std::uint64_t first_block;  ///< index of its first 1,024-byte block among all jobs' blocks
-};
-
-/// Runs the kernels (gpu_checksum.cu): one digest per job into `digests`. `blocks` is the sum of
-/// the jobs' whole blocks. Returns a cudaError_t (0 = success) and, on failure, what failed.
-int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std::uint64_t* digests,
-                  void* stream, const char** what);
-
-}  // namespace detail
 }  // namespace wsync::gpu

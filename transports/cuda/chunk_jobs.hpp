@@ -1,0 +1,113 @@
+#pragma once
+// The chunked checksum's work as the GPU kernels split it, in host-and-device code: the job list
+// (one job per chunk, with where its 1 KiB blocks' sums go), which job a block belongs to, and
+// what one of a block's eight threads computes. The kernels (gpu_checksum.cu) are thin loops over
+// these; run_on_cpu() runs the same pieces in the same decomposition on the CPU, so the tests
+// check everything but the CUDA launch itself on machines without a GPU.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "wsync/manifest/xxh3_parts.hpp"
+
+namespace wsync::gpu::detail {
+
+/// One chunk: its bytes and the index of its first block among all jobs' blocks.
+struct chunk_job {
+  const unsigned char* data;
+  std::uint64_t len;
+  std::uint64_t first_block;
+};
+
+/// Whole 1 KiB blocks a chunk of `len` bytes contributes (none on the short path).
+WSYNC_HD inline std::uint64_t blocks_of(std::uint64_t len) {
+  return len > xxh3::short_max ? xxh3::long_blocks(static_cast<std::size_t>(len)) : 0;
+}
+
+/// The job holding block `b` of `n` jobs sorted by first_block: the last whose first_block <= b
+/// (a job without blocks shares its index with the next and is never chosen for one).
+WSYNC_HD inline std::size_t job_of(const chunk_job* jobs, std::size_t n, std::uint64_t b) {
+  std::size_t lo = 0, hi = n;
+  while (lo < hi) {
+    std::size_t mid = (lo + hi) / 2;
+    if (jobs[mid].first_block <= b) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo - 1;
+}
+
+/// What thread `lane` (0..7) of a block's eight computes: the products of its keyed words (its
+/// own accumulator) and the sum of its data words (its partner lane ^ 1's). Lane i's share of
+/// the block sum is lane i's product plus lane (i ^ 1)'s data sum.
+struct lane_part {
+  std::uint64_t product = 0;
+  std::uint64_t data = 0;
+};
+
+WSYNC_HD inline lane_part block_lane(const unsigned char* block, int lane,
+                                     const unsigned char* secret) {
+  lane_part p;
+  for (std::size_t s = 0; s < xxh3::stripes_per_block; ++s) {
+    std::uint64_t data = xxh3::read64(block + s * xxh3::stripe_bytes + 8 * lane);
+    std::uint64_t keyed = data ^ xxh3::read64(secret + s * 8 + 8 * lane);
+    p.product += (keyed & 0xFFFFFFFFULL) * (keyed >> 32);
+    p.data += data;
+  }
+  return p;
+}
+
+/// A job's digest once its blocks' sums are in `sums` (indexed by first_block).
+WSYNC_HD inline std::uint64_t finish(const chunk_job& job, const xxh3::lanes* sums,
+                                     const unsigned char* secret) {
+  return job.len <= xxh3::short_max
+             ? xxh3::hash_short(job.data, static_cast<std::size_t>(job.len), secret)
+             : xxh3::long_finish(job.data, static_cast<std::size_t>(job.len),
+                                 sums + job.first_block, secret);
+}
+
+/// The jobs for `ranges` (elements with .data and .nbytes) cut into `chunk` bytes; `first[i]` is
+/// range i's first job (first.size() == ranges + 1). Returns the total of whole blocks.
+template <class Ranges>
+std::uint64_t plan_jobs(const Ranges& ranges, std::uint64_t chunk, std::vector<chunk_job>& jobs,
+                        std::vector<std::size_t>& first) {
+  jobs.clear();
+  first.assign(ranges.size() + 1, 0);
+  std::uint64_t blocks = 0;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(ranges[i].data);
+    for (std::uint64_t off = 0; off < ranges[i].nbytes; off += chunk) {
+      const std::uint64_t len = ranges[i].nbytes - off < chunk ? ranges[i].nbytes - off : chunk;
+      jobs.push_back({p + off, len, blocks});
+      blocks += blocks_of(len);
+    }
+    first[i + 1] = jobs.size();
+  }
+  return blocks;
+}
+
+/// Runs the kernels (gpu_checksum.cu, built with CUDA only): one digest per job into `digests`
+/// (host memory). Returns a cudaError_t (0 = success) and, on failure, what failed.
+int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std::uint64_t* digests,
+                  void* stream, const char** what);
+
+/// The kernels' two phases on the CPU, thread by thread as the GPU splits them (for tests).
+inline std::vector<std::uint64_t> run_on_cpu(const std::vector<chunk_job>& jobs,
+                                             std::uint64_t blocks, const unsigned char* secret) {
+  std::vector<xxh3::lanes> sums(blocks);
+  for (std::uint64_t b = 0; b < blocks; ++b) {
+    const auto& job = jobs[job_of(jobs.data(), jobs.size(), b)];
+    const unsigned char* block = job.data + (b - job.first_block) * xxh3::block_bytes;
+    lane_part part[8];
+    for (int lane = 0; lane < 8; ++lane) part[lane] = block_lane(block, lane, secret);
+    for (int lane = 0; lane < 8; ++lane) sums[b].v[lane] = part[lane].product + part[lane ^ 1].data;
+  }
+  std::vector<std::uint64_t> digests(jobs.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j) digests[j] = finish(jobs[j], sums.data(), secret);
+  return digests;
+}
+
+}  // namespace wsync::gpu::detail
