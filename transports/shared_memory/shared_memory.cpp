@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,7 +73,12 @@ struct slot_fd {
 class open_slots {
  public:
   static open_slots& instance() {
-    static auto* s = new open_slots;  // never destroyed: consumers may outlive static destructors
+    static auto* s = [] {
+      // A forked child has none of the parent's threads: one of them may have held the lock at
+      // the fork. The entries stay valid (the child inherits the descriptors).
+      ::pthread_atfork(nullptr, nullptr, [] { new (&instance().mu_) std::mutex; });
+      return new open_slots;  // never destroyed: consumers may outlive static destructors
+    }();
     return *s;
   }
   /// Takes `fd`; when another rank opened the same slot meanwhile, closes `fd` and shares theirs.
