@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 #include <utility>
@@ -210,6 +211,9 @@ struct endpoint_state {
   bool joined = false;        ///< every rank accepted by the current coordinator
   bool reconnecting = false;  ///< a reconnect is scheduled
   std::uint64_t join_round = 0;
+  /// Names the current round in the endpoint's own retry messages: random, so that a peer that
+  /// forges one cannot make a rank join again.
+  std::uint64_t join_nonce = 0;
   std::size_t accepted = 0;  ///< ranks accepted in this round
   std::chrono::milliseconds backoff{200};
   /// Reports taken from the box, not yet sent; answers still owed, by update key.
@@ -263,13 +267,16 @@ void join_rank(endpoint_pointer self, const endpoint_state_ptr& st, std::int32_t
             log_warn("consumer rank " + std::to_string(hello.rank) +
                      ": join failed: " + self->system().render(err));
             if (really_down(st->coordinator)) return schedule_reconnect(self, st);
-            self->delayed_send(self, st->backoff, reconnect_atom::value, rank, round);
+            st->backoff = std::min(st->backoff * 2, std::chrono::milliseconds(5000));
+            self->delayed_send(self, st->backoff, reconnect_atom::value, rank, st->join_nonce);
           });
 }
 
 // Joins (or re-joins) every rank to the current coordinator: a new round.
 void join_all(endpoint_pointer self, const endpoint_state_ptr& st) {
   const auto round = ++st->join_round;
+  std::random_device rd;
+  st->join_nonce = (std::uint64_t{rd()} << 32) | rd();
   st->accepted = 0;
   self->monitor(st->coordinator);
   for (auto& [rank, slot] : st->ranks) slot.side->joined = false;
@@ -400,8 +407,10 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
                 },
                 [=](caf::error&) { schedule_reconnect(self, st); });
       },
-      [=](reconnect_atom, std::int32_t rank, std::uint64_t round) {
-        join_rank(self, st, rank, round);  // a retry of one rank's join; stale rounds are ignored
+      [=](reconnect_atom, std::int32_t rank, std::uint64_t nonce) {
+        // A retry of one rank's join, sent by join_rank; one of an earlier round, or forged
+        // (the nonce is random per round), changes nothing.
+        if (nonce == st->join_nonce) join_rank(self, st, rank, st->join_round);
       },
       [=](drop_atom, const std::string& token, const std::string& key) {
         if (token != st->token) return;

@@ -142,7 +142,9 @@ using coordinator_actor = caf::typed_actor<
 
 /// The endpoint of a process's consumer ranks: (token, update) to install, (token, key) of an
 /// aborted update. reconnect and flush are its own timers; one that a peer forges only makes it
-/// look for the coordinator, or send the reports it has, a little early.
+/// look for the coordinator, or send the reports it has, a little early. (reconnect, rank, nonce)
+/// retries one rank's join; it carries a random nonce of the join round, so a forged one is
+/// ignored.
 using consumer_actor = caf::typed_actor<
     caf::reacts_to<update_atom, update_available>,
     caf::reacts_to<drop_atom, std::string, std::string>, caf::reacts_to<reconnect_atom>,
