@@ -119,20 +119,20 @@ result<void> weight_consumer::verify(const update_id& id) {
     first[i + 1] = first[i] + (chunked ? checksum_chunks(n, method.chunk_bytes) : 1);
   }
   std::vector<std::uint64_t> digests(first[tensors]);
-  std::vector<std::size_t> tensor_of(first[tensors]);
-  for (std::size_t i = 0; i < tensors; ++i) {
-    std::fill(tensor_of.begin() + first[i], tensor_of.begin() + first[i + 1], i);
-  }
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t k; (k = next.fetch_add(1)) < digests.size();) {
-      const auto& t = u->tensors[tensor_of[k]];
+      // The tensor of item k: the last whose first item is at or before k.
+      const auto i = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), k) -
+                                              first.begin()) -
+                     1;
+      const auto& t = u->tensors[i];
       const auto nbytes = t.descriptor->nbytes;
       if (!chunked) {
         digests[k] = checksum_compute(t.data, nbytes);
         continue;
       }
-      const auto off = (k - first[tensor_of[k]]) * method.chunk_bytes;
+      const auto off = (k - first[i]) * method.chunk_bytes;
       digests[k] = checksum_compute(t.data + off, std::min(method.chunk_bytes, nbytes - off));
     }
   };

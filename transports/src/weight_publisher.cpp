@@ -103,44 +103,49 @@ weight_publisher::~weight_publisher() {
 void weight_publisher::copy_all(std::span<const tensor_source> tensors,
                                 std::vector<tensor_descriptor>& descs,
                                 const std::vector<std::span<std::byte>>& dest) {
-  // Pieces: whole tensors (xxh3-64), or every chunk of every tensor (xxh3-64-chunked, so that
-  // one large tensor is copied and hashed by all threads). Each piece is copied and hashed in
-  // one pass; the threads take the largest pieces first.
+  // Pieces: whole tensors, largest first (xxh3-64), or every chunk of every tensor in order
+  // (xxh3-64-chunked, so that one large tensor is copied and hashed by all threads). Each piece
+  // is copied and hashed in one pass; threads take the next piece from a shared counter. Per
+  // piece only its digest is kept.
   const auto& method = config_.checksum;
   const bool chunked = method.algorithm == checksum_algorithm::xxh3_64_chunked;
-  struct piece {
-    std::size_t tensor;
-    std::uint64_t offset, nbytes;
-  };
-  std::vector<piece> pieces;
   std::vector<std::size_t> first(tensors.size() + 1, 0);  // tensor i's pieces, in order
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const std::uint64_t n = descs[i].nbytes;
-    total += n;
-    const std::uint64_t step = chunked ? method.chunk_bytes : std::max<std::uint64_t>(n, 1);
-    for (std::uint64_t off = 0; off < n || (off == 0 && !chunked); off += step) {
-      pieces.push_back({i, off, std::min(step, n - off)});
-    }
-    first[i + 1] = pieces.size();
+    total += descs[i].nbytes;
+    first[i + 1] = first[i] + (chunked ? checksum_chunks(descs[i].nbytes, method.chunk_bytes) : 1);
   }
-  std::vector<std::uint64_t> digests(pieces.size());
-  std::vector<std::size_t> order(pieces.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return pieces[a].nbytes > pieces[b].nbytes;
-  });
+  std::vector<std::size_t> largest_first;  // whole tensors: the order pieces are taken in
+  if (!chunked) {
+    largest_first.resize(tensors.size());
+    std::iota(largest_first.begin(), largest_first.end(), std::size_t{0});
+    std::stable_sort(largest_first.begin(), largest_first.end(), [&](std::size_t a, std::size_t b) {
+      return descs[a].nbytes > descs[b].nbytes;
+    });
+  }
+  std::vector<std::uint64_t> digests(first.back());
   std::atomic<std::size_t> next{0};
   auto work = [&] {
-    for (std::size_t k; (k = next.fetch_add(1)) < order.size();) {
-      const auto& p = pieces[order[k]];
-      const auto& d = descs[p.tensor];
-      digests[order[k]] = checksum_copy(dest[d.segment].data() + d.offset + p.offset,
-                                        tensors[p.tensor].data + p.offset, p.nbytes);
+    for (std::size_t n; (n = next.fetch_add(1)) < digests.size();) {
+      std::size_t k = n, i = 0;
+      std::uint64_t offset = 0, nbytes = 0;
+      if (chunked) {
+        i = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), n) -
+                                     first.begin()) -
+            1;
+        offset = (n - first[i]) * method.chunk_bytes;
+        nbytes = std::min(method.chunk_bytes, descs[i].nbytes - offset);
+      } else {
+        k = i = largest_first[n];
+        nbytes = descs[i].nbytes;
+      }
+      const auto& d = descs[i];
+      digests[k] = checksum_copy(dest[d.segment].data() + d.offset + offset,
+                                 tensors[i].data + offset, nbytes);
     }
   };
   unsigned threads = config_.copy_threads;
-  if (threads <= 1 || total < parallel_copy_min_bytes || pieces.size() < 2) threads = 1;
+  if (threads <= 1 || total < parallel_copy_min_bytes || digests.size() < 2) threads = 1;
   std::vector<std::thread> workers;
   for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
   work();
