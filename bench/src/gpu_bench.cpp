@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <thread>
 
 #include "wsync/bench/timing.hpp"
@@ -31,8 +32,10 @@ int checksum_mode(const bench_options& opt, std::ostream& out, json row) {
   const std::uint64_t bytes = opt.bytes ? opt.bytes : opt.smoke ? (64ull << 20) : (1ull << 30);
   const std::uint64_t tensors = opt.tensors ? opt.tensors : 290;  // qwen2.5-0.5b has 290
   const std::uint64_t chunk = opt.checksum_chunk_bytes ? opt.checksum_chunk_bytes : (1ull << 20);
-  const unsigned repeat = opt.smoke ? std::min(opt.repeat, 3u) : opt.repeat;
-  row["device"] = *gpu::device_name();
+  const unsigned repeat = std::max(1u, opt.smoke ? std::min(opt.repeat, 3u) : opt.repeat);
+  auto device = gpu::device_name();
+  if (!device) return row_print(out, row, "fail", device.error().message);
+  row["device"] = *device;
   row["bytes"] = bytes;
   row["tensors"] = tensors;
   row["chunk_bytes"] = chunk;

@@ -261,7 +261,15 @@ TEST_F(http_gateway_test, vllm_nccl_init_info_is_checked_then_refused_as_blocked
   EXPECT_EQ(with("nccl_unique_id_b64", "AAAA"),
             "init_info.nccl_unique_id_b64: decodes to 3 bytes; an NCCL unique id has 128");
   EXPECT_EQ(without("rank_offset"), "init_info.rank_offset: missing");
-  EXPECT_EQ(with("world_size", "2"), "init_info.world_size: must be an integer");
+  EXPECT_EQ(with("world_size", "2"), "init_info.world_size: must be an integer below 2^31");
+  EXPECT_EQ(with("rank_offset", std::uint64_t{1} << 63),
+            "init_info.rank_offset: must be an integer below 2^31");
+  EXPECT_EQ(with("world_size", -1),
+            "init_info.world_size: -1 leaves no rank for this worker "
+            "after rank_offset 1");
+  EXPECT_EQ(refusal({{"master_port", 29500}, {"rank_offset", 1}, {"world_size", 2}})
+                .second.rfind("init_info.master_port: blocked: ", 0),
+            0u);
   EXPECT_EQ(with("rank_offset", 0),
             "init_info.rank_offset: 0 would put a rollout rank on rank 0, the trainer's");
   EXPECT_EQ(with("world_size", 1),

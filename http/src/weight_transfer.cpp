@@ -1,7 +1,6 @@
 #include "wsync/http/weight_transfer.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,7 +67,8 @@ std::optional<std::size_t> base64_bytes(const std::string& text) {
       continue;
     }
     if (pad > 0) return std::nullopt;
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/') return std::nullopt;
+    const bool alnum = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && c != '+' && c != '/') return std::nullopt;
   }
   return text.size() / 4 * 3 - pad;
 }
@@ -85,11 +85,12 @@ std::optional<http_reply> nccl_init_refusal(const json& info) {
                 "rendezvous modes; send one (wsync takes nccl_unique_id_b64)");
   }
   if (tcp) {
-    return fail(400,
-                "init_info.master_address: blocked: torch's TCP-store rendezvous "
-                "(master_address/master_port) is not supported; use NCCL unique-id mode "
-                "(init_info.nccl_unique_id_b64), or {\"transport\": \"shared-memory\"} "
-                "and wsync manifests");
+    const std::string field = info.contains("master_address") ? "master_address" : "master_port";
+    return fail(400, "init_info." + field +
+                         ": blocked: torch's TCP-store rendezvous "
+                         "(master_address/master_port) is not supported; use NCCL unique-id mode "
+                         "(init_info.nccl_unique_id_b64), or {\"transport\": \"shared-memory\"} "
+                         "and wsync manifests");
   }
   const auto& id = info["nccl_unique_id_b64"];
   if (!id.is_string()) return fail(400, "init_info.nccl_unique_id_b64: must be a string");
@@ -103,10 +104,16 @@ std::optional<http_reply> nccl_init_refusal(const json& info) {
     return fail(400, "init_info.nccl_unique_id_b64: decodes to " + std::to_string(*bytes) +
                          " bytes; an NCCL unique id has 128");
   }
+  // NCCL ranks are ints; a JSON number beyond them is refused before it can wrap.
+  auto rank_number = [&](const char* key) {
+    const auto& v = info[key];
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>() < (std::uint64_t{1} << 31);
+    return v.is_number_integer() && v.get<std::int64_t>() > -(std::int64_t{1} << 31);
+  };
   for (const char* key : {"rank_offset", "world_size"}) {
     if (!info.contains(key)) return fail(400, std::string("init_info.") + key + ": missing");
-    if (!info[key].is_number_integer()) {
-      return fail(400, std::string("init_info.") + key + ": must be an integer");
+    if (!rank_number(key)) {
+      return fail(400, std::string("init_info.") + key + ": must be an integer below 2^31");
     }
   }
   const auto offset = info["rank_offset"].get<std::int64_t>();
@@ -124,10 +131,13 @@ std::optional<http_reply> nccl_init_refusal(const json& info) {
     return fail(400, "init_info.packed: must be a boolean");
   }
   for (const char* key : {"packed_buffer_size_bytes", "packed_num_buffers"}) {
-    if (info.contains(key) &&
-        (!info[key].is_number_integer() || info[key].get<std::int64_t>() < 1)) {
+    if (!info.contains(key)) continue;
+    const auto& v = info[key];
+    const bool positive = v.is_number_unsigned()
+                              ? v.get<std::uint64_t>() > 0
+                              : v.is_number_integer() && v.get<std::int64_t>() > 0;
+    if (!positive)
       return fail(400, std::string("init_info.") + key + ": must be a positive integer");
-    }
   }
   auto nccl = make_transport("nccl");
   if (nccl) {  // cannot happen while the transport is not written; never pretend it joined

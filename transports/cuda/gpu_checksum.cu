@@ -1,8 +1,8 @@
 // Chunked XXH3-64 on the GPU, in two kernels over chunk_jobs.hpp and xxh3_parts.hpp (whose
 // decomposition the CPU tests run and check against libxxhash):
 //   1. block_sums: eight threads per 1,024-byte block, each reading one 8-byte word of every
-//      stripe (so a warp reads 256 contiguous bytes at a time), add up the block's contribution
-//      to the eight accumulators; every block of every chunk at once.
+//      stripe (so each load of a warp reads four whole 64-byte stripes, one per block), add up
+//      the block's contribution to the eight accumulators; every block of every chunk at once.
 //   2. chunk_finish: one thread per chunk folds its blocks' sums in order (64 bytes per block)
 //      and hashes the tail; a chunk of 240 bytes or fewer takes the short path.
 // The per-tensor step (XXH3 of the chunk digests, a few KiB) runs on the CPU.

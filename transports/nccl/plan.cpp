@@ -6,23 +6,23 @@
 namespace wsync::nccl_plan {
 
 result<std::vector<slice>> segment_slices(std::span<const std::uint64_t> segment_bytes,
-                                          std::uint64_t bucket_bytes, unsigned buffers) {
+                                          std::uint64_t bucket_bytes, unsigned buckets) {
   constexpr std::uint64_t min_bucket = std::uint64_t{1} << 20;
   constexpr std::uint64_t max_bucket = std::uint64_t{16} << 30;
   if (bucket_bytes < min_bucket || bucket_bytes > max_bucket) {
     return make_error(errc::invalid_argument, "nccl: bucket_bytes " + std::to_string(bucket_bytes) +
                                                   " is outside 1 MiB to 16 GiB");
   }
-  if (buffers < 1 || buffers > 16) {
+  if (buckets < 1 || buckets > 16) {
     return make_error(errc::invalid_argument,
-                      "nccl: buckets " + std::to_string(buffers) + " is outside 1 to 16");
+                      "nccl: buckets " + std::to_string(buckets) + " is outside 1 to 16");
   }
   std::vector<slice> out;
   unsigned stream = 0;
   for (std::size_t s = 0; s < segment_bytes.size(); ++s) {
     for (std::uint64_t off = 0; off < segment_bytes[s]; off += bucket_bytes) {
       out.push_back({s, off, std::min(bucket_bytes, segment_bytes[s] - off), stream});
-      stream = (stream + 1) % buffers;
+      stream = (stream + 1) % buckets;
     }
   }
   return out;

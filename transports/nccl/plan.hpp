@@ -23,7 +23,7 @@
 namespace wsync::nccl_plan {
 
 /// One broadcast of wsync's own layout: `nbytes` at `offset` of segment `segment`, on stream
-/// `stream` (slices take the streams in turn).
+/// `stream` (slices take the `buckets` streams in turn).
 struct slice {
   std::size_t segment = 0;
   std::uint64_t offset = 0;
@@ -32,10 +32,11 @@ struct slice {
   friend bool operator==(const slice&, const slice&) = default;
 };
 
-/// The broadcasts of segments of `segment_bytes`, in order. bucket_bytes: 1 MiB to 16 GiB;
-/// buffers: 1 to 16. Empty segments send nothing.
+/// The broadcasts of segments of `segment_bytes`, in order (the transport's options
+/// bucket_bytes: 1 MiB to 16 GiB, and buckets: 1 to 16 streams in flight). Empty segments send
+/// nothing.
 result<std::vector<slice>> segment_slices(std::span<const std::uint64_t> segment_bytes,
-                                          std::uint64_t bucket_bytes, unsigned buffers);
+                                          std::uint64_t bucket_bytes, unsigned buckets);
 
 /// One broadcast of a vLLM packed update: tensors [first, first + count) in names order,
 /// `nbytes` in all.

@@ -47,8 +47,8 @@ TEST(registry, every_builtin_is_listed_once_and_cannot_be_added_twice) {
     transport_options options;
     if (name == "file-mmap") options["dir"] = "/wsync-never-created";
     auto t = make_transport(name, options);
-    // A transport that cannot run here says so (the GPU ones without a device: gpu.test.cpp).
-    if (!t && t.error().code == errc::blocked) continue;
+    // The GPU transports answer blocked here (gpu.test.cpp checks why); every other must build.
+    if (name == "cuda-ipc" || name == "cuda-vmm" || name == "nccl") continue;
     ASSERT_TRUE(t) << name << ": " << t.error().message;
     EXPECT_EQ((*t)->name(), name);
   }
