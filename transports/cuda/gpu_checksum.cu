@@ -60,17 +60,24 @@ int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std:
     if (rc == cudaSuccess && e != cudaSuccess) rc = e, *what = name;
     return rc == cudaSuccess;
   };
+  // Stream-ordered scratch where the device has memory pools, plain cudaMalloc where not.
+  int device = 0, pools = 0;
+  step(cudaGetDevice(&device), "cudaGetDevice");
+  step(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device),
+       "cudaDeviceGetAttribute(memory pools)");
+  auto alloc = [&](auto** p, std::size_t bytes) {
+    void** raw = reinterpret_cast<void**>(p);
+    return pools ? cudaMallocAsync(raw, bytes, stream) : cudaMalloc(raw, bytes);
+  };
   const std::size_t n = jobs.size();
-  if (step(cudaMemcpyToSymbolAsync(secret_c, checksum_default_secret(), xxh3::secret_bytes, 0,
+  if (rc == cudaSuccess &&
+      step(cudaMemcpyToSymbolAsync(secret_c, checksum_default_secret(), xxh3::secret_bytes, 0,
                                    cudaMemcpyHostToDevice, stream),
            "cudaMemcpyToSymbolAsync(secret)") &&
-      step(cudaMallocAsync(reinterpret_cast<void**>(&jobs_d), n * sizeof(chunk_job), stream),
-           "cudaMallocAsync(jobs)") &&
-      step(cudaMallocAsync(reinterpret_cast<void**>(&sums_d),
-                           (blocks > 0 ? blocks : 1) * sizeof(xxh3::lanes), stream),
-           "cudaMallocAsync(block sums)") &&
-      step(cudaMallocAsync(reinterpret_cast<void**>(&digests_d), n * sizeof(std::uint64_t), stream),
-           "cudaMallocAsync(digests)") &&
+      step(alloc(&jobs_d, n * sizeof(chunk_job)), "device allocation (jobs)") &&
+      step(alloc(&sums_d, (blocks > 0 ? blocks : 1) * sizeof(xxh3::lanes)),
+           "device allocation (block sums)") &&
+      step(alloc(&digests_d, n * sizeof(std::uint64_t)), "device allocation (digests)") &&
       step(cudaMemcpyAsync(jobs_d, jobs.data(), n * sizeof(chunk_job), cudaMemcpyHostToDevice,
                            stream),
            "cudaMemcpyAsync(jobs)")) {
@@ -85,10 +92,12 @@ int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std:
          "cudaMemcpyAsync(digests)");
   }
   // Freed on every path; the synchronisation reports a fault of the kernels too.
-  if (digests_d) cudaFreeAsync(digests_d, stream);
-  if (sums_d) cudaFreeAsync(sums_d, stream);
-  if (jobs_d) cudaFreeAsync(jobs_d, stream);
+  auto release = [&](void* p) {
+    if (p) (void)(pools ? cudaFreeAsync(p, stream) : cudaFree(p));
+  };
+  if (pools) release(digests_d), release(sums_d), release(jobs_d);
   step(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (!pools) release(digests_d), release(sums_d), release(jobs_d);
   return static_cast<int>(rc);
 }
 
