@@ -16,6 +16,7 @@
 #include <set>
 #include <utility>
 
+#include "src/fd_passing.hpp"
 #include "wsync/manifest/log.hpp"
 #include "wsync/manifest/manifest.hpp"
 
@@ -37,16 +38,10 @@ socklen_t address_of(const std::string& name, sockaddr_un& a) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
-bool same_user(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::getuid();
-}
+using fd_passing::same_user;
 
 void set_timeouts(int fd) {
-  timeval tv{io_timeout_ms / 1000, (io_timeout_ms % 1000) * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  fd_passing::set_timeouts(fd, io_timeout_ms);
 }
 
 // The answer: found (1 byte), the peer's rank, and with found a descriptor.
@@ -211,21 +206,7 @@ void server::answer(int c) {
   auto found = find_(std::string(request, static_cast<std::size_t>(n)));
   const int fd = found.fd;
   answer_body body{static_cast<std::uint8_t>(fd >= 0), found.rank};
-  iovec iov{&body, sizeof body};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    auto* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  }
-  (void)::sendmsg(c, &msg, MSG_NOSIGNAL);
+  (void)fd_passing::send_with_fd(c, &body, sizeof body, fd);
   if (fd >= 0) ::close(fd);
 }
 
@@ -284,22 +265,9 @@ result<fetched> fetch(const std::string& name, const registration& me) {
       continue;
     }
     answer_body body;
-    iovec iov{&body, sizeof body};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    auto n = ::recvmsg(c, &msg, MSG_CMSG_CLOEXEC);
-    ::close(c);
     int fd = -1;
-    for (auto* cm = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr; cm; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-          cm->cmsg_len == CMSG_LEN(sizeof(int))) {
-        std::memcpy(&fd, CMSG_DATA(cm), sizeof fd);
-      }
-    }
+    auto n = fd_passing::receive_with_fd(c, &body, sizeof body, &fd);
+    ::close(c);
     if (n == static_cast<ssize_t>(sizeof body) && body.found && fd >= 0) {
       return fetched{fd, body.rank};
     }

@@ -1,0 +1,69 @@
+#include "src/fd_passing.hpp"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace wsync::fd_passing {
+
+bool same_user(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::getuid();
+}
+
+void set_timeouts(int sock, int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+ssize_t send_with_fd(int sock, const void* data, std::size_t bytes, int fd) {
+  iovec iov{const_cast<void*>(data), bytes};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    auto* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  }
+  return ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+}
+
+ssize_t receive_with_fd(int sock, void* data, std::size_t bytes, int* fd) {
+  *fd = -1;
+  iovec iov{data, bytes};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  // Room for a few descriptors, so that extra ones a peer attached arrive and can be closed
+  // rather than leak into this process's table (or be cut off, MSG_CTRUNC).
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  auto n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  if (n < 0) return n;
+  for (auto* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int got = -1;
+      std::memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof got);
+      if (*fd < 0) {
+        *fd = got;
+      } else {
+        ::close(got);
+      }
+    }
+  }
+  return n;
+}
+
+}  // namespace wsync::fd_passing

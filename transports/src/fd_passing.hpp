@@ -1,0 +1,27 @@
+#pragma once
+// Passing a file descriptor between processes of one user over a Unix socket (SCM_RIGHTS), with
+// the peer's identity checked by the kernel (SO_PEERCRED). Shared-memory consumers pass slots
+// to peers with it; CUDA VMM segments (POSIX-fd handles) will travel the same way.
+
+#include <sys/types.h>
+
+#include <cstddef>
+
+namespace wsync::fd_passing {
+
+/// True when the process at the other end of Unix socket `sock` runs as this process's user.
+bool same_user(int sock);
+
+/// Send and receive timeouts of `ms` on `sock`, so a stuck peer cannot block a caller forever.
+void set_timeouts(int sock, int ms);
+
+/// Sends `bytes` bytes of `data` as one message, with `fd` attached when it is >= 0 (the caller
+/// keeps its own copy). Returns the bytes sent, or -1 (errno set).
+ssize_t send_with_fd(int sock, const void* data, std::size_t bytes, int fd);
+
+/// Receives one message of up to `bytes` into `data`; `*fd` is the descriptor that came with it
+/// (close-on-exec, the caller closes it) or -1. Extra descriptors a peer attached are closed.
+/// Returns the bytes received, 0 at the end, or -1 (errno set).
+ssize_t receive_with_fd(int sock, void* data, std::size_t bytes, int* fd);
+
+}  // namespace wsync::fd_passing
