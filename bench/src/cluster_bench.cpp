@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -21,6 +22,7 @@ struct run_figures {
   double publish = 0, commit = 0, data_max = 0, data_sum = 0, overhead = 0, overhead_cores = 0;
   std::uint64_t last_version = 0;
   long rss_after_100 = -1, rss_at_end = -1;  ///< the coordinator's, in KiB (-1: not reached)
+  long consumer_fds = -1;  ///< open descriptors of the consumer process after the last update
 };
 
 // Resident set of `pid` in KiB, or -1.
@@ -31,6 +33,17 @@ long rss_kib(pid_t pid) {
     if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
   }
   return -1;
+}
+
+// Open descriptors of `pid`, or -1.
+long open_fds(pid_t pid) {
+  std::error_code ec;
+  long n = 0;
+  for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    ++n;
+  }
+  return ec ? -1 : n;
 }
 
 // Newlines in `path` from `offset` on (which moves past what was read).
@@ -51,8 +64,8 @@ run_figures run_one(const cluster_bench_options& o, int consumers) {
   local_cluster cluster(o.self_exe);
   if (f.error = cluster.start_coordinator(std::chrono::seconds(60)); !f.error.empty()) return f;
   const auto addr = cluster.coordinator_address();
-  cluster.start({"consumer", "--coordinator", addr, "--rank", "0", "--count",
-                 std::to_string(consumers), "--model", o.layout});
+  const auto consumer = cluster.start({"consumer", "--coordinator", addr, "--rank", "0", "--count",
+                                       std::to_string(consumers), "--model", o.layout});
   if (f.error = cluster.await_consumers(consumers, std::chrono::seconds(60)); !f.error.empty()) {
     return f;
   }
@@ -79,6 +92,7 @@ run_figures run_one(const cluster_bench_options& o, int consumers) {
     if (f.rss_after_100 < 0 && done >= 100) f.rss_after_100 = rss_kib(cluster.coordinator_pid());
   }
   f.rss_at_end = rss_kib(cluster.coordinator_pid());
+  f.consumer_fds = open_fds(consumer);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     f.error = WIFEXITED(status)
                   ? "the publisher exited with status " + std::to_string(WEXITSTATUS(status))
@@ -161,6 +175,7 @@ int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
           {"growth", f.rss_after_100 > 0 && f.rss_at_end > 0
                          ? json(static_cast<double>(f.rss_at_end) / f.rss_after_100 - 1)
                          : json(nullptr)}}},
+        {"consumer_process_fds", f.consumer_fds < 0 ? json(nullptr) : json(f.consumer_fds)},
         {"env",
          {{"cores", std::thread::hardware_concurrency()},
           {"transport_notes",

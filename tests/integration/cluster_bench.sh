@@ -11,4 +11,10 @@ for field in '"consumers":4' '"overhead":' '"commit":' '"name":"single-consumer-
              '"ratio_to_baseline":' '"weight_version":4'; do
   case "$last" in *"$field"*) ;; *) echo "cluster_bench: missing $field in $last"; exit 1 ;; esac
 done
+# Descriptors of the consumer process do not grow with its ranks: one per slot it maps.
+fds() { sed -E 's/.*"consumer_process_fds":([0-9]+).*/\1/' <<<"$1"; }
+first=$(head -n 1 <<<"$out")
+case "$first$last" in *'"consumer_process_fds":null'*) echo "cluster_bench: no fd count"; exit 1 ;; esac
+[ "$(fds "$last")" -le $(( $(fds "$first") + 2 )) ] ||
+  { echo "cluster_bench: 4 ranks hold $(fds "$last") descriptors, 1 rank $(fds "$first")"; exit 1; }
 echo "cluster_bench: pass"
