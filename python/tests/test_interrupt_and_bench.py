@@ -2,7 +2,6 @@
 prints its JSON rows."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
