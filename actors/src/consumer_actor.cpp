@@ -453,6 +453,23 @@ std::vector<caf::actor> spawn_ranks(
 
 int consumer_run(const consumer_options& options) {
   cluster_system sys(options.heartbeat, options.coordinator.tls);
+  // The transports first: one that cannot run here (a GPU transport without a GPU) says so
+  // before anything is asked of the coordinator.
+  std::vector<std::pair<std::shared_ptr<rollout_side>, rank_hello>> ranks;
+  // The sides outlive the actors, for the observer.
+  for (std::int32_t k = 0; k < options.count; ++k) {
+    const std::string who = "consumer rank " + std::to_string(options.rank + k) + ": ";
+    auto t = make_transport(options.transport, options.transport_settings);
+    if (!t) return log_error(who + t.error().message), 1;
+    auto c = (*t)->make_consumer();
+    if (!c) return log_error(who + c.error().message), 1;
+    auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
+    if (options.observer) options.observer->rank_started(options.rank + k, *side->own_runtime);
+    auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
+                            options.model_id, options.transport);
+    hello.address = side->relay_address;
+    ranks.emplace_back(side, std::move(hello));
+  }
   auto coordinator = sys.connect(options.coordinator);
   if (!coordinator) {
     log_error("consumer rank " + std::to_string(options.rank) +
@@ -460,20 +477,6 @@ int consumer_run(const consumer_options& options) {
               std::to_string(options.coordinator.port) + ": " +
               sys.get().render(coordinator.error()));
     return 1;
-  }
-  std::vector<std::pair<std::shared_ptr<rollout_side>, rank_hello>> ranks;
-  // The sides outlive the actors, for the observer.
-  for (std::int32_t k = 0; k < options.count; ++k) {
-    auto t = make_transport(options.transport, options.transport_settings);
-    if (!t) return log_error(t.error().message), 1;
-    auto c = (*t)->make_consumer();
-    if (!c) return log_error(c.error().message), 1;
-    auto side = std::make_shared<rollout_side>(std::move(*c), options.rank + k, options.verify);
-    if (options.observer) options.observer->rank_started(options.rank + k, *side->own_runtime);
-    auto hello = hello_make(options.coordinator.token, options.rank + k, "consumer", options.node,
-                            options.model_id, options.transport);
-    hello.address = side->relay_address;
-    ranks.emplace_back(side, std::move(hello));
   }
   auto actors = spawn_ranks(sys.get(), *coordinator, options.coordinator, sys.connector(), ranks,
                             options.observer);
@@ -503,6 +506,12 @@ result<std::unique_ptr<rollout_rank>> rollout_rank::connect(const rollout_option
                                                             consumer_observer* observer) {
   auto p = std::make_unique<impl>(o.heartbeat, o.coordinator.tls);
   const auto who = "consumer rank " + std::to_string(o.rank);
+  // The transport first: one that cannot run here says so before the coordinator is asked.
+  auto t = make_transport(o.transport, o.transport_settings);
+  if (!t) return t.error();
+  auto c = (*t)->make_consumer();
+  if (!c) return c.error();
+  p->side = std::make_shared<rollout_side>(std::move(*c), o.rank, o.verify, adapter, gate);
   auto coordinator = p->sys.connect(o.coordinator);
   if (!coordinator) {
     return make_error(errc::io_error, who + ": cannot reach the coordinator at " +
@@ -510,11 +519,6 @@ result<std::unique_ptr<rollout_rank>> rollout_rank::connect(const rollout_option
                                           std::to_string(o.coordinator.port) + ": " +
                                           p->sys.get().render(coordinator.error()));
   }
-  auto t = make_transport(o.transport, o.transport_settings);
-  if (!t) return t.error();
-  auto c = (*t)->make_consumer();
-  if (!c) return c.error();
-  p->side = std::make_shared<rollout_side>(std::move(*c), o.rank, o.verify, adapter, gate);
   auto hello = hello_make(o.coordinator.token, o.rank, "consumer", o.node, o.model_id, o.transport);
   hello.address = p->side->relay_address;
   p->actors = spawn_ranks(p->sys.get(), *coordinator, o.coordinator, p->sys.connector(),
