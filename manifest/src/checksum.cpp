@@ -77,10 +77,6 @@ std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes) {
   return XXH3_64bits_digest(&state);
 }
 
-}  // namespace wsync
-
-namespace wsync {
-
 std::string_view checksum_algorithm_name(checksum_algorithm a) {
   return a == checksum_algorithm::xxh3_64_chunked ? "xxh3-64-chunked" : "xxh3-64";
 }
@@ -94,6 +90,31 @@ std::optional<checksum_algorithm> checksum_algorithm_parse(std::string_view name
 std::uint64_t checksum_of_chunks(const std::uint64_t* digests, std::size_t count) {
   static_assert(std::endian::native == std::endian::little, "digests hash as little-endian words");
   return XXH3_64bits(digests, count * sizeof(std::uint64_t));
+}
+
+checksum_pieces::checksum_pieces(const std::vector<std::uint64_t>& tensor_bytes,
+                                 const checksum_method& method)
+    : bytes_(tensor_bytes),
+      first_(tensor_bytes.size() + 1, 0),
+      chunk_(method.algorithm == checksum_algorithm::xxh3_64_chunked ? method.chunk_bytes : 0) {
+  for (std::size_t i = 0; i < bytes_.size(); ++i) {
+    first_[i + 1] = first_[i] + (chunk_ ? checksum_chunks(bytes_[i], chunk_) : 1);
+  }
+}
+
+checksum_pieces::piece checksum_pieces::at(std::size_t k) const {
+  if (!chunk_) return {k, 0, bytes_[k]};
+  // The tensor of piece k: the last whose first piece is at or before k (empty tensors have none).
+  const auto i =
+      static_cast<std::size_t>(std::upper_bound(first_.begin(), first_.end(), k) - first_.begin()) -
+      1;
+  const std::uint64_t offset = (k - first_[i]) * chunk_;
+  return {i, offset, std::min(chunk_, bytes_[i] - offset)};
+}
+
+std::uint64_t checksum_pieces::fold(std::size_t tensor, const std::uint64_t* digests) const {
+  if (!chunk_) return digests[tensor];
+  return checksum_of_chunks(digests + first_[tensor], first_[tensor + 1] - first_[tensor]);
 }
 
 namespace {

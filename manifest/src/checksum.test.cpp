@@ -190,3 +190,29 @@ TEST(checksum_chunked, names_round_trip) {
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync {
+namespace {
+
+TEST(checksum_pieces, chunks_number_tensor_by_tensor_and_fold_to_the_method) {
+  auto a = test::random_bytes(10000, 21), c = test::random_bytes(4096, 22);
+  const std::vector<std::uint64_t> sizes = {a.size(), 0, c.size()};
+  const std::vector<const unsigned char*> data = {a.data(), nullptr, c.data()};
+  for (const checksum_method method :
+       {checksum_method{}, checksum_method{checksum_algorithm::xxh3_64_chunked, 4096}}) {
+    const checksum_pieces pieces(sizes, method);
+    EXPECT_EQ(pieces.size(), method.chunk_bytes ? 3u + 0u + 1u : 3u);
+    std::vector<std::uint64_t> digests(pieces.size());
+    for (std::size_t k = pieces.size(); k-- > 0;) {  // any order
+      const auto p = pieces.at(k);
+      digests[k] = checksum_compute(data[p.tensor] + p.offset, p.nbytes);
+    }
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_EQ(pieces.fold(i, digests.data()), checksum_compute(data[i], sizes[i], method))
+          << "tensor " << i << " chunk " << method.chunk_bytes;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace wsync

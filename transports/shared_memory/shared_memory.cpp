@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include <unordered_map>
 
 #include "shared_memory/peer_fd.hpp"
+#include "shared_memory/slot_fds.hpp"
 #include "src/json_read.hpp"
 #include "wsync/manifest/log.hpp"
 
@@ -29,6 +29,8 @@ namespace wsync {
 using shared_memory_detail::handle;
 using shared_memory_detail::handle_parse;
 using shared_memory_detail::name_prefix;
+using shared_memory_detail::open_slots;
+using shared_memory_detail::slot_fd;
 
 namespace {
 
@@ -58,49 +60,6 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 std::string errno_text(int err) {
   return std::string(std::strerror(err));
 }
-
-// An open descriptor of one slot, shared by every consumer rank of this process that maps it.
-struct slot_fd {
-  explicit slot_fd(int f) : fd(f) {}
-  ~slot_fd() { ::close(fd); }
-  slot_fd(const slot_fd&) = delete;
-  slot_fd& operator=(const slot_fd&) = delete;
-  const int fd;
-};
-
-// One descriptor per slot per process, however many consumer ranks map it: with a descriptor per
-// rank, 1,024 ranks in one process would pass the usual `ulimit -n` of 1,024 at the first update.
-class open_slots {
- public:
-  static open_slots& instance() {
-    static auto* s = [] {
-      // A forked child has none of the parent's threads: one of them may have held the lock at
-      // the fork. The entries stay valid (the child inherits the descriptors).
-      ::pthread_atfork(nullptr, nullptr, [] { new (&instance().mu_) std::mutex; });
-      return new open_slots;  // never destroyed: consumers may outlive static destructors
-    }();
-    return *s;
-  }
-  /// Takes `fd`; when another rank opened the same slot meanwhile, closes `fd` and shares theirs.
-  std::shared_ptr<const slot_fd> adopt(const std::string& name, int fd) {
-    std::lock_guard lock(mu_);
-    auto& entry = by_name_[name];
-    if (auto held = entry.lock()) {
-      ::close(fd);
-      return held;
-    }
-    auto made = std::make_shared<const slot_fd>(fd);
-    entry = made;
-    if (by_name_.size() > 256) {  // names of slots nobody maps any more
-      std::erase_if(by_name_, [](const auto& kv) { return kv.second.expired(); });
-    }
-    return made;
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::weak_ptr<const slot_fd>> by_name_;
-};
 
 // Maps `bytes` of `fd` from offset 0 at a 2 MiB-aligned address, so that every 2 MiB page of the
 // object can be mapped whole (one PMD entry instead of 512 PTEs). MAP_FAILED with errno on failure.

@@ -1,6 +1,5 @@
 #include "wsync/transports/weight_consumer.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -108,32 +107,18 @@ result<void> weight_consumer::verify(const update_id& id) {
     if (it != updates_.end()) u = it->second.update.get();
   }
   if (u == nullptr) return step(id, update_event::verify_ok);  // gives the right refusal
-  // Work items: whole tensors (xxh3-64), or every chunk of every tensor (xxh3-64-chunked, so
-  // that one large tensor spreads over the threads too). Workers take items in turn.
-  const auto& method = u->manifest.checksum_method;
-  const bool chunked = method.algorithm == checksum_algorithm::xxh3_64_chunked;
+  // Pieces: whole tensors, or every chunk of every tensor (xxh3-64-chunked, so that one large
+  // tensor spreads over the threads too). Workers take pieces in turn.
   const std::size_t tensors = u->tensors.size();
-  std::vector<std::size_t> first(tensors + 1, 0);  // tensor i's items: [first[i], first[i+1])
-  for (std::size_t i = 0; i < tensors; ++i) {
-    const auto n = u->tensors[i].descriptor->nbytes;
-    first[i + 1] = first[i] + (chunked ? checksum_chunks(n, method.chunk_bytes) : 1);
-  }
-  std::vector<std::uint64_t> digests(first[tensors]);
+  std::vector<std::uint64_t> sizes(tensors);
+  for (std::size_t i = 0; i < tensors; ++i) sizes[i] = u->tensors[i].descriptor->nbytes;
+  const checksum_pieces pieces(sizes, u->manifest.checksum_method);
+  std::vector<std::uint64_t> digests(pieces.size());
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t k; (k = next.fetch_add(1)) < digests.size();) {
-      // The tensor of item k: the last whose first item is at or before k.
-      const auto i = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), k) -
-                                              first.begin()) -
-                     1;
-      const auto& t = u->tensors[i];
-      const auto nbytes = t.descriptor->nbytes;
-      if (!chunked) {
-        digests[k] = checksum_compute(t.data, nbytes);
-        continue;
-      }
-      const auto off = (k - first[i]) * method.chunk_bytes;
-      digests[k] = checksum_compute(t.data + off, std::min(method.chunk_bytes, nbytes - off));
+      const auto p = pieces.at(k);
+      digests[k] = checksum_compute(u->tensors[p.tensor].data + p.offset, p.nbytes);
     }
   };
   // Small updates hash faster than a thread starts.
@@ -147,8 +132,7 @@ result<void> weight_consumer::verify(const update_id& id) {
   std::vector<std::uint64_t> got(tensors);
   std::size_t bad = tensors;
   for (std::size_t i = tensors; i-- > 0;) {
-    got[i] = chunked ? checksum_of_chunks(digests.data() + first[i], first[i + 1] - first[i])
-                     : digests[first[i]];
+    got[i] = pieces.fold(i, digests.data());
     if (got[i] != u->tensors[i].descriptor->checksum) bad = i;
   }
   if (std::size_t i = bad; i < tensors) {

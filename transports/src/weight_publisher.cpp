@@ -103,45 +103,29 @@ weight_publisher::~weight_publisher() {
 void weight_publisher::copy_all(std::span<const tensor_source> tensors,
                                 std::vector<tensor_descriptor>& descs,
                                 const std::vector<std::span<std::byte>>& dest) {
-  // Pieces: whole tensors, largest first (xxh3-64), or every chunk of every tensor in order
+  // Pieces: whole tensors, largest first, or every chunk of every tensor in order
   // (xxh3-64-chunked, so that one large tensor is copied and hashed by all threads). Each piece
-  // is copied and hashed in one pass; threads take the next piece from a shared counter. Per
-  // piece only its digest is kept.
-  const auto& method = config_.checksum;
-  const bool chunked = method.algorithm == checksum_algorithm::xxh3_64_chunked;
-  std::vector<std::size_t> first(tensors.size() + 1, 0);  // tensor i's pieces, in order
+  // is copied and hashed in one pass; threads take the next piece from a shared counter.
+  std::vector<std::uint64_t> sizes(tensors.size());
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    total += descs[i].nbytes;
-    first[i + 1] = first[i] + (chunked ? checksum_chunks(descs[i].nbytes, method.chunk_bytes) : 1);
-  }
-  std::vector<std::size_t> largest_first;  // whole tensors: the order pieces are taken in
-  if (!chunked) {
-    largest_first.resize(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) total += sizes[i] = descs[i].nbytes;
+  const checksum_pieces pieces(sizes, config_.checksum);
+  std::vector<std::size_t> largest_first;  // whole tensors only; chunks go in order
+  if (config_.checksum.algorithm == checksum_algorithm::xxh3_64) {
+    largest_first.resize(pieces.size());
     std::iota(largest_first.begin(), largest_first.end(), std::size_t{0});
-    std::stable_sort(largest_first.begin(), largest_first.end(), [&](std::size_t a, std::size_t b) {
-      return descs[a].nbytes > descs[b].nbytes;
-    });
+    std::stable_sort(largest_first.begin(), largest_first.end(),
+                     [&](std::size_t a, std::size_t b) { return sizes[a] > sizes[b]; });
   }
-  std::vector<std::uint64_t> digests(first.back());
+  std::vector<std::uint64_t> digests(pieces.size());
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t n; (n = next.fetch_add(1)) < digests.size();) {
-      std::size_t k = n, i = 0;
-      std::uint64_t offset = 0, nbytes = 0;
-      if (chunked) {
-        i = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), n) -
-                                     first.begin()) -
-            1;
-        offset = (n - first[i]) * method.chunk_bytes;
-        nbytes = std::min(method.chunk_bytes, descs[i].nbytes - offset);
-      } else {
-        k = i = largest_first[n];
-        nbytes = descs[i].nbytes;
-      }
-      const auto& d = descs[i];
-      digests[k] = checksum_copy(dest[d.segment].data() + d.offset + offset,
-                                 tensors[i].data + offset, nbytes);
+      const auto k = largest_first.empty() ? n : largest_first[n];
+      const auto p = pieces.at(k);
+      const auto& d = descs[p.tensor];
+      digests[k] = checksum_copy(dest[d.segment].data() + d.offset + p.offset,
+                                 tensors[p.tensor].data + p.offset, p.nbytes);
     }
   };
   unsigned threads = config_.copy_threads;
@@ -150,11 +134,8 @@ void weight_publisher::copy_all(std::span<const tensor_source> tensors,
   for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
   work();
   for (auto& w : workers) w.join();
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    descs[i].checksum = chunked
-                            ? checksum_of_chunks(digests.data() + first[i], first[i + 1] - first[i])
-                            : digests[first[i]];
-  }
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    descs[i].checksum = pieces.fold(i, digests.data());
 }
 
 result<weight_update_manifest> weight_publisher::publish(

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "wsync/manifest/manifest.hpp"
 
@@ -37,6 +38,30 @@ inline std::uint64_t checksum_chunks(std::uint64_t nbytes, std::uint64_t chunk_b
 
 /// The chunked method's final step: XXH3-64 of `count` chunk digests.
 std::uint64_t checksum_of_chunks(const std::uint64_t* digests, std::size_t count);
+
+/// The pieces tensors are hashed in under a method, numbered tensor by tensor: each whole tensor
+/// (xxh3-64), or each chunk of each tensor (xxh3-64-chunked). Threads hash pieces in any order,
+/// one digest each; fold() turns a tensor's digests into its checksum. The publisher's copy and
+/// the consumer's verify share this plan.
+class checksum_pieces {
+ public:
+  checksum_pieces(const std::vector<std::uint64_t>& tensor_bytes, const checksum_method& method);
+
+  struct piece {
+    std::size_t tensor = 0;
+    std::uint64_t offset = 0;  ///< inside the tensor
+    std::uint64_t nbytes = 0;
+  };
+  std::size_t size() const { return first_.back(); }
+  piece at(std::size_t k) const;
+  /// Tensor `tensor`'s checksum from `digests` (one per piece, indexed as at()).
+  std::uint64_t fold(std::size_t tensor, const std::uint64_t* digests) const;
+
+ private:
+  std::vector<std::uint64_t> bytes_;
+  std::vector<std::size_t> first_;  ///< tensor i's pieces: [first_[i], first_[i + 1])
+  std::uint64_t chunk_ = 0;         ///< 0: whole tensors
+};
 
 /// The checksum of a byte range by `method`, in the calling thread.
 std::uint64_t checksum_compute(const void* data, std::size_t nbytes, const checksum_method& method);
