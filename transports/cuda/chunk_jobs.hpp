@@ -7,18 +7,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "wsync/manifest/xxh3_parts.hpp"
 
+#if defined(__CUDA_ARCH__)  // the device pass only: the host compiler does not know the pragma
+#define WSYNC_UNROLL _Pragma("unroll")
+#else
+#define WSYNC_UNROLL
+#endif
+
 namespace wsync::gpu::detail {
 
-/// One chunk: its bytes and the index of its first block among all jobs' blocks.
+/// One chunk: its bytes, the index of its first block among all jobs' blocks, and where its
+/// bytes are copied to while they are hashed (nullptr: hashed only).
 struct chunk_job {
   const unsigned char* data;
   std::uint64_t len;
   std::uint64_t first_block;
+  unsigned char* copy_to = nullptr;
 };
+
+/// Stores 8 bytes (little-endian), aligned or not.
+WSYNC_HD inline void write64(unsigned char* p, std::uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<std::uintptr_t>(p) & 7) == 0) {
+    *reinterpret_cast<std::uint64_t*>(p) = v;
+    return;
+  }
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+#else
+  std::memcpy(p, &v, sizeof v);
+#endif
+}
 
 /// Whole 1 KiB blocks a chunk of `len` bytes contributes (none on the short path).
 WSYNC_HD inline std::uint64_t blocks_of(std::uint64_t len) {
@@ -48,32 +70,70 @@ struct lane_part {
   std::uint64_t data = 0;
 };
 
+/// `to`, when not null, receives the words the thread read (its share of copying the block).
 WSYNC_HD inline lane_part block_lane(const unsigned char* block, int lane,
-                                     const unsigned char* secret) {
+                                     const unsigned char* secret, unsigned char* to = nullptr) {
+  constexpr std::size_t n = xxh3::stripes_per_block;
+  // Every load first, then the arithmetic: sixteen loads in flight per thread instead of one
+  // (an aligned block, the usual case, takes plain 8-byte loads).
+  std::uint64_t words[n];
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<std::uintptr_t>(block) & 7) == 0) {
+    const auto* w = reinterpret_cast<const std::uint64_t*>(block) + lane;
+    WSYNC_UNROLL
+    for (std::size_t s = 0; s < n; ++s) words[s] = w[s * (xxh3::stripe_bytes / 8)];
+  } else
+#endif
+  {
+    WSYNC_UNROLL
+    for (std::size_t s = 0; s < n; ++s) {
+      words[s] = xxh3::read64(block + s * xxh3::stripe_bytes + 8 * lane);
+    }
+  }
   lane_part p;
-  for (std::size_t s = 0; s < xxh3::stripes_per_block; ++s) {
-    std::uint64_t data = xxh3::read64(block + s * xxh3::stripe_bytes + 8 * lane);
-    std::uint64_t keyed = data ^ xxh3::read64(secret + s * 8 + 8 * lane);
+  WSYNC_UNROLL
+  for (std::size_t s = 0; s < n; ++s) {
+    if (to) write64(to + s * xxh3::stripe_bytes + 8 * lane, words[s]);
+    std::uint64_t keyed = words[s] ^ xxh3::read64(secret + s * 8 + 8 * lane);
     p.product += (keyed & 0xFFFFFFFFULL) * (keyed >> 32);
-    p.data += data;
+    p.data += words[s];
   }
   return p;
 }
 
-/// A job's digest once its blocks' sums are in `sums` (indexed by first_block).
-WSYNC_HD inline std::uint64_t finish(const chunk_job& job, const xxh3::lanes* sums,
+/// What thread `lane` (0..7) of a job's eight contributes to its digest: its lane of the folded
+/// blocks (xxh3::fold_lane; nothing on the short path).
+WSYNC_HD inline std::uint64_t finish_lane(const chunk_job& job, const xxh3::lanes* sums, int lane,
+                                          const unsigned char* secret) {
+  return job.len <= xxh3::short_max
+             ? 0
+             : xxh3::fold_lane(lane, sums + job.first_block, blocks_of(job.len), secret);
+}
+
+/// Thread `lane`'s share of copying what the blocks do not cover: the job's bytes after its
+/// whole blocks (all of a short job), every eighth byte.
+WSYNC_HD inline void copy_tail(const chunk_job& job, int lane) {
+  if (!job.copy_to) return;
+  for (std::uint64_t i = blocks_of(job.len) * xxh3::block_bytes + lane; i < job.len; i += 8) {
+    job.copy_to[i] = job.data[i];
+  }
+}
+
+/// A job's digest from its eight folded lanes (finish_lane): the tail and the merge.
+WSYNC_HD inline std::uint64_t finish(const chunk_job& job, const xxh3::lanes& folded,
                                      const unsigned char* secret) {
   return job.len <= xxh3::short_max
              ? xxh3::hash_short(job.data, static_cast<std::size_t>(job.len), secret)
-             : xxh3::long_finish(job.data, static_cast<std::size_t>(job.len),
-                                 sums + job.first_block, secret);
+             : xxh3::long_tail(folded, job.data, static_cast<std::size_t>(job.len), secret);
 }
 
 /// The jobs for `ranges` (elements with .data and .nbytes) cut into `chunk` bytes; `first[i]` is
-/// range i's first job (first.size() == ranges + 1). Returns the total of whole blocks.
+/// range i's first job (first.size() == ranges + 1). With `copy_to`, range i's bytes are copied
+/// to copy_to[i] as they are hashed. Returns the total of whole blocks.
 template <class Ranges>
 std::uint64_t plan_jobs(const Ranges& ranges, std::uint64_t chunk, std::vector<chunk_job>& jobs,
-                        std::vector<std::size_t>& first) {
+                        std::vector<std::size_t>& first,
+                        const std::vector<void*>* copy_to = nullptr) {
   jobs.clear();
   first.assign(ranges.size() + 1, 0);
   std::uint64_t blocks = 0;
@@ -81,7 +141,8 @@ std::uint64_t plan_jobs(const Ranges& ranges, std::uint64_t chunk, std::vector<c
     const auto* p = static_cast<const unsigned char*>(ranges[i].data);
     for (std::uint64_t off = 0; off < ranges[i].nbytes; off += chunk) {
       const std::uint64_t len = ranges[i].nbytes - off < chunk ? ranges[i].nbytes - off : chunk;
-      jobs.push_back({p + off, len, blocks});
+      auto* to = copy_to ? static_cast<unsigned char*>((*copy_to)[i]) + off : nullptr;
+      jobs.push_back({p + off, len, blocks, to});
       blocks += blocks_of(len);
     }
     first[i + 1] = jobs.size();
@@ -100,13 +161,23 @@ inline std::vector<std::uint64_t> run_on_cpu(const std::vector<chunk_job>& jobs,
   std::vector<xxh3::lanes> sums(blocks);
   for (std::uint64_t b = 0; b < blocks; ++b) {
     const auto& job = jobs[job_of(jobs.data(), jobs.size(), b)];
-    const unsigned char* block = job.data + (b - job.first_block) * xxh3::block_bytes;
+    const std::uint64_t at = (b - job.first_block) * xxh3::block_bytes;
     lane_part part[8];
-    for (int lane = 0; lane < 8; ++lane) part[lane] = block_lane(block, lane, secret);
+    for (int lane = 0; lane < 8; ++lane) {
+      part[lane] =
+          block_lane(job.data + at, lane, secret, job.copy_to ? job.copy_to + at : nullptr);
+    }
     for (int lane = 0; lane < 8; ++lane) sums[b].v[lane] = part[lane].product + part[lane ^ 1].data;
   }
   std::vector<std::uint64_t> digests(jobs.size());
-  for (std::size_t j = 0; j < jobs.size(); ++j) digests[j] = finish(jobs[j], sums.data(), secret);
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    xxh3::lanes folded{};
+    for (int lane = 0; lane < 8; ++lane) {
+      folded.v[lane] = finish_lane(jobs[j], sums.data(), lane, secret);
+      copy_tail(jobs[j], lane);
+    }
+    digests[j] = finish(jobs[j], folded, secret);
+  }
   return digests;
 }
 

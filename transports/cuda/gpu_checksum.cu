@@ -3,8 +3,13 @@
 //   1. block_sums: eight threads per 1,024-byte block, each reading one 8-byte word of every
 //      stripe (so each load of a warp reads four whole 64-byte stripes, one per block), add up
 //      the block's contribution to the eight accumulators; every block of every chunk at once.
-//   2. chunk_finish: one thread per chunk folds its blocks' sums in order (64 bytes per block)
-//      and hashes the tail; a chunk of 240 bytes or fewer takes the short path.
+//   2. chunk_finish: eight threads per chunk, each folding one accumulator lane over the
+//      chunk's block sums in order (the lanes are independent until the tail); the first of
+//      them gathers the lanes and hashes the tail; a chunk of 240 bytes or fewer takes the short
+//      path.
+// With a copy destination per job, the same pass copies the bytes it hashes (block_sums writes
+// the words it read; chunk_finish copies the bytes after the whole blocks): publishing device
+// tensors reads them once.
 // The per-tensor step (XXH3 of the chunk digests, a few KiB) runs on the CPU.
 
 #include <cuda_runtime.h>
@@ -21,6 +26,8 @@ namespace {
 __constant__ unsigned char secret_c[xxh3::secret_bytes];
 
 constexpr unsigned threads_per_cta = 256;
+// What the device's default memory pool may keep between calls (the scratch of 4 GiB hashed).
+constexpr std::uint64_t scratch_kept_bytes = std::uint64_t{256} << 20;
 
 __global__ void block_sums(const chunk_job* jobs, std::size_t n, std::uint64_t blocks,
                            xxh3::lanes* sums) {
@@ -30,7 +37,8 @@ __global__ void block_sums(const chunk_job* jobs, std::size_t n, std::uint64_t b
   lane_part part;
   if (b < blocks) {
     const auto& job = jobs[job_of(jobs, n, b)];
-    part = block_lane(job.data + (b - job.first_block) * xxh3::block_bytes, lane, secret_c);
+    const std::uint64_t at = (b - job.first_block) * xxh3::block_bytes;
+    part = block_lane(job.data + at, lane, secret_c, job.copy_to ? job.copy_to + at : nullptr);
   }
   // Every thread of the warp takes part in the shuffle, in range or not.
   const std::uint64_t partner = __shfl_xor_sync(0xFFFFFFFFU, part.data, 1);
@@ -39,8 +47,16 @@ __global__ void block_sums(const chunk_job* jobs, std::size_t n, std::uint64_t b
 
 __global__ void chunk_finish(const chunk_job* jobs, std::size_t n, const xxh3::lanes* sums,
                              std::uint64_t* digests) {
-  const std::uint64_t j = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  if (j < n) digests[j] = finish(jobs[j], sums, secret_c);
+  // Eight threads per chunk, one accumulator lane each (lanes fold independently); the first
+  // of the eight gathers them and hashes the tail.
+  const std::uint64_t g = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  const std::uint64_t j = g / 8;
+  const int lane = static_cast<int>(g % 8);
+  const std::uint64_t mine = j < n ? finish_lane(jobs[j], sums, lane, secret_c) : 0;
+  if (j < n) copy_tail(jobs[j], lane);
+  xxh3::lanes folded;
+  for (int i = 0; i < 8; ++i) folded.v[i] = __shfl_sync(0xFFFFFFFFU, mine, i, 8);
+  if (j < n && lane == 0) digests[j] = finish(jobs[j], folded, secret_c);
 }
 
 unsigned grid_for(std::uint64_t threads) {
@@ -65,6 +81,19 @@ int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std:
   step(cudaGetDevice(&device), "cudaGetDevice");
   step(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device),
        "cudaDeviceGetAttribute(memory pools)");
+  if (pools) {
+    // The default pool gives its memory back at every synchronisation unless told to keep
+    // some: the block sums of 1 GiB are 64 MiB, mapped afresh on every call otherwise.
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+      std::uint64_t keep = 0;
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      if (keep < scratch_kept_bytes) {
+        keep = scratch_kept_bytes;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      }
+    }
+  }
   auto alloc = [&](auto** p, std::size_t bytes) {
     void** raw = reinterpret_cast<void**>(p);
     return pools ? cudaMallocAsync(raw, bytes, stream) : cudaMalloc(raw, bytes);
@@ -85,7 +114,7 @@ int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std:
       block_sums<<<grid_for(blocks * 8), threads_per_cta, 0, stream>>>(jobs_d, n, blocks, sums_d);
       step(cudaGetLastError(), "block_sums launch");
     }
-    chunk_finish<<<grid_for(n), threads_per_cta, 0, stream>>>(jobs_d, n, sums_d, digests_d);
+    chunk_finish<<<grid_for(n * 8), threads_per_cta, 0, stream>>>(jobs_d, n, sums_d, digests_d);
     step(cudaGetLastError(), "chunk_finish launch");
     step(cudaMemcpyAsync(digests, digests_d, n * sizeof(std::uint64_t), cudaMemcpyDeviceToHost,
                          stream),

@@ -99,8 +99,78 @@ result<void> copy_device(void* dst, const void* src, std::size_t bytes) {
   return {};
 }
 
-result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_range> ranges,
-                                                     std::uint64_t chunk_bytes, void* stream) {
+result<void> copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  if (auto e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); e != cudaSuccess) {
+    return cuda_failure("cudaMemcpy to host", e);
+  }
+  return {};
+}
+
+result<int> device_of(const void* p) {
+  cudaPointerAttributes a{};
+  if (auto e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
+    return cuda_failure("cudaPointerGetAttributes", e);
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+}
+
+result<stream> stream::make(int device) {
+  if (auto r = ready(); !r) return r.error();
+  if (auto e = cudaSetDevice(device); e != cudaSuccess) {
+    return cuda_failure("cudaSetDevice(" + std::to_string(device) + ")", e);
+  }
+  stream s;
+  cudaStream_t handle = nullptr;
+  if (auto e = cudaStreamCreateWithFlags(&handle, cudaStreamNonBlocking); e != cudaSuccess) {
+    return cuda_failure("cudaStreamCreateWithFlags", e);
+  }
+  s.stream_ = handle;
+  s.device_ = device;
+  return s;
+}
+
+stream::~stream() {
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+result<void> stream::wait_for(void* producer, int producer_device) {
+  if (auto e = cudaSetDevice(producer_device); e != cudaSuccess) {
+    return cuda_failure("cudaSetDevice(" + std::to_string(producer_device) + ")", e);
+  }
+  cudaEvent_t ev = nullptr;
+  if (auto e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) {
+    return cuda_failure("cudaEventCreateWithFlags", e);
+  }
+  auto e = cudaEventRecord(ev, static_cast<cudaStream_t>(producer));
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), ev, 0);
+  cudaEventDestroy(ev);  // released once the wait is satisfied
+  if (e != cudaSuccess) return cuda_failure("waiting for the producer's stream", e);
+  return {};
+}
+
+result<void> stream::copy(void* dst, const void* src, std::uint64_t bytes) {
+  if (auto e = cudaSetDevice(device_); e != cudaSuccess) return cuda_failure("cudaSetDevice", e);
+  if (auto e =
+          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_));
+      e != cudaSuccess) {
+    return cuda_failure("cudaMemcpyAsync of " + std::to_string(bytes) + " bytes", e);
+  }
+  return {};
+}
+
+result<void> stream::synchronize() {
+  if (auto e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)); e != cudaSuccess) {
+    return cuda_failure("cudaStreamSynchronize", e);
+  }
+  return {};
+}
+
+namespace {
+
+// The chunked checksums of `ranges`, copying range i to copy_to[i] on the way when given.
+result<std::vector<std::uint64_t>> run_chunks(std::span<const device_range> ranges,
+                                              std::uint64_t chunk_bytes, void* stream,
+                                              const std::vector<void*>* copy_to) {
   if (chunk_bytes < checksum_chunk_min || chunk_bytes > checksum_chunk_max ||
       (chunk_bytes & (chunk_bytes - 1)) != 0) {
     return make_error(errc::invalid_argument, "chunked_checksums: chunk_bytes " +
@@ -110,7 +180,7 @@ result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_rang
   if (auto r = ready(); !r) return r.error();
   std::vector<detail::chunk_job> jobs;
   std::vector<std::size_t> first;  // range i's jobs: [first[i], first[i+1])
-  const std::uint64_t blocks = detail::plan_jobs(ranges, chunk_bytes, jobs, first);
+  const std::uint64_t blocks = detail::plan_jobs(ranges, chunk_bytes, jobs, first, copy_to);
   std::vector<std::uint64_t> digests(jobs.size());
   if (!jobs.empty()) {
     const char* what = "";
@@ -123,6 +193,24 @@ result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_rang
     out[i] = checksum_of_chunks(digests.data() + first[i], first[i + 1] - first[i]);
   }
   return out;
+}
+
+}  // namespace
+
+result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_range> ranges,
+                                                     std::uint64_t chunk_bytes, void* stream) {
+  return run_chunks(ranges, chunk_bytes, stream, nullptr);
+}
+
+result<std::vector<std::uint64_t>> copy_with_checksums(std::span<const device_copy> copies,
+                                                       std::uint64_t chunk_bytes, void* stream) {
+  std::vector<device_range> ranges;
+  std::vector<void*> to;
+  for (const auto& c : copies) {
+    ranges.push_back({c.src, c.nbytes});
+    to.push_back(c.dst);
+  }
+  return run_chunks(ranges, chunk_bytes, stream, &to);
 }
 
 #else  // built without CUDA
@@ -166,7 +254,65 @@ result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_rang
   return not_built();
 }
 
+result<void> copy_to_host(void*, const void*, std::size_t) {
+  return not_built();
+}
+
+result<std::vector<std::uint64_t>> copy_with_checksums(std::span<const device_copy>, std::uint64_t,
+                                                       void*) {
+  return not_built();
+}
+
+result<int> device_of(const void*) {
+  return not_built();
+}
+
+result<stream> stream::make(int) {
+  return not_built();
+}
+
+stream::~stream() = default;
+
+result<void> stream::wait_for(void*, int) {
+  return not_built();
+}
+
+result<void> stream::copy(void*, const void*, std::uint64_t) {
+  return not_built();
+}
+
+result<void> stream::synchronize() {
+  return not_built();
+}
+
 #endif
+
+result<std::vector<std::uint64_t>> checksums(std::span<const device_range> ranges,
+                                             const checksum_method& method, void* stream) {
+  if (method.algorithm == checksum_algorithm::xxh3_64_chunked) {
+    return chunked_checksums(ranges, method.chunk_bytes, stream);
+  }
+  std::vector<std::uint64_t> out;
+  std::vector<std::byte> host;
+  for (const auto& r : ranges) {
+    host.resize(r.nbytes);
+    if (auto ok = copy_to_host(host.data(), r.data, r.nbytes); !ok) return ok.error();
+    out.push_back(checksum_compute(host.data(), host.size()));
+  }
+  return out;
+}
+
+stream::stream(stream&& other) noexcept
+    : stream_(std::exchange(other.stream_, nullptr)), device_(std::exchange(other.device_, -1)) {}
+
+stream& stream::operator=(stream&& other) noexcept {
+  if (this != &other) {
+    stream gone(std::move(*this));
+    stream_ = std::exchange(other.stream_, nullptr);
+    device_ = std::exchange(other.device_, -1);
+  }
+  return *this;
+}
 
 device_buffer::device_buffer(device_buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}

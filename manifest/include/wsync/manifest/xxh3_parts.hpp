@@ -191,22 +191,42 @@ WSYNC_HD inline std::size_t long_blocks(std::size_t len) {
   return (len - 1) / block_bytes;
 }
 
-/// The serial part, for an input of `len` > 240 bytes: folds the blocks' sums in order
-/// (`sums[b]` for b < long_blocks(len)), then the tail read from `in`.
-WSYNC_HD inline std::uint64_t long_finish(const unsigned char* in, std::size_t len,
-                                          const lanes* sums, const unsigned char* secret) {
-  lanes acc{{p32_3, p64_1, p64_2, p64_3, p64_4, p32_2, p64_5, p32_1}};
-  const unsigned char* scramble_key = secret + secret_bytes - stripe_bytes;
-  const std::size_t blocks = long_blocks(len);
-  for (std::size_t b = 0; b < blocks; ++b) {
-    for (int i = 0; i < 8; ++i) {
-      std::uint64_t a = acc.v[i] + sums[b].v[i];
-      a ^= a >> 47;
-      a ^= read64(scramble_key + 8 * i);
-      acc.v[i] = a * p32_1;
-    }
+/// Accumulator lane i's starting value.
+WSYNC_HD inline std::uint64_t lane_init(int i) {
+  const std::uint64_t init[8] = {p32_3, p64_1, p64_2, p64_3, p64_4, p32_2, p64_5, p32_1};
+  return init[i];
+}
+
+/// The serial part, one lane at a time: lane i of the accumulators after the first `blocks`
+/// block sums. Lanes never mix until the tail, so eight threads can fold one input's lanes.
+WSYNC_HD inline std::uint64_t fold_lane(int i, const lanes* sums, std::size_t blocks,
+                                        const unsigned char* secret) {
+  const std::uint64_t key = read64(secret + secret_bytes - stripe_bytes + 8 * i);
+  std::uint64_t acc = lane_init(i);
+  auto step = [&](std::uint64_t sum) {
+    std::uint64_t a = acc + sum;
+    a ^= a >> 47;
+    a ^= key;
+    acc = a * p32_1;
+  };
+  // Eight sums loaded ahead of their steps: only the arithmetic is serial, not the loads (on a
+  // GPU each load would otherwise wait its full latency).
+  constexpr std::size_t ahead = 8;
+  std::size_t b = 0;
+  for (; b + ahead <= blocks; b += ahead) {
+    std::uint64_t next[ahead];
+    for (std::size_t k = 0; k < ahead; ++k) next[k] = sums[b + k].v[i];
+    for (std::size_t k = 0; k < ahead; ++k) step(next[k]);
   }
-  const std::size_t done = blocks * block_bytes;
+  for (; b < blocks; ++b) step(sums[b].v[i]);
+  return acc;
+}
+
+/// The end of a long input of `len` bytes once its whole blocks are folded into `acc`: the
+/// tail stripes read from `in`, then the merge.
+WSYNC_HD inline std::uint64_t long_tail(lanes acc, const unsigned char* in, std::size_t len,
+                                        const unsigned char* secret) {
+  const std::size_t done = long_blocks(len) * block_bytes;
   accumulate(acc, in + done, ((len - 1) - done) / stripe_bytes, secret);
   accumulate(acc, in + len - stripe_bytes, 1, secret + secret_bytes - stripe_bytes - 7);
   std::uint64_t h = static_cast<std::uint64_t>(len) * p64_1;
@@ -215,6 +235,15 @@ WSYNC_HD inline std::uint64_t long_finish(const unsigned char* in, std::size_t l
                   acc.v[2 * i + 1] ^ read64(secret + 11 + 16 * i + 8));
   }
   return avalanche(h);
+}
+
+/// The serial part, for an input of `len` > 240 bytes: folds the blocks' sums in order
+/// (`sums[b]` for b < long_blocks(len)), then the tail read from `in`.
+WSYNC_HD inline std::uint64_t long_finish(const unsigned char* in, std::size_t len,
+                                          const lanes* sums, const unsigned char* secret) {
+  lanes acc;
+  for (int i = 0; i < 8; ++i) acc.v[i] = fold_lane(i, sums, long_blocks(len), secret);
+  return long_tail(acc, in, len, secret);
 }
 
 /// XXH3-64 of any input in one thread. `sums` is scratch for long_blocks(len) lanes (unused for

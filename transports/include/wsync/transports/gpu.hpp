@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "wsync/manifest/manifest.hpp"
 #include "wsync/manifest/result.hpp"
 
 namespace wsync::gpu {
@@ -47,6 +48,39 @@ class device_buffer {
 /// baseline benchmarks compare with.
 result<void> copy_device(void* dst, const void* src, std::size_t bytes);
 
+/// Copies `bytes` from device (or host) memory to host memory and waits for the copy.
+result<void> copy_to_host(void* dst, const void* src, std::size_t bytes);
+
+/// A CUDA stream of its own on one device (RAII): the publisher's copies run on it.
+class stream {
+ public:
+  static result<stream> make(int device);
+  stream() = default;
+  stream(stream&& other) noexcept;
+  stream& operator=(stream&& other) noexcept;
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  ~stream();
+
+  void* handle() const { return stream_; }  ///< a cudaStream_t
+  int device() const { return device_; }
+  /// Later work on this stream waits for what `producer` (a cudaStream_t on `producer_device`;
+  /// nullptr: that device's legacy default stream) has queued so far; the host does not wait.
+  result<void> wait_for(void* producer, int producer_device);
+  /// Queues a copy of `bytes` from `src` to `dst`, each in host or device memory.
+  result<void> copy(void* dst, const void* src, std::uint64_t bytes);
+  /// Waits until everything queued on this stream is done.
+  result<void> synchronize();
+
+ private:
+  void* stream_ = nullptr;
+  int device_ = -1;
+};
+
+/// The CUDA device of `p` (a device pointer, or host memory CUDA mapped for a device), or -1 for
+/// host memory CUDA does not know.
+result<int> device_of(const void* p);
+
 /// Bytes in device memory.
 struct device_range {
   const void* data = nullptr;
@@ -59,5 +93,25 @@ struct device_range {
 result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_range> ranges,
                                                      std::uint64_t chunk_bytes,
                                                      void* stream = nullptr);
+
+/// One range to copy on the device: `src` readable by the device (device memory, or host memory
+/// mapped for it), `dst` device memory.
+struct device_copy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::uint64_t nbytes = 0;
+};
+
+/// Copies every range and returns the xxh3-64-chunked checksum of each, in one pass over the
+/// bytes (each read once: the kernel that hashes a block writes it), on `stream`; waits for the
+/// result. What publishing device tensors into device slots does.
+result<std::vector<std::uint64_t>> copy_with_checksums(std::span<const device_copy> copies,
+                                                       std::uint64_t chunk_bytes,
+                                                       void* stream = nullptr);
+
+/// The checksum of each range by `method`, computed on the device: xxh3-64-chunked by the
+/// kernel; whole-tensor xxh3-64, which cannot be split, on the host from a copy of each range.
+result<std::vector<std::uint64_t>> checksums(std::span<const device_range> ranges,
+                                             const checksum_method& method, void* stream = nullptr);
 
 }  // namespace wsync::gpu
