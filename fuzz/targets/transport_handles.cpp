@@ -1,5 +1,6 @@
 // Fuzz target: every transport handle decoder, on what a consumer finds in a manifest's
-// transport_handle: shared-memory, file-mmap and ucx (plain, relayed and striped).
+// transport_handle: shared-memory, file-mmap, cuda-ipc / cuda-vmm and ucx (plain, relayed and
+// striped).
 //
 // Input: one byte choosing the manifest's segments (count and sizes), then texts separated by
 // NUL: the handle, a relay address, and further handles to stripe with the first. Decoders never
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_pool.hpp"
 #include "file_mmap/file_mmap_common.hpp"
 #include "fuzz_support.hpp"
 #include "shared_memory/shared_memory.hpp"
@@ -52,6 +54,32 @@ void file_mmap_handle(const wsync::weight_update_manifest& m) {
                       "a file-mmap handle names one file per segment and a buffer below 64");
 }
 
+void device_pool_handles(const wsync::weight_update_manifest& m) {
+  using wsync::device_pool::sharing;
+  for (auto kind : {sharing::ipc, sharing::vmm}) {
+    auto h = wsync::device_pool::handle_parse(m, kind);
+    if (!h) continue;
+    wsync::fuzz::expect(h->offsets.size() == m.segments.size() && h->slot < 64,
+                        "a device handle has one offset per segment and a slot below 64");
+    for (std::size_t i = 0; i < h->offsets.size(); ++i) {
+      wsync::fuzz::expect(
+          h->offsets[i] <= h->capacity && m.segments[i].nbytes <= h->capacity - h->offsets[i],
+          "every segment lies inside the device slot");
+    }
+    wsync::fuzz::expect(h->control.find('/') == std::string::npos && h->pid > 0,
+                        "a device handle's page name has no slash and its pid is positive");
+    auto again = wsync::device_pool::handle_parse(
+        [&] {
+          auto copy = m;
+          copy.transport_handle = wsync::device_pool::handle_encode(*h);
+          return copy;
+        }(),
+        kind);
+    wsync::fuzz::expect(again && again->id == h->id && again->offsets == h->offsets,
+                        "a decoded device handle survives its own encoding");
+  }
+}
+
 #if WSYNC_HAVE_UCX
 void ucx_handles(const wsync::weight_update_manifest& m, const std::vector<std::string>& texts) {
   using namespace wsync::ucx_detail;
@@ -88,6 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   m.transport_handle = texts[0];
   shared_memory_handle(m);
   file_mmap_handle(m);
+  device_pool_handles(m);
 #if WSYNC_HAVE_UCX
   ucx_handles(m, texts);
 #endif

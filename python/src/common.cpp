@@ -183,6 +183,14 @@ result<void> run_copies(std::span<const imported_update* const> shards,
 
 result<void> python_adapter::stage(std::span<const imported_update* const> shards) {
   const auto& id = shards.front()->manifest.update_id;
+  for (const auto* u : shards) {  // Python reads the views as host buffers
+    if (!u->memory.host()) {
+      return make_error(errc::install_failed,
+                        "install failed: memory: the update is in " + u->memory.text() +
+                            " memory and the Python installer reads host memory (" +
+                            update_context(u->manifest) + ")");
+    }
+  }
   std::vector<copy_job> jobs;
   {
     pyb::gil_scoped_acquire gil;

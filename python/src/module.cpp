@@ -84,6 +84,15 @@ class consumer_half {
     pyb::gil_scoped_release unlocked;
     std::lock_guard op(ops_);
     const imported_update* u = unwrap(consumer_.import_update(m));
+    if (!u->memory.host()) {
+      // Python reads these views as host buffers: device memory would crash it. Give it back.
+      std::string why = "import: the update is in " + u->memory.text() +
+                        " memory and this API reads host memory (" +
+                        update_context(m.update_id, consumer_.rank()) + ")";
+      (void)consumer_.reject(m.update_id, why);
+      (void)consumer_.release(m.update_id);
+      raise(errc::invalid_argument, why);
+    }
     pyb::gil_scoped_acquire gil;
     return segments_to_py(m.update_id, u->segments);
   }

@@ -203,8 +203,9 @@ _ALIASES = {"local": "local-clone", "shm": "shared-memory", "shared_memory": "sh
 def make_weight_bridge(name: str, **kwargs: Any) -> WeightBridge:
     """A bridge over the transport `name` (``"local-clone"``, ``"shared-memory"``,
     ``"file-mmap"``, ``"ucx"``). Unknown names raise UnknownTransportError listing what this
-    build has; the CUDA transports (``"cuda-ipc"``, ``"cuda-vmm"``, ``"nccl"``) are listed but
-    raise BlockedError with the cause at the first publish or import."""
+    build has; the CUDA transports (``"cuda-ipc"``, ``"cuda-vmm"``, ``"nccl"``) are listed and
+    raise BlockedError with the cause at the first publish or import where this machine cannot
+    run them (this API passes CPU tensors only)."""
     return WeightBridge(_ALIASES.get(name, name), **kwargs)
 
 

@@ -89,7 +89,8 @@ def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
         if t.device.type != "cpu":
             raise InvalidArgumentError(
                 f"tensor {name}: field device: {t.device} tensors need a CUDA transport, which "
-                "wsync does not have yet; pass CPU tensors (t.cpu())"
+                "wsync's Python API does not offer yet (cuda-ipc and cuda-vmm are in the C++ "
+                "API); pass CPU tensors (t.cpu())"
             )
         wire = wire_dtype(name, t)
         t = t.detach()

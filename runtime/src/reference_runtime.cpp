@@ -1,6 +1,9 @@
 #include "wsync/runtime/reference_runtime.hpp"
 
+#include <algorithm>
 #include <cstring>
+
+#include "wsync/transports/gpu.hpp"
 
 namespace wsync {
 namespace {
@@ -43,11 +46,16 @@ result<void> reference_runtime::stage(std::span<const imported_update* const> sh
       }
     }
   }
+  // This runtime's readers work on the host: tensors on a device are copied in, whatever the
+  // install mode.
+  const bool shards_on_host =
+      std::all_of(shards.begin(), shards.end(), [](const auto* s) { return s->memory.host(); });
+  const bool copy = mode_ == install_mode::copy || !shards_on_host;
   auto set = spare_ ? std::move(spare_) : std::make_unique<buffer_set>();
   set->weights.weight_version = m.weight_version;
   set->weights.id = m.update_id;
   set->weights.tensors.resize(views.size());
-  if (mode_ == install_mode::copy) set->storage.resize(views.size());
+  if (copy) set->storage.resize(views.size());
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& view = views[i];
     auto& t = set->weights.tensors[i];
@@ -55,11 +63,17 @@ result<void> reference_runtime::stage(std::span<const imported_update* const> sh
     t.dtype = view.descriptor->dtype;
     t.shape = view.descriptor->shape;
     t.nbytes = view.descriptor->nbytes;
-    if (mode_ == install_mode::copy) {
+    if (copy) {
       // The inactive buffer is private to this thread until activate(): readers never see it.
       auto& storage = set->storage[i];
       storage.resize(t.nbytes);
-      std::memcpy(storage.data(), view.data, t.nbytes);
+      if (shards_on_host) {
+        std::memcpy(storage.data(), view.data, t.nbytes);
+      } else if (auto ok = gpu::copy_to_host(storage.data(), view.data, t.nbytes); !ok) {
+        return make_error(errc::install_failed, "install failed: tensors[" + std::to_string(i) +
+                                                    "] \"" + t.name + "\": " + ok.error().message +
+                                                    " (" + context + ")");
+      }
       t.data = storage.data();
     } else {
       t.data = view.data;

@@ -1,5 +1,6 @@
 #include "cuda/gpu_transports.hpp"
 
+#include "cuda/device_pool.hpp"
 #include "wsync/transports/gpu.hpp"
 
 namespace wsync {
@@ -30,15 +31,31 @@ transport_entry blocked_entry(std::string name, std::string summary, transport_c
   return {std::move(name), std::move(summary), caps, std::move(make)};
 }
 
+// cuda-ipc and cuda-vmm: the transports where this build has CUDA, blocked with the cause where
+// the machine cannot run them.
+transport_entry device_entry(device_pool::sharing kind, std::string name, std::string summary) {
+#if WSYNC_HAVE_CUDA
+  auto make = [kind, name](const transport_options& options) -> result<std::unique_ptr<transport>> {
+    if (auto r = gpu::ready(); !r) {
+      return make_error(errc::blocked, r.error().message + " (transport " + name + ")");
+    }
+    return device_pool::make_device_transport(kind, options);
+  };
+  return {std::move(name), std::move(summary), same_node_gpu, std::move(make)};
+#else
+  (void)kind;
+  return blocked_entry(std::move(name), std::move(summary), same_node_gpu);
+#endif
+}
+
 }  // namespace
 
 std::vector<transport_entry> gpu_transport_entries() {
   return {
-      blocked_entry("cuda-ipc", "one node, GPU memory: cudaIpcGetMemHandle per pooled segment",
-                    same_node_gpu),
-      blocked_entry("cuda-vmm",
-                    "one node, GPU memory: cuMemCreate segments shared as POSIX fds (SCM_RIGHTS)",
-                    same_node_gpu),
+      device_entry(device_pool::sharing::ipc, "cuda-ipc",
+                   "one node, GPU memory: pooled device segments, one cudaIpcMemHandle each"),
+      device_entry(device_pool::sharing::vmm, "cuda-vmm",
+                   "one node, GPU memory: cuMemCreate segments shared as POSIX fds (SCM_RIGHTS)"),
       blocked_entry("nccl", "cluster, GPU memory: bucketed broadcast over one NCCL communicator",
                     cluster_gpu),
   };

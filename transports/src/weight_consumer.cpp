@@ -5,6 +5,7 @@
 
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/validate.hpp"
+#include "wsync/transports/gpu.hpp"
 #include "wsync/transports/registry.hpp"
 
 namespace wsync {
@@ -75,6 +76,7 @@ result<const imported_update*> weight_consumer::import_update(
   }
 
   auto update = std::make_unique<imported_update>();
+  update->memory = transport_->memory();
   update->manifest = manifest;
   update->segments = std::move(*segments);
   update->tensors.reserve(manifest.tensors.size());
@@ -99,6 +101,40 @@ void weight_consumer::version_done_locked(const imported_update& u, bool acknowl
   if (acknowledged && (!mv.active || v > *mv.active)) mv.active = v;
 }
 
+result<std::vector<std::uint64_t>> weight_consumer::checksums_of(const imported_update& u) const {
+  const std::size_t tensors = u.tensors.size();
+  if (!u.memory.host()) {
+    std::vector<gpu::device_range> ranges(tensors);
+    for (std::size_t i = 0; i < tensors; ++i) {
+      ranges[i] = {u.tensors[i].data, u.tensors[i].descriptor->nbytes};
+    }
+    return gpu::checksums(ranges, u.manifest.checksum_method);
+  }
+  // Pieces: whole tensors, or every chunk of every tensor (xxh3-64-chunked, so that one large
+  // tensor spreads over the threads too). Workers take pieces in turn.
+  std::vector<std::uint64_t> sizes(tensors);
+  for (std::size_t i = 0; i < tensors; ++i) sizes[i] = u.tensors[i].descriptor->nbytes;
+  const checksum_pieces pieces(sizes, u.manifest.checksum_method);
+  std::vector<std::uint64_t> digests(pieces.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t k; (k = next.fetch_add(1)) < digests.size();) {
+      const auto p = pieces.at(k);
+      digests[k] = checksum_compute(u.tensors[p.tensor].data + p.offset, p.nbytes);
+    }
+  };
+  // Small updates hash faster than a thread starts.
+  unsigned threads =
+      u.manifest.total_bytes < parallel_verify_min_bytes ? 1 : config_.verify_threads;
+  std::vector<std::thread> workers;
+  for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
+  work();
+  for (auto& w : workers) w.join();
+  std::vector<std::uint64_t> out(tensors);
+  for (std::size_t i = 0; i < tensors; ++i) out[i] = pieces.fold(i, digests.data());
+  return out;
+}
+
 result<void> weight_consumer::verify(const update_id& id) {
   const imported_update* u = nullptr;
   {
@@ -107,32 +143,16 @@ result<void> weight_consumer::verify(const update_id& id) {
     if (it != updates_.end()) u = it->second.update.get();
   }
   if (u == nullptr) return step(id, update_event::verify_ok);  // gives the right refusal
-  // Pieces: whole tensors, or every chunk of every tensor (xxh3-64-chunked, so that one large
-  // tensor spreads over the threads too). Workers take pieces in turn.
+  auto sums = checksums_of(*u);
+  if (!sums) {
+    return make_error(sums.error().code,
+                      "cannot verify: " + sums.error().message + " (" + context(id) + ")");
+  }
   const std::size_t tensors = u->tensors.size();
-  std::vector<std::uint64_t> sizes(tensors);
-  for (std::size_t i = 0; i < tensors; ++i) sizes[i] = u->tensors[i].descriptor->nbytes;
-  const checksum_pieces pieces(sizes, u->manifest.checksum_method);
-  std::vector<std::uint64_t> digests(pieces.size());
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t k; (k = next.fetch_add(1)) < digests.size();) {
-      const auto p = pieces.at(k);
-      digests[k] = checksum_compute(u->tensors[p.tensor].data + p.offset, p.nbytes);
-    }
-  };
-  // Small updates hash faster than a thread starts.
-  unsigned threads =
-      u->manifest.total_bytes < parallel_verify_min_bytes ? 1 : config_.verify_threads;
-  std::vector<std::thread> workers;
-  for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
-  work();
-  for (auto& w : workers) w.join();
+  const std::vector<std::uint64_t>& got = *sums;
   // The first mismatch (lowest index) is reported.
-  std::vector<std::uint64_t> got(tensors);
   std::size_t bad = tensors;
   for (std::size_t i = tensors; i-- > 0;) {
-    got[i] = pieces.fold(i, digests.data());
     if (got[i] != u->tensors[i].descriptor->checksum) bad = i;
   }
   if (std::size_t i = bad; i < tensors) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <numeric>
+#include <set>
 #include <thread>
 
 #include "wsync/manifest/checksum.hpp"
@@ -100,18 +101,92 @@ weight_publisher::~weight_publisher() {
   }
 }
 
-void weight_publisher::copy_all(std::span<const tensor_source> tensors,
-                                std::vector<tensor_descriptor>& descs,
-                                const std::vector<std::span<std::byte>>& dest) {
+result<gpu::stream*> weight_publisher::stream_on(int device) {
+  std::lock_guard lock(stream_mutex_);
+  if (!stream_ || stream_->device() != device) {
+    auto made = gpu::stream::make(device);
+    if (!made) return made.error();
+    stream_ = std::make_unique<gpu::stream>(std::move(*made));
+  }
+  return stream_.get();
+}
+
+result<void> weight_publisher::copy_to_device(std::span<const tensor_source> tensors,
+                                              std::vector<tensor_descriptor>& descs,
+                                              const std::vector<std::span<std::byte>>& dest,
+                                              const checksum_method& method) {
+  auto s = stream_on(transport_->memory().cuda_device);
+  if (!s) return s.error();
+  // The copies wait for the work queued on each producing stream; the host does not.
+  std::set<std::pair<int, void*>> waited;
+  for (const auto& t : tensors) {
+    if (t.cuda_device >= 0 && waited.emplace(t.cuda_device, t.stream).second) {
+      if (auto ok = (*s)->wait_for(t.stream, t.cuda_device); !ok) return ok.error();
+    }
+  }
+  // Device tensors, chunked method: one kernel pass copies and hashes every byte.
+  const bool all_on_device = std::all_of(tensors.begin(), tensors.end(),
+                                         [](const tensor_source& t) { return t.cuda_device >= 0; });
+  if (all_on_device && method.algorithm == checksum_algorithm::xxh3_64_chunked) {
+    std::vector<gpu::device_copy> copies(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      copies[i] = {dest[descs[i].segment].data() + descs[i].offset, tensors[i].data,
+                   tensors[i].nbytes};
+    }
+    auto sums = gpu::copy_with_checksums(copies, method.chunk_bytes, (*s)->handle());
+    if (!sums) return sums.error();
+    for (std::size_t i = 0; i < tensors.size(); ++i) descs[i].checksum = (*sums)[i];
+    return {};
+  }
+  // Host tensors (or the whole-tensor method): copies, then the checksum kernel.
+  std::vector<gpu::device_range> ranges(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    auto* to = dest[descs[i].segment].data() + descs[i].offset;
+    if (auto ok = (*s)->copy(to, tensors[i].data, tensors[i].nbytes); !ok) {
+      return make_error(ok.error().code, ok.error().message + " for tensors[" + std::to_string(i) +
+                                             "] \"" + tensors[i].name + "\"");
+    }
+    ranges[i] = {to, tensors[i].nbytes};
+  }
+  // On the same stream, after the copies; waits for the digests.
+  auto sums = gpu::checksums(ranges, method, (*s)->handle());
+  if (!sums) return sums.error();
+  for (std::size_t i = 0; i < tensors.size(); ++i) descs[i].checksum = (*sums)[i];
+  return {};
+}
+
+result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
+                                        std::vector<tensor_descriptor>& descs,
+                                        const std::vector<std::span<std::byte>>& dest,
+                                        const checksum_method& method) {
+  if (!transport_->memory().host()) return copy_to_device(tensors, descs, dest, method);
+  // Device tensors into host segments: the GPU copies them first, the threads below hash them.
+  gpu::stream* from_device = nullptr;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (t.cuda_device < 0) continue;
+    auto s = stream_on(t.cuda_device);
+    if (!s) return s.error();
+    from_device = *s;
+    if (auto ok = from_device->wait_for(t.stream, t.cuda_device); !ok) return ok.error();
+    if (auto ok =
+            from_device->copy(dest[descs[i].segment].data() + descs[i].offset, t.data, t.nbytes);
+        !ok) {
+      return ok.error();
+    }
+  }
+  if (from_device) {
+    if (auto ok = from_device->synchronize(); !ok) return ok.error();
+  }
   // Pieces: whole tensors, largest first, or every chunk of every tensor in order
   // (xxh3-64-chunked, so that one large tensor is copied and hashed by all threads). Each piece
   // is copied and hashed in one pass; threads take the next piece from a shared counter.
   std::vector<std::uint64_t> sizes(tensors.size());
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) total += sizes[i] = descs[i].nbytes;
-  const checksum_pieces pieces(sizes, config_.checksum);
+  const checksum_pieces pieces(sizes, method);
   std::vector<std::size_t> largest_first;  // whole tensors only; chunks go in order
-  if (config_.checksum.algorithm == checksum_algorithm::xxh3_64) {
+  if (method.algorithm == checksum_algorithm::xxh3_64) {
     largest_first.resize(pieces.size());
     std::iota(largest_first.begin(), largest_first.end(), std::size_t{0});
     std::stable_sort(largest_first.begin(), largest_first.end(),
@@ -124,8 +199,10 @@ void weight_publisher::copy_all(std::span<const tensor_source> tensors,
       const auto k = largest_first.empty() ? n : largest_first[n];
       const auto p = pieces.at(k);
       const auto& d = descs[p.tensor];
-      digests[k] = checksum_copy(dest[d.segment].data() + d.offset + p.offset,
-                                 tensors[p.tensor].data + p.offset, p.nbytes);
+      auto* to = dest[d.segment].data() + d.offset + p.offset;
+      digests[k] = tensors[p.tensor].cuda_device >= 0  // already copied
+                       ? checksum_compute(to, p.nbytes)
+                       : checksum_copy(to, tensors[p.tensor].data + p.offset, p.nbytes);
     }
   };
   unsigned threads = config_.copy_threads;
@@ -136,6 +213,7 @@ void weight_publisher::copy_all(std::span<const tensor_source> tensors,
   for (auto& w : workers) w.join();
   for (std::size_t i = 0; i < tensors.size(); ++i)
     descs[i].checksum = pieces.fold(i, digests.data());
+  return {};
 }
 
 result<weight_update_manifest> weight_publisher::publish(
@@ -150,6 +228,10 @@ result<weight_update_manifest> weight_publisher::publish(
   m.transport = transport_name_;
   m.metadata = std::move(metadata);
   m.checksum_method = config_.checksum;
+  const memory_location memory = transport_->memory();
+  if (!memory.host() && m.checksum_method.algorithm == checksum_algorithm::xxh3_64) {
+    m.checksum_method = {checksum_algorithm::xxh3_64_chunked, std::uint64_t{1} << 20};
+  }
   {
     std::lock_guard lock(mutex_);
     if (auto no = version_refusal_locked(weight_version, m)) return *no;
@@ -173,6 +255,7 @@ result<weight_update_manifest> weight_publisher::publish(
   }
   m.total_bytes = 0;
   for (const auto& s : m.segments) m.total_bytes += s.nbytes;
+  for (auto& t : m.tensors) t.device = memory.text();
   // Validate before touching memory: the manifest's rules are the input rules.
   if (auto ok = manifest_validate(m, transport_known); !ok) return ok.error();
 
@@ -183,7 +266,11 @@ result<weight_update_manifest> weight_publisher::publish(
     return make_error(dest.error().code,
                       dest.error().message + " (rank=" + std::to_string(m.source_rank) + ")");
   }
-  copy_all(tensors, m.tensors, *dest);
+  if (auto copied = copy_all(tensors, m.tensors, *dest, m.checksum_method); !copied) {
+    transport_->release(m.update_id);
+    return make_error(copied.error().code,
+                      "publish failed: " + copied.error().message + " (" + update_context(m) + ")");
+  }
   auto handle = transport_->expose(m.update_id);
   if (!handle) {
     transport_->release(m.update_id);

@@ -27,6 +27,17 @@ struct transport_caps {
   bool zero_copy_import = false;
 };
 
+/// Where a transport's segments live: host memory, or the memory of one CUDA device. The spans
+/// of acquire() and import_segments() then hold device addresses (valid in this process, never
+/// to be dereferenced on the host).
+struct memory_location {
+  int cuda_device = -1;  ///< -1: host memory
+  bool host() const { return cuda_device < 0; }
+  /// As a tensor descriptor's `device` field says it: "cpu" or "cuda:N".
+  std::string text() const { return host() ? "cpu" : "cuda:" + std::to_string(cuda_device); }
+  friend bool operator==(const memory_location&, const memory_location&) = default;
+};
+
 /// Transport settings as text key/value pairs (from config files or flags); each transport
 /// refuses keys it does not know, naming them.
 using transport_options = std::map<std::string, std::string>;
@@ -36,7 +47,10 @@ class publisher_transport {
  public:
   virtual ~publisher_transport() = default;
 
-  /// Reserves writable host memory for the segments of update `id`, one span per entry of
+  /// Where acquire()'s spans live (default: host memory).
+  virtual memory_location memory() const { return {}; }
+
+  /// Reserves writable memory (memory()) for the segments of update `id`, one span per entry of
   /// `segment_bytes`. Waits up to `wait` for pooled memory to come free, then fails with
   /// errc::timeout. The spans are the caller's to fill until expose() or release().
   virtual result<std::vector<std::span<std::byte>>> acquire(
@@ -62,8 +76,13 @@ class consumer_transport {
  public:
   virtual ~consumer_transport() = default;
 
+  /// Where import_segments()'s spans live (default: host memory).
+  virtual memory_location memory() const { return {}; }
+
   /// Makes the segments of an update readable in this process, one span per manifest segment,
-  /// each exactly manifest.segments[i].nbytes long. The manifest has been validated.
+  /// each exactly manifest.segments[i].nbytes long. The manifest has been validated. Device
+  /// memory is ready for work on the device's legacy default stream (and every stream that
+  /// synchronises with it) when this returns.
   virtual result<std::vector<std::span<const std::byte>>> import_segments(
       const weight_update_manifest& manifest) = 0;
 

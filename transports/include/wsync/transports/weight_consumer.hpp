@@ -24,11 +24,12 @@ namespace wsync {
 /// Read-only view of one imported tensor; valid until its update is released.
 struct tensor_view {
   const tensor_descriptor* descriptor = nullptr;
-  const std::byte* data = nullptr;
+  const std::byte* data = nullptr;  ///< a device address when the update's memory is a device
 };
 
 /// An imported update: the manifest and its tensors, zero-copy where the transport allows.
 struct imported_update {
+  memory_location memory;  ///< where segments and tensor views live (the transport's memory())
   weight_update_manifest manifest;
   std::vector<std::span<const std::byte>> segments;
   std::vector<tensor_view> tensors;  ///< same order as manifest.tensors
@@ -55,8 +56,8 @@ class weight_consumer {
   /// held. A rejected or released version may therefore come again (a retry, with new update
   /// ids). The returned pointer stays valid until release(update_id).
   result<const imported_update*> import_update(const weight_update_manifest& manifest);
-  /// Recomputes every tensor checksum; a difference is "tensor checksum mismatch" naming the
-  /// tensor.
+  /// Recomputes every tensor checksum (device memory: on that device); a difference is "tensor
+  /// checksum mismatch" naming the tensor.
   result<void> verify(const update_id& id);
   /// Records that the install adapter took the update.
   result<void> mark_installed(const update_id& id);
@@ -79,6 +80,8 @@ class weight_consumer {
     bool verify_failed = false;  ///< a checksum differed: never installed or acknowledged
   };
   result<void> step(const update_id& id, update_event event);
+  /// Every tensor's checksum by the manifest's method.
+  result<std::vector<std::uint64_t>> checksums_of(const imported_update& u) const;
   std::string context(const update_id& id) const;
 
   std::unique_ptr<consumer_transport> transport_;

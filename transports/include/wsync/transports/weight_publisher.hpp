@@ -15,18 +15,24 @@
 
 #include "wsync/manifest/manifest.hpp"
 #include "wsync/manifest/result.hpp"
+#include "wsync/transports/gpu.hpp"
 #include "wsync/transports/transport.hpp"
 
 namespace wsync {
 
-/// A host tensor offered for publishing; its bytes must stay valid while publish() runs.
+/// A tensor offered for publishing, in host memory or on a CUDA device; its bytes must stay
+/// valid while publish() runs.
 struct tensor_source {
   std::string name;
   wsync::dtype dtype = wsync::dtype::f32;
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> strides;  ///< in elements; empty = contiguous row-major
-  const std::byte* data = nullptr;
+  const std::byte* data = nullptr;    ///< a device address when cuda_device >= 0
   std::uint64_t nbytes = 0;
+  int cuda_device = -1;  ///< -1: host memory; N: `data` is on CUDA device N
+  /// The cudaStream_t that produces the tensor (device tensors; nullptr: the legacy default
+  /// stream): the publisher's copies wait for the work queued on it, the host does not.
+  void* stream = nullptr;
 };
 
 struct publisher_config {
@@ -37,7 +43,8 @@ struct publisher_config {
   std::chrono::milliseconds slot_wait{10000};
   unsigned copy_threads = 2;  ///< threads that copy and checksum; 1 disables the pool
   /// How tensor checksums are computed; the chunked method lets consumers (and GPUs) verify one
-  /// large tensor on many threads.
+  /// large tensor on many threads. A transport whose segments live on a GPU always uses the
+  /// chunked method (this chunk size, or 1 MiB): whole-tensor xxh3-64 cannot run in parallel.
   checksum_method checksum;
   /// true: memory goes back when every expected consumer released or failed (on_* calls).
   /// false: only release(update_id) gives it back — for a coordinator that does the per-rank
@@ -112,8 +119,17 @@ class weight_publisher {
  private:
   result<void> report(const update_id& id, std::int32_t rank, consumer_outcome outcome,
                       std::string reason);
-  void copy_all(std::span<const tensor_source> tensors, std::vector<tensor_descriptor>& descs,
-                const std::vector<std::span<std::byte>>& dest);
+  result<void> copy_all(std::span<const tensor_source> tensors,
+                        std::vector<tensor_descriptor>& descs,
+                        const std::vector<std::span<std::byte>>& dest,
+                        const checksum_method& method);
+  /// The device path: copies on the publisher's stream, checksums by the GPU kernel.
+  result<void> copy_to_device(std::span<const tensor_source> tensors,
+                              std::vector<tensor_descriptor>& descs,
+                              const std::vector<std::span<std::byte>>& dest,
+                              const checksum_method& method);
+  /// The publisher's CUDA stream on `device`, made at first need; mutex_ not held.
+  result<gpu::stream*> stream_on(int device);
   void maybe_release_locked(publication& p);
   /// Why `weight_version` may not be published now, or nullopt; mutex_ held.
   std::optional<error> version_refusal_locked(std::uint64_t weight_version,
@@ -122,6 +138,8 @@ class weight_publisher {
   std::unique_ptr<publisher_transport> transport_;
   std::string transport_name_;
   publisher_config config_;
+  std::mutex stream_mutex_;
+  std::unique_ptr<gpu::stream> stream_;  ///< device copies (made at first need)
   mutable std::mutex mutex_;
   std::uint64_t last_version_ = 0;
   bool published_any_ = false;
