@@ -24,6 +24,7 @@
 #include "wsync/runtime/rollout_executor.hpp"
 #include "wsync/sources/layouts.hpp"
 #include "wsync/sources/shard.hpp"
+#include "wsync/transports/gpu.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/shared_memory.hpp"
 #include "wsync/transports/ucx.hpp"
@@ -104,9 +105,11 @@ struct point_run {
   json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
   bool ucx = opt.mode == "ucx";
   bool fmm = opt.mode == "file-mmap";
+  bool gpu = opt.mode == "cuda-ipc" || opt.mode == "cuda-vmm";  ///< device tensors, device slots
   bool two_processes = opt.mode != "local";
   std::string transport_name = ucx                   ? "ucx"
                                : fmm                 ? "file-mmap"
+                               : gpu                 ? opt.mode
                                : opt.mode == "local" ? "local-clone"
                                                      : "shared-memory";
   // file-mmap: the run's directory, removed when the run ends (declared before the transport,
@@ -131,8 +134,11 @@ struct point_run {
 
   std::uint64_t src_bytes = 0;  ///< the source tensors, packed with the publisher's alignment
   std::optional<host_buffer> source;
+  std::optional<gpu::device_buffer> device_source;  ///< gpu modes: the tensors, on the device
   std::vector<tensor_source> tensors;
   copy_baselines copy;
+  std::optional<double> d2d_s;           ///< gpu modes: cudaMemcpy device-to-device of the source
+  std::optional<double> first_import_s;  ///< the first update's import (opens the slot)
 
   std::unique_ptr<transport> t;
   unsigned copy_threads = 1;
@@ -156,9 +162,9 @@ int row_finish(point_run& r, const std::string& status, const std::string& why) 
 std::optional<run_stop> mode_check(const point_run& r) {
   const auto& opt = r.opt;
   if (opt.mode != "local" && opt.mode != "shared-memory" && opt.mode != "ucx" &&
-      opt.mode != "file-mmap") {
+      opt.mode != "file-mmap" && !r.gpu) {
     return failed("unknown mode \"" + opt.mode +
-                  "\" (known: local, shared-memory, file-mmap, ucx)");
+                  "\" (known: local, shared-memory, file-mmap, ucx, cuda-ipc, cuda-vmm)");
   }
   if (r.ucx && !transport_known("ucx")) {
     return blocked(
@@ -272,8 +278,10 @@ std::optional<run_stop> consumer_start(point_run& r) {
   if (!ready || (*ready)["type"] != "ready") {
     ::close(r.channel);
     ::waitpid(r.child, nullptr, 0);
-    return failed("the consumer process did not start: " +
-                  (ready ? ready->value("reason", ready->dump()) : "no answer"));
+    std::string reason = ready ? ready->value("reason", ready->dump()) : "no answer";
+    // The consumer makes its transport first: a GPU transport this machine cannot run says so.
+    if (reason.rfind("blocked:", 0) == 0) return blocked(reason);
+    return failed("the consumer process did not start: " + reason);
   }
   return std::nullopt;
 }
@@ -293,6 +301,35 @@ void source_fill(point_run& r) {
     const auto& t = r.layout.tensors[i];
     r.tensors.push_back({t.name, t.dtype, t.shape, {}, r.source->data() + offsets[i], t.nbytes()});
   }
+}
+
+// GPU modes: the source tensors uploaded to device 0 (a trainer's parameters), and the
+// device-to-device cudaMemcpy of the same bytes, timed like publish (median of `repeat`).
+std::optional<run_stop> device_source_fill(point_run& r) {
+  if (!r.gpu) return std::nullopt;
+  auto name = gpu::device_name();
+  if (!name) return blocked(name.error().message);
+  r.row["device"] = *name;
+  auto src = gpu::device_buffer::make(r.src_bytes);
+  if (!src) return failed(src.error().message);
+  if (auto up = src->upload(r.source->data(), r.src_bytes); !up) return failed(up.error().message);
+  auto dst = gpu::device_buffer::make(r.src_bytes);
+  if (!dst) return failed(dst.error().message);
+  std::vector<double> times;
+  for (unsigned k = 0; k <= r.repeat; ++k) {  // the first is a warm-up
+    double t0 = now_s();
+    if (auto c = gpu::copy_device(dst->data(), src->data(), r.src_bytes); !c) {
+      return failed(c.error().message);
+    }
+    if (k > 0) times.push_back(now_s() - t0);
+  }
+  r.d2d_s = median(times);
+  for (auto& t : r.tensors) {
+    t.data = static_cast<const std::byte*>(src->data()) + (t.data - r.source->data());
+    t.cuda_device = 0;
+  }
+  r.device_source = std::move(*src);
+  return std::nullopt;
 }
 
 // The transport, its publisher and, in local mode, the consumer beside it.
@@ -405,6 +442,7 @@ bool update_once(point_run& r, std::uint64_t version, bool timed) {
            false;
   }
   if (timed) sample_record(r, version, *report, at);
+  if (!r.first_import_s) r.first_import_s = (*report)["timings"]["import"].get<double>();
   return true;
 }
 
@@ -489,6 +527,17 @@ bool row_fill(point_run& r, bool ok) {
   row["baseline"] = {{"name", "memcpy"}, {"gbps", memcpy_gbps}};
   row["ratio_to_baseline"] = memcpy_gbps > 0 ? gbps(bytes, publish) / memcpy_gbps : 0;
   if (r.ucx && ok) ok = ucx_baseline_add(r);
+  if (r.gpu && r.d2d_s) {
+    // Against cudaMemcpy device-to-device of the same bytes: publish copies them on the
+    // publisher's stream and hashes them on the GPU.
+    row["memcpy_baseline"] = row["baseline"];
+    row["baseline"] = {
+        {"name", "cudaMemcpy-d2d"}, {"seconds", *r.d2d_s}, {"gbps", gbps(r.src_bytes, *r.d2d_s)}};
+    row["ratio_to_baseline"] = publish > 0 ? *r.d2d_s / publish : 0;
+    row["publish_over_d2d"] = *r.d2d_s > 0 ? publish / *r.d2d_s : 0;
+    row["first_import_s"] = r.first_import_s.value_or(0);
+    row["checksum"] = "xxh3-64-chunked";
+  }
   if (r.fmm && r.cp_s) {
     // Against cp of the same bytes into the same directory: publish time over cp time, as
     // bandwidths (> 1: publishing is faster than cp).
@@ -518,7 +567,10 @@ bool row_fill(point_run& r, bool ok) {
                 std::to_string(r.child) + ")" +
                 (r.ucx ? ", pulls chunks over UCX_TLS=" + opt.ucx_tls + " with " +
                              row["op"].get<std::string>() + " into its own registered slots"
-                       : ", maps each slot once, zero-copy import");
+                 : r.gpu ? ", opens each device slot once, zero-copy import; the publisher "
+                           "copies device tensors on its stream and checksums on the GPU; the "
+                           "reference runtime installs by copying to host memory"
+                         : ", maps each slot once, zero-copy import");
   row["env"] = {{"host", host_name()},
                 {"cores", std::thread::hardware_concurrency()},
                 {"transport_notes", transport_notes}};
@@ -551,6 +603,12 @@ int bench_one(const bench_options& opt, std::ostream& out) {
       return row_finish(r, "fail", "cp baseline: " + why);
     }
   }
+  if (auto stop = device_source_fill(r)) {
+    ::close(r.channel);
+    ::kill(r.child, SIGKILL);
+    ::waitpid(r.child, nullptr, 0);
+    return row_finish(r, stop->status, stop->why);
+  }
   if (auto stop = publisher_start(r)) return row_finish(r, stop->status, stop->why);
   bool ok = updates_run(r);
   ok = run_shutdown(r, ok);
@@ -561,7 +619,10 @@ int bench_one(const bench_options& opt, std::ostream& out) {
 }  // namespace
 
 int bench_run(const bench_options& opt, std::ostream& out) {
-  if (gpu_mode(opt.mode)) return gpu_bench_run(opt, out);
+  // cuda-ipc and cuda-vmm run like the host transports, with device tensors and slots.
+  if (gpu_mode(opt.mode) && opt.mode != "cuda-ipc" && opt.mode != "cuda-vmm") {
+    return gpu_bench_run(opt, out);
+  }
   if (opt.mode != "ucx" || !opt.ucx_tls.empty()) return bench_one(opt, out);
   // One row over TCP, one over shared memory; the worst outcome is the run's.
   int worst = 0;

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA device, in one go (docs/benchmark.md, "GPU data plane"): the GPU
+# test list, compute-sanitizer over the checksum kernels, and the benchmark rows. Runs built
+# binaries only, so a machine with a GPU but without the build dependencies can run it.
+#
+# usage: scripts/gpu_check.sh [BIN_DIR [OUT_DIR]]
+#   BIN_DIR  holds wsync and wsync_transports_test (default: their places in build/default)
+#   OUT_DIR  where the logs and rows go (default: .)
+set -u
+bin=${1:-}
+out=${2:-.}
+wsync=${bin:+$bin/wsync}
+wsync=${wsync:-build/default/apps/wsync}
+tests=${bin:+$bin/wsync_transports_test}
+tests=${tests:-build/default/transports/wsync_transports_test}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || exit 2
+date -u +%FT%TZ
+
+echo "== GPU tests"
+timeout 180 "$tests" --gtest_filter='gpu*:device*:*cuda*:chunk*' >"$out/gpu_tests.log" 2>&1
+rc=$?
+grep -E '^\[  (PASSED|FAILED) |imports \(s\)|Failure|Which is' "$out/gpu_tests.log"
+echo "tests rc=$rc"
+
+if command -v compute-sanitizer >/dev/null; then
+  echo "== compute-sanitizer (memcheck) over the checksum kernels"
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" --gtest_filter='gpu_test.*' \
+    >"$out/sanitizer.log" 2>&1
+  echo "sanitizer rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/sanitizer.log") clean summaries)"
+fi
+
+echo "== a cluster over each GPU transport: coordinator, one publisher, two consumer processes;"
+echo "   one consumer is SIGKILLed mid-run and restarted; then the status table"
+export WSYNC_TOKEN=${WSYNC_TOKEN:-gpu-check}
+for transport in cuda-ipc cuda-vmm; do
+  dir=$(mktemp -d)
+  "$wsync" coordinator --port-file "$dir/port" --update-deadline-ms 5000 >"$dir/coord.log" 2>&1 &
+  coord=$!
+  for _ in $(seq 50); do [ -s "$dir/port" ] && break; sleep 0.1; done
+  at=127.0.0.1:$(cat "$dir/port")
+  "$wsync" consumer --coordinator "$at" --rank 0 --model qwen2.5-0.5b --transport "$transport" >"$dir/c0.log" 2>&1 &
+  c0=$!
+  "$wsync" consumer --coordinator "$at" --rank 1 --model qwen2.5-0.5b --transport "$transport" >"$dir/c1.log" 2>&1 &
+  c1=$!
+  sleep 2
+  "$wsync" publisher --coordinator "$at" --rank 0 --transport "$transport" --versions 40 \
+    --interval-ms 50 --json >"$dir/pub.log" 2>&1 &
+  pub=$!
+  sleep 1
+  kill -9 "$c1"
+  sleep 0.5
+  "$wsync" consumer --coordinator "$at" --rank 1 --model qwen2.5-0.5b --transport "$transport" >"$dir/c1b.log" 2>&1 &
+  c1=$!
+  timeout 120 tail --pid="$pub" -f /dev/null
+  sleep 1
+  "$wsync" status --coordinator "$at" >"$dir/status.log" 2>&1
+  echo "$transport: $(grep -c '"committed"' "$dir/pub.log") of 40 versions committed; others:"
+  grep -v '"committed"' "$dir/pub.log" | head -3
+  head -8 "$dir/status.log"
+  tail -n 2 "$dir/c1b.log" "$dir/c0.log"
+  kill "$c0" "$c1" "$coord" 2>/dev/null
+  wait 2>/dev/null
+  cp "$dir/pub.log" "$out/cluster-$transport-publisher.log"
+  ls /dev/shm | grep -c '^wsync-' | sed 's/^/dev\/shm wsync entries left: /'
+done
+
+echo "== benchmark rows"
+{
+  for chunk in 65536 1048576; do
+    timeout 45 "$wsync" bench --mode gpu-checksum --repeat 10 --checksum-chunk-bytes "$chunk"
+  done
+  for mode in cuda-ipc cuda-vmm; do
+    timeout 90 "$wsync" bench --mode "$mode" --repeat 10 | tail -1
+  done
+} | tee "$out/rows.jsonl"
