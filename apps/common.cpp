@@ -52,14 +52,16 @@ void add_token(CLI::App* cmd, std::string& token) {
 void add_transport(CLI::App* cmd, std::string& transport, std::vector<std::string>& settings) {
   cmd->add_option("--transport", transport,
                   "data plane: shared-memory (one node), file-mmap (a directory both sides "
-                  "mount: disk, tmpfs, NFS; needs dir=DIR) or ucx (across nodes; consumers relay "
-                  "along the coordinator's --plan)")
+                  "mount: disk, tmpfs, NFS; needs dir=DIR), ucx (across nodes; consumers relay "
+                  "along the coordinator's --plan), or cuda-ipc / cuda-vmm (one GPU node: device "
+                  "slots, zero-copy device views; CUDA builds with a device); nccl is not "
+                  "written yet")
       ->check(CLI::IsMember(builtin_transports().names()))
       ->capture_default_str();
   cmd->add_option("--transport-option", settings,
                   "KEY=VALUE for the transport, repeatable (ucx: tls=tcp, devices=eth0, "
-                  "chunk_bytes=...; file-mmap: dir=DIR, buffers=2, lease_timeout_ms=10000; see "
-                  "docs/transports.md)");
+                  "chunk_bytes=...; file-mmap: dir=DIR, buffers=2, lease_timeout_ms=10000; "
+                  "cuda-ipc, cuda-vmm: slots=2, device=0; see docs/transports.md)");
 }
 
 void add_tls(CLI::App* cmd, tls_settings& tls) {
