@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -238,6 +240,73 @@ TEST_P(device_transports, a_second_process_imports_verifies_and_outlives_the_pub
   buffers.clear();
   EXPECT_EQ(ask("recheck " + last), "ok");
   EXPECT_EQ(ask("release " + last), "ok");
+}
+
+// A consumer killed while it holds an update: once the publisher hears it failed (what the
+// coordinator reports for a dead rank), the slot comes back and is reused, never leaked: every
+// later version lands in one of the ring's two allocations, and a new consumer reads them.
+TEST_P(device_transports, a_killed_consumer_gives_its_slot_back) {
+  child_start();
+  auto pt = transport_->make_publisher();
+  ASSERT_TRUE(pt) << pt.error().message;
+  publisher_config cfg;
+  cfg.model_id = "killed";
+  cfg.slot_wait = std::chrono::milliseconds(2000);
+  auto publisher = std::make_unique<weight_publisher>(std::move(*pt), GetParam(), cfg);
+  std::vector<gpu::device_buffer> buffers;
+  auto sources_for = [&](std::uint64_t v) {
+    buffers.clear();
+    std::vector<tensor_source> sources;
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<std::byte> host(sizes[t]);
+      for (std::size_t i = 0; i < host.size(); ++i) host[i] = pattern(i, t, v);
+      auto b = gpu::device_buffer::make(host.size());
+      EXPECT_TRUE(b && b->upload(host.data(), host.size()));
+      sources.push_back({"t" + std::to_string(t),
+                         dtype::u8,
+                         {static_cast<std::int64_t>(host.size())},
+                         {},
+                         static_cast<const std::byte*>(b->data()),
+                         host.size(),
+                         0,
+                         nullptr});
+      buffers.push_back(std::move(*b));
+    }
+    return sources;
+  };
+  auto slot_id = [](const weight_update_manifest& m) {
+    auto at = m.transport_handle.find("\"id\":\"");
+    return at == std::string::npos ? std::string() : m.transport_handle.substr(at + 6, 32);
+  };
+  std::set<std::string> slots;
+  auto first = publisher->publish(sources_for(1), 1, {1});
+  ASSERT_TRUE(first) << first.error().message;
+  slots.insert(slot_id(*first));
+  ASSERT_EQ(ask("import " + manifest_to_json(*first)).rfind("ok ", 0), 0u);
+  ::kill(child_, SIGKILL);  // holding version 1
+  int status = 0;
+  ::waitpid(child_, &status, 0);
+  child_ = -1;
+  ::close(fd_);
+  fd_ = -1;
+  ASSERT_TRUE(publisher->on_failed(first->update_id, 1, "killed"));
+  EXPECT_TRUE(publisher->held_updates().empty());
+  // Six more versions, each held by nobody: two slots serve them all.
+  std::optional<weight_update_manifest> last;
+  for (std::uint64_t v = 2; v <= 7; ++v) {
+    auto m = publisher->publish(sources_for(v), v, {2});
+    ASSERT_TRUE(m) << "version " << v << ": " << m.error().message;
+    slots.insert(slot_id(*m));
+    if (last) {
+      ASSERT_TRUE(publisher->on_failed(last->update_id, 2, "not asked"));
+    }
+    last = *m;
+  }
+  EXPECT_LE(slots.size(), 2u) << "a slot was allocated again instead of coming back";
+  child_start();  // a new consumer reads the newest version whole
+  auto answer = ask("import " + manifest_to_json(*last));
+  EXPECT_EQ(answer.rfind("ok ", 0), 0u) << answer;
+  EXPECT_EQ(ask("release " + last->update_id), "ok");
 }
 
 INSTANTIATE_TEST_SUITE_P(gpu, device_transports, ::testing::Values("cuda-ipc", "cuda-vmm"),
