@@ -89,6 +89,7 @@ http_reply weight_transfer_service::generate(std::string_view body) {
     }
     // One step reads one complete version: the install waits for it, it waits for the install.
     auto v = runtime->generate([](const runtime_weights& w) { return w.weight_version; });
+    ++s.generation_steps;
     if (versions.empty() || versions.back() != v) versions.push_back(v);
     if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }

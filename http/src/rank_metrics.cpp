@@ -148,6 +148,8 @@ std::string weight_transfer_service::metrics() const {
   gauge("wsync_paused", "1 while generation is paused", s.generation.paused() ? 1 : 0);
   gauge("wsync_generations_in_flight", "generations running or held",
         static_cast<double>(s.generation.in_flight()));
+  counter("wsync_generation_steps_total", "generation steps served, each on one whole version",
+          s.generation_steps.load());
   out << "# HELP wsync_generations_total generations by how they ended\n"
       << "# TYPE wsync_generations_total counter\n"
       << "wsync_generations_total{status=\"completed\"} " << s.generations_completed.load() << "\n"

@@ -153,6 +153,7 @@ struct weight_transfer_service::impl {
   std::atomic<std::uint64_t> active{0};  ///< standalone: the version finish switched to
   std::atomic<std::uint64_t> published{0}, committed{0}, rejected{0}, bytes_moved{0};
   std::atomic<std::uint64_t> generations_completed{0}, generations_aborted{0};
+  std::atomic<std::uint64_t> generation_steps{0};  ///< steps served, each on one whole version
   std::uint64_t versions = 0;         ///< distinct versions made active here (status_mutex)
   std::uint64_t highest_version = 0;  ///< status_mutex
   histogram import_s, verify_s, install_s, total_s;

@@ -68,9 +68,22 @@ class sglang_test : public ::testing::Test {
   }
   static json body(const http_reply& r) { return json::parse(r.body); }
   // Waits (up to 10 s) until a generation runs on the service.
+  // Generation steps served so far (the metric).
+  std::uint64_t generation_steps() {
+    const std::string name = "\nwsync_generation_steps_total ";
+    auto text = service_.metrics();
+    auto at = text.find(name);
+    return at == std::string::npos ? 0 : std::stoull(text.substr(at + name.size()));
+  }
+  // Until a generation runs and has read a version: a pause that came between its start and its
+  // first step would otherwise hold it before it saw the version the test means (seen under
+  // ASan on a loaded machine).
   void wait_for_generation() {
     const std::string running = "\nwsync_generations_in_flight 1\n";
-    for (int i = 0; i < 10000 && service_.metrics().find(running) == std::string::npos; ++i) {
+    const auto before = generation_steps();
+    for (int i = 0; i < 10000 && (service_.metrics().find(running) == std::string::npos ||
+                                  generation_steps() == before);
+         ++i) {
       std::this_thread::sleep_for(1ms);
     }
   }
