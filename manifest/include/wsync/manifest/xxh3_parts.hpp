@@ -209,9 +209,9 @@ WSYNC_HD inline std::uint64_t fold_lane(int i, const lanes* sums, std::size_t bl
     a ^= key;
     acc = a * p32_1;
   };
-  // Eight sums loaded ahead of their steps: only the arithmetic is serial, not the loads (on a
+  // 32 sums loaded ahead of their steps: only the arithmetic is serial, not the loads (on a
   // GPU each load would otherwise wait its full latency).
-  constexpr std::size_t ahead = 8;
+  constexpr std::size_t ahead = 32;
   std::size_t b = 0;
   for (; b + ahead <= blocks; b += ahead) {
     std::uint64_t next[ahead];
