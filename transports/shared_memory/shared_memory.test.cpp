@@ -436,6 +436,12 @@ TEST_F(shared_memory_test, a_slot_whose_publisher_exited_comes_from_a_peer_proce
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the late consumer process starts its peer thread after a fork from this "
                   "threaded process, which ThreadSanitizer refuses";
+#elif defined(__SANITIZE_ADDRESS__)
+  // Seen with ctest -j4: the child's peer thread waited forever on an allocator lock of GCC 12's
+  // ASan runtime that another thread of this process held at the fork (glibc's malloc takes its
+  // locks around fork; that runtime's allocator does not). gdb showed it; not a wsync lock.
+  GTEST_SKIP() << "GCC 12's AddressSanitizer can leave its allocator locked in a child forked "
+                  "from a threaded process; the default preset runs this test";
 #endif
   make_publisher(2);
   const int parent = ::getpid();
