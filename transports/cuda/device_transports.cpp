@@ -4,7 +4,6 @@
 #include <cuda.h>  // driver types only: the functions come from cudaGetDriverEntryPointByVersion
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -492,7 +491,8 @@ class publisher final : public publisher_transport {
       return make_error(errc::io_error, "cuda-vmm: cannot listen on the abstract socket " +
                                             socket_name_ + ": " + std::strerror(errno));
     }
-    server_ = std::thread([this] { serve(); });
+    server_ = std::thread(
+        [this] { fd_passing::serve(listen_fd_, wake_fd_, [this](int c) { answer(c); }); });
     return {};
   }
 
@@ -504,22 +504,6 @@ class publisher final : public publisher_transport {
     }
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
-  }
-
-  void serve() {
-    for (;;) {
-      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        return;
-      }
-      if (fds[1].revents) return;
-      if (!(fds[0].revents & POLLIN)) continue;
-      int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      answer(c);
-      ::close(c);
-    }
   }
 
   // One request: the slot id (32 hex digits). The answer: "ok" with the descriptor, or why not.

@@ -181,7 +181,31 @@ class device_transports : public ::testing::TestWithParam<const char*> {
     return answer;
   }
 
+  // Version v's tensors on the device, as a trainer's parameters are (buffers_ holds them).
+  std::vector<tensor_source> device_sources(std::uint64_t v) {
+    buffers_.clear();
+    std::vector<tensor_source> sources;
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<std::byte> host(sizes[t]);
+      for (std::size_t i = 0; i < host.size(); ++i) host[i] = pattern(i, t, v);
+      auto b = gpu::device_buffer::make(host.size());
+      EXPECT_TRUE(b && b->upload(host.data(), host.size()));
+      if (!b) break;
+      sources.push_back({"t" + std::to_string(t),
+                         dtype::u8,
+                         {static_cast<std::int64_t>(host.size())},
+                         {},
+                         static_cast<const std::byte*>(b->data()),
+                         host.size(),
+                         0,
+                         nullptr});
+      buffers_.push_back(std::move(*b));
+    }
+    return sources;
+  }
+
   std::unique_ptr<transport> transport_;
+  std::vector<gpu::device_buffer> buffers_;
   pid_t child_ = -1;
   int fd_ = -1;
 };
@@ -194,30 +218,10 @@ TEST_P(device_transports, a_second_process_imports_verifies_and_outlives_the_pub
   cfg.model_id = "two-processes";
   cfg.max_segment_bytes = 2 << 20;  // several segments
   auto publisher = std::make_unique<weight_publisher>(std::move(*pt), GetParam(), cfg);
-  // Device tensors, as a trainer's parameters are.
-  std::vector<gpu::device_buffer> buffers;
   std::vector<double> imports;
   std::string last;
   for (std::uint64_t v = 1; v <= 4; ++v) {
-    buffers.clear();
-    std::vector<tensor_source> sources;
-    for (std::size_t t = 0; t < sizes.size(); ++t) {
-      std::vector<std::byte> host(sizes[t]);
-      for (std::size_t i = 0; i < host.size(); ++i) host[i] = pattern(i, t, v);
-      auto b = gpu::device_buffer::make(host.size());
-      ASSERT_TRUE(b) << b.error().message;
-      ASSERT_TRUE(b->upload(host.data(), host.size()));
-      sources.push_back({"t" + std::to_string(t),
-                         dtype::u8,
-                         {static_cast<std::int64_t>(host.size())},
-                         {},
-                         static_cast<const std::byte*>(b->data()),
-                         host.size(),
-                         0,
-                         nullptr});
-      buffers.push_back(std::move(*b));
-    }
-    auto m = publisher->publish(sources, v, {1});
+    auto m = publisher->publish(device_sources(v), v, {1});
     ASSERT_TRUE(m) << m.error().message;
     EXPECT_EQ(m->tensors[0].device, "cuda:0");
     EXPECT_EQ(m->checksum_method.algorithm, checksum_algorithm::xxh3_64_chunked);
@@ -237,7 +241,7 @@ TEST_P(device_transports, a_second_process_imports_verifies_and_outlives_the_pub
   EXPECT_LT(imports[3], 0.01) << "an import of a cached slot should take no time to speak of";
   // The publisher exits while the child holds version 4: the child still reads it whole.
   publisher.reset();
-  buffers.clear();
+  buffers_.clear();
   EXPECT_EQ(ask("recheck " + last), "ok");
   EXPECT_EQ(ask("release " + last), "ok");
 }
@@ -253,33 +257,12 @@ TEST_P(device_transports, a_killed_consumer_gives_its_slot_back) {
   cfg.model_id = "killed";
   cfg.slot_wait = std::chrono::milliseconds(2000);
   auto publisher = std::make_unique<weight_publisher>(std::move(*pt), GetParam(), cfg);
-  std::vector<gpu::device_buffer> buffers;
-  auto sources_for = [&](std::uint64_t v) {
-    buffers.clear();
-    std::vector<tensor_source> sources;
-    for (std::size_t t = 0; t < sizes.size(); ++t) {
-      std::vector<std::byte> host(sizes[t]);
-      for (std::size_t i = 0; i < host.size(); ++i) host[i] = pattern(i, t, v);
-      auto b = gpu::device_buffer::make(host.size());
-      EXPECT_TRUE(b && b->upload(host.data(), host.size()));
-      sources.push_back({"t" + std::to_string(t),
-                         dtype::u8,
-                         {static_cast<std::int64_t>(host.size())},
-                         {},
-                         static_cast<const std::byte*>(b->data()),
-                         host.size(),
-                         0,
-                         nullptr});
-      buffers.push_back(std::move(*b));
-    }
-    return sources;
-  };
   auto slot_id = [](const weight_update_manifest& m) {
     auto at = m.transport_handle.find("\"id\":\"");
     return at == std::string::npos ? std::string() : m.transport_handle.substr(at + 6, 32);
   };
   std::set<std::string> slots;
-  auto first = publisher->publish(sources_for(1), 1, {1});
+  auto first = publisher->publish(device_sources(1), 1, {1});
   ASSERT_TRUE(first) << first.error().message;
   slots.insert(slot_id(*first));
   ASSERT_EQ(ask("import " + manifest_to_json(*first)).rfind("ok ", 0), 0u);
@@ -294,7 +277,7 @@ TEST_P(device_transports, a_killed_consumer_gives_its_slot_back) {
   // Six more versions, each held by nobody: two slots serve them all.
   std::optional<weight_update_manifest> last;
   for (std::uint64_t v = 2; v <= 7; ++v) {
-    auto m = publisher->publish(sources_for(v), v, {2});
+    auto m = publisher->publish(device_sources(v), v, {2});
     ASSERT_TRUE(m) << "version " << v << ": " << m.error().message;
     slots.insert(slot_id(*m));
     if (last) {

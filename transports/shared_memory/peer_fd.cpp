@@ -182,19 +182,7 @@ server::~server() {
 }
 
 void server::run() {
-  for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (fds[1].revents) return;
-    if (!(fds[0].revents & POLLIN)) continue;
-    int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    answer(c);
-    ::close(c);
-  }
+  fd_passing::serve(listen_fd_, wake_fd_, [this](int c) { answer(c); });
 }
 
 void server::answer(int c) {

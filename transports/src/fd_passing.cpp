@@ -1,8 +1,10 @@
 #include "src/fd_passing.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace wsync::fd_passing {
@@ -64,6 +66,22 @@ ssize_t receive_with_fd(int sock, void* data, std::size_t bytes, int* fd) {
     }
   }
   return n;
+}
+
+void serve(int listen_fd, int wake_fd, const std::function<void(int)>& answer) {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents) return;
+    if (!(fds[0].revents & POLLIN)) continue;
+    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    answer(c);
+    ::close(c);
+  }
 }
 
 }  // namespace wsync::fd_passing

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <functional>
 
 namespace wsync::fd_passing {
 
@@ -23,5 +24,10 @@ ssize_t send_with_fd(int sock, const void* data, std::size_t bytes, int fd);
 /// (close-on-exec, the caller closes it) or -1. Extra descriptors a peer attached are closed.
 /// Returns the bytes received, 0 at the end, or -1 (errno set).
 ssize_t receive_with_fd(int sock, void* data, std::size_t bytes, int* fd);
+
+/// A descriptor server's thread body: accepts connections on listening socket `listen_fd` and
+/// calls `answer(connection)` for each, one at a time, closing it after, until eventfd
+/// `wake_fd` is written.
+void serve(int listen_fd, int wake_fd, const std::function<void(int)>& answer);
 
 }  // namespace wsync::fd_passing
