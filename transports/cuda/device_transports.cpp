@@ -25,6 +25,7 @@
 #include "cuda/device_pool.hpp"
 #include "cuda/gpu_transports.hpp"
 #include "src/fd_passing.hpp"
+#include "src/slot_ring.hpp"
 #include "wsync/transports/gpu.hpp"
 
 namespace wsync::device_pool {
@@ -236,13 +237,8 @@ class publisher final : public publisher_transport {
   result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
                                                     std::span<const std::uint64_t> sizes,
                                                     std::chrono::milliseconds wait) override {
-    std::vector<std::uint64_t> offsets;
     std::uint64_t need = 0;
-    for (auto n : sizes) {
-      offsets.push_back(need);
-      need = align_up(need + n, segment_alignment);
-    }
-    need = std::max(need, segment_alignment);
+    auto offsets = slot_ring::layout(sizes, segment_alignment, need);
     std::unique_lock lock(mutex_);
     for (const auto& s : slots_) {
       if (s->holder == id) {
@@ -251,41 +247,14 @@ class publisher final : public publisher_transport {
                                                       " acquired twice (field update_id)");
       }
     }
-    auto deadline = std::chrono::steady_clock::now() + wait;
-    slot* chosen = nullptr;
-    while (!chosen) {
-      slot* small_free = nullptr;
-      for (auto& s : slots_) {
-        if (!s->holder.empty()) continue;
-        if (s->capacity >= need && (!chosen || s->capacity < chosen->capacity)) chosen = s.get();
-        if (s->capacity < need) small_free = s.get();
-      }
-      if (chosen) break;
-      if (slots_.size() < cfg_.slots || small_free) {
-        if (!small_free) {
-          slots_.push_back(std::make_unique<slot>());
-          small_free = slots_.back().get();
-        }
-        free_slot(*small_free);
-        if (auto ok = control_open(); !ok) {
-          return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
-        }
-        if (auto ok = allocate(*small_free, need + need / 8); !ok) {
-          return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
-        }
-        chosen = small_free;
-        break;
-      }
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        return make_error(errc::timeout, std::string(kind_name(cfg_.kind)) +
-                                             ": no free slot for update_id=" + id + " after " +
-                                             std::to_string(wait.count()) + " ms: all " +
-                                             std::to_string(slots_.size()) +
-                                             " slots hold updates not yet released by every "
-                                             "consumer (option slots=" +
-                                             std::to_string(cfg_.slots) + ")");
-      }
-    }
+    auto picked = slot_ring::choose(slots_, need, cfg_.slots, lock, cv_, wait, kind_name(cfg_.kind),
+                                    id, [&](slot& s) -> result<void> {
+                                      free_slot(s);
+                                      if (auto ok = control_open(); !ok) return ok;
+                                      return allocate(s, need + need / 8);
+                                    });
+    if (!picked) return picked.error();
+    slot* chosen = *picked;
     chosen->holder = id;
     chosen->offsets = offsets;
     // About to be rewritten: a consumer holding the previous handle is refused from now on.

@@ -23,6 +23,7 @@
 #include "shared_memory/peer_fd.hpp"
 #include "shared_memory/slot_fds.hpp"
 #include "src/json_read.hpp"
+#include "src/slot_ring.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync {
@@ -236,13 +237,8 @@ class shm_publisher final : public publisher_transport {
   result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
                                                     std::span<const std::uint64_t> sizes,
                                                     std::chrono::milliseconds wait) override {
-    std::vector<std::uint64_t> offsets;
-    std::uint64_t need = 0;
-    for (auto n : sizes) {
-      offsets.push_back(need);
-      need = align_up(need + n, page);  // page-aligned segments can be registered later
-    }
-    need = std::max(need, page);
+    std::uint64_t need = 0;  // page-aligned segments can be registered later
+    auto offsets = slot_ring::layout(sizes, page, need);
     std::unique_lock lock(mutex_);
     for (const auto& s : slots_) {
       if (s->holder == id) {
@@ -250,42 +246,15 @@ class shm_publisher final : public publisher_transport {
                           "shared-memory: update_id " + id + " acquired twice (field update_id)");
       }
     }
-    auto deadline = std::chrono::steady_clock::now() + wait;
-    slot* chosen = nullptr;
-    while (!chosen) {
-      slot* small_free = nullptr;
-      for (auto& s : slots_) {
-        if (!s->holder.empty()) continue;
-        if (s->capacity >= need && (!chosen || s->capacity < chosen->capacity)) chosen = s.get();
-        if (s->capacity < need) small_free = s.get();
-      }
-      if (chosen) break;
-      if (slots_.size() < cfg_.slots || small_free) {
-        // Grow: a new slot while the ring may grow, otherwise resize a free one that is too small.
-        if (!small_free) {
-          slots_.push_back(std::make_unique<slot>());
-          small_free = slots_.back().get();
-        }
-        slot_destroy(*small_free);
-        std::uint64_t capacity = align_up(need + need / 8, capacity_quantum);
-        if (auto ok = slot_create(*small_free, capacity, owner_start_); !ok) {
-          // Keep the (now empty) entry: erasing it would shift the indices consumers key their
-          // mappings by. A later acquire recreates it.
-          return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
-        }
-        chosen = small_free;
-        break;
-      }
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        return make_error(errc::timeout,
-                          "shared-memory: no free slot for update_id=" + id + " after " +
-                              std::to_string(wait.count()) + " ms: all " +
-                              std::to_string(slots_.size()) +
-                              " slots hold updates not yet released by every consumer "
-                              "(option slots=" +
-                              std::to_string(cfg_.slots) + ")");
-      }
-    }
+    // A slot too small is made again; a failed remake keeps the (now empty) entry: erasing it
+    // would shift the indices consumers key their mappings by. A later acquire recreates it.
+    auto picked = slot_ring::choose(
+        slots_, need, cfg_.slots, lock, cv_, wait, "shared-memory", id, [&](slot& s) {
+          slot_destroy(s);
+          return slot_create(s, align_up(need + need / 8, capacity_quantum), owner_start_);
+        });
+    if (!picked) return picked.error();
+    slot* chosen = *picked;
     chosen->holder = id;
     chosen->offsets = offsets;
     // The slot is about to be rewritten: bump the generation now, so a consumer holding the
