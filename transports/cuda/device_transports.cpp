@@ -685,6 +685,7 @@ class consumer final : public consumer_transport {
       }
     }
     auto blocked = [&](const std::string& what, cudaError_t e) -> error {
+      (void)cudaGetLastError();  // reported here; later launch checks must not see it again
       return {errc::blocked, "blocked: " + who + ": " + what + " failed (" + cuda_text(e) + ") (" +
                                  update_context(m) + ")"};
     };

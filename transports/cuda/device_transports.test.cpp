@@ -292,6 +292,51 @@ TEST_P(device_transports, a_killed_consumer_gives_its_slot_back) {
   EXPECT_EQ(ask("release " + last->update_id), "ok");
 }
 
+// Handles that do not name a live slot are refused with the precise reason, and the consumer
+// still imports the real one afterwards: a stale generation, a memory handle CUDA cannot open
+// (cuda-ipc: blocked, naming the CUDA error), a socket nobody listens on (cuda-vmm).
+TEST_P(device_transports, a_handle_naming_no_live_slot_is_refused_with_the_reason) {
+  child_start();
+  auto pt = transport_->make_publisher();
+  ASSERT_TRUE(pt) << pt.error().message;
+  publisher_config cfg;
+  cfg.model_id = "refused";
+  auto publisher = std::make_unique<weight_publisher>(std::move(*pt), GetParam(), cfg);
+  auto m = publisher->publish(device_sources(1), 1, {1});
+  ASSERT_TRUE(m) << m.error().message;
+  const auto kind =
+      std::string(GetParam()) == "cuda-ipc" ? device_pool::sharing::ipc : device_pool::sharing::vmm;
+  auto with = [&](auto change) {
+    auto h = device_pool::handle_parse(*m, kind);
+    EXPECT_TRUE(h);
+    change(*h);
+    auto copy = *m;
+    copy.update_id += "-forged";
+    copy.transport_handle = device_pool::handle_encode(*h);
+    return ask("import " + manifest_to_json(copy));
+  };
+  auto stale = with([](device_pool::handle& h) { h.generation += 2; });
+  EXPECT_NE(stale.find("is no longer in " + std::string(GetParam()) + " memory"), std::string::npos)
+      << stale;
+  if (kind == device_pool::sharing::ipc) {
+    auto forged = with([](device_pool::handle& h) {
+      h.id = std::string(32, 'e');  // not cached: opened
+      h.memory = std::string(128, '7');
+    });
+    EXPECT_EQ(forged.rfind("blocked: cuda-ipc: cudaIpcOpenMemHandle failed (cuda", 0), 0u)
+        << forged;
+  } else {
+    auto nobody = with([](device_pool::handle& h) {
+      h.id = std::string(32, 'e');
+      h.socket = "wsync-vmm-0-1-nobody";
+    });
+    EXPECT_NE(nobody.find("does not answer"), std::string::npos) << nobody;
+  }
+  auto real = ask("import " + manifest_to_json(*m));
+  EXPECT_EQ(real.rfind("ok ", 0), 0u) << real;
+  EXPECT_EQ(ask("release " + m->update_id), "ok");
+}
+
 INSTANTIATE_TEST_SUITE_P(gpu, device_transports, ::testing::Values("cuda-ipc", "cuda-vmm"),
                          [](const auto& param_info) {
                            std::string n = param_info.param;

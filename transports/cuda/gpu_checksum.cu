@@ -68,6 +68,9 @@ unsigned grid_for(std::uint64_t threads) {
 int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std::uint64_t* digests,
                   void* stream_ptr, const char** what) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
+  // The launches are checked with cudaGetLastError(): clear what an earlier failed call left
+  // there (already reported through its own return value), or it would be reported as ours.
+  (void)cudaGetLastError();
   chunk_job* jobs_d = nullptr;
   xxh3::lanes* sums_d = nullptr;
   std::uint64_t* digests_d = nullptr;
