@@ -103,12 +103,13 @@ weight_publisher::~weight_publisher() {
 
 result<gpu::stream*> weight_publisher::stream_on(int device) {
   std::lock_guard lock(stream_mutex_);
-  if (!stream_ || stream_->device() != device) {
+  auto& s = streams_[device];
+  if (!s) {
     auto made = gpu::stream::make(device);
     if (!made) return made.error();
-    stream_ = std::make_unique<gpu::stream>(std::move(*made));
+    s = std::make_unique<gpu::stream>(std::move(*made));
   }
-  return stream_.get();
+  return s.get();
 }
 
 result<void> weight_publisher::copy_to_device(std::span<const tensor_source> tensors,
@@ -160,23 +161,26 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
                                         const std::vector<std::span<std::byte>>& dest,
                                         const checksum_method& method) {
   if (!transport_->memory().host()) return copy_to_device(tensors, descs, dest, method);
-  // Device tensors into host segments: the GPU copies them first, the threads below hash them.
-  gpu::stream* from_device = nullptr;
+  // Device tensors into host segments: the GPU copies them first (each device on its stream,
+  // after the work queued on each producing stream), the threads below hash them.
+  std::set<gpu::stream*> used;
+  std::set<std::pair<int, void*>> waited;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     if (t.cuda_device < 0) continue;
     auto s = stream_on(t.cuda_device);
     if (!s) return s.error();
-    from_device = *s;
-    if (auto ok = from_device->wait_for(t.stream, t.cuda_device); !ok) return ok.error();
-    if (auto ok =
-            from_device->copy(dest[descs[i].segment].data() + descs[i].offset, t.data, t.nbytes);
+    used.insert(*s);
+    if (waited.emplace(t.cuda_device, t.stream).second) {
+      if (auto ok = (*s)->wait_for(t.stream, t.cuda_device); !ok) return ok.error();
+    }
+    if (auto ok = (*s)->copy(dest[descs[i].segment].data() + descs[i].offset, t.data, t.nbytes);
         !ok) {
       return ok.error();
     }
   }
-  if (from_device) {
-    if (auto ok = from_device->synchronize(); !ok) return ok.error();
+  for (auto* s : used) {
+    if (auto ok = s->synchronize(); !ok) return ok.error();
   }
   // Pieces: whole tensors, largest first, or every chunk of every tensor in order
   // (xxh3-64-chunked, so that one large tensor is copied and hashed by all threads). Each piece

@@ -139,7 +139,9 @@ class weight_publisher {
   std::string transport_name_;
   publisher_config config_;
   std::mutex stream_mutex_;
-  std::unique_ptr<gpu::stream> stream_;  ///< device copies (made at first need)
+  /// Per device, the stream its copies run on (made at first need, kept: concurrent publishes
+  /// may hold a pointer to one).
+  std::map<int, std::unique_ptr<gpu::stream>> streams_;
   mutable std::mutex mutex_;
   std::uint64_t last_version_ = 0;
   bool published_any_ = false;
