@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/json_read.hpp"
+#include "src/slot_ring.hpp"
 
 namespace wsync::device_pool {
 namespace {
@@ -74,14 +75,8 @@ result<handle> handle_parse(const weight_update_manifest& m, sharing kind) {
   if (kind == sharing::vmm && (h.socket.rfind("wsync-vmm-", 0) != 0 || h.socket.size() > 100)) {
     return bad("socket \"" + h.socket + "\" is not a wsync socket name");
   }
-  if (h.offsets.size() != m.segments.size()) {
-    return bad(std::to_string(h.offsets.size()) + " offsets for " +
-               std::to_string(m.segments.size()) + " segments");
-  }
-  for (std::size_t i = 0; i < h.offsets.size(); ++i) {
-    if (h.offsets[i] > h.capacity || m.segments[i].nbytes > h.capacity - h.offsets[i]) {
-      return bad("segment " + std::to_string(i) + " lies outside the slot");
-    }
+  if (auto why = slot_ring::segments_outside(h.offsets, h.capacity, m.segments); !why.empty()) {
+    return bad(why);
   }
   return h;
 }

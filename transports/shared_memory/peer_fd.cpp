@@ -30,14 +30,6 @@ std::string prefix() {
   return "wsync-peer-" + std::to_string(::getuid()) + "-";
 }
 
-// An abstract address: sun_path starts with NUL, the name follows without a terminator.
-socklen_t address_of(const std::string& name, sockaddr_un& a) {
-  std::memset(&a, 0, sizeof a);
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path + 1, name.data(), name.size());
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-}
-
 using fd_passing::same_user;
 
 void set_timeouts(int fd) {
@@ -154,7 +146,7 @@ server::server(find_fn find) : find_(std::move(find)) {
     return;
   }
   sockaddr_un a{};
-  auto len = address_of(name_, a);
+  auto len = fd_passing::abstract_address(name_, a);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0) {
     fail("bind");
     return;
@@ -242,7 +234,7 @@ result<fetched> fetch(const std::string& name, const registration& me) {
     if (c < 0) break;
     set_timeouts(c);
     sockaddr_un a{};
-    auto len = address_of(peer, a);
+    auto len = fd_passing::abstract_address(peer, a);
     if (::connect(c, reinterpret_cast<sockaddr*>(&a), len) != 0 || !same_user(c)) {
       ::close(c);
       continue;

@@ -630,14 +630,8 @@ result<handle> handle_parse(const weight_update_manifest& m) {
   if (h.name.rfind(name_prefix, 0) != 0 || h.name.find('/') != std::string::npos) {
     return bad("segment name \"" + h.name + "\" is not a wsync shared-memory name");
   }
-  if (h.offsets.size() != m.segments.size()) {
-    return bad(std::to_string(h.offsets.size()) + " offsets for " +
-               std::to_string(m.segments.size()) + " segments");
-  }
-  for (std::size_t i = 0; i < h.offsets.size(); ++i) {
-    if (h.offsets[i] > h.capacity || m.segments[i].nbytes > h.capacity - h.offsets[i]) {
-      return bad("segment " + std::to_string(i) + " lies outside the slot");
-    }
+  if (auto why = slot_ring::segments_outside(h.offsets, h.capacity, m.segments); !why.empty()) {
+    return bad(why);
   }
   return h;
 }

@@ -5,9 +5,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 namespace wsync::fd_passing {
+
+socklen_t abstract_address(const std::string& name, sockaddr_un& a) {
+  std::memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
 
 bool same_user(int sock) {
   ucred cred{};

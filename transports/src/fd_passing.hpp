@@ -3,12 +3,19 @@
 // the peer's identity checked by the kernel (SO_PEERCRED). Shared-memory consumers pass slots
 // to peers with it; CUDA VMM segments (POSIX-fd handles) will travel the same way.
 
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include <cstddef>
 #include <functional>
+#include <string>
 
 namespace wsync::fd_passing {
+
+/// Fills `a` with the abstract Unix socket address `name` (no file: sun_path starts with NUL and
+/// the name follows without a terminator) and returns its length for bind or connect.
+socklen_t abstract_address(const std::string& name, sockaddr_un& a);
 
 /// True when the process at the other end of Unix socket `sock` runs as this process's user.
 bool same_user(int sock);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "wsync/manifest/manifest.hpp"
 #include "wsync/manifest/result.hpp"
 
 namespace wsync::slot_ring {
@@ -28,6 +29,23 @@ inline std::vector<std::uint64_t> layout(std::span<const std::uint64_t> sizes,
   }
   if (need < alignment) need = alignment;
   return offsets;
+}
+
+/// Why a handle's segment `offsets` do not fit a slot of `capacity` bytes holding the manifest's
+/// segments ("segment 2 lies outside the slot"), or "" when every one does. Handle decoders use
+/// it, so a consumer never maps past a slot.
+inline std::string segments_outside(std::span<const std::uint64_t> offsets, std::uint64_t capacity,
+                                    const std::vector<segment_descriptor>& segments) {
+  if (offsets.size() != segments.size()) {
+    return std::to_string(offsets.size()) + " offsets for " + std::to_string(segments.size()) +
+           " segments";
+  }
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    if (offsets[i] > capacity || segments[i].nbytes > capacity - offsets[i]) {
+      return "segment " + std::to_string(i) + " lies outside the slot";
+    }
+  }
+  return {};
 }
 
 /// A free slot of `slots` for `need` bytes, under `lock`: the smallest free one that is large
