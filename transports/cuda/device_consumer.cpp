@@ -183,8 +183,9 @@ class consumer final : public consumer_transport {
     }
     auto blocked = [&](const std::string& what, cudaError_t e) -> error {
       (void)cudaGetLastError();  // reported here; later launch checks must not see it again
-      return {errc::blocked, "blocked: " + who + ": " + what + " failed (" + cuda_text(e) + ") (" +
-                                 update_context(m) + ")"};
+      // DESIGN's text for a handle CUDA cannot reopen, behind the "blocked:" the issue asks for.
+      return {errc::blocked, "blocked: CUDA IPC handle reconstruction failed: " + who + ": " +
+                                 what + " (" + cuda_text(e) + ") (" + update_context(m) + ")"};
     };
     cudaIpcEventHandle_t eh{};
     hex_to(h.event, &eh);

@@ -323,7 +323,10 @@ TEST_P(device_transports, a_handle_naming_no_live_slot_is_refused_with_the_reaso
       h.id = std::string(32, 'e');  // not cached: opened
       h.memory = std::string(128, '7');
     });
-    EXPECT_EQ(forged.rfind("blocked: cuda-ipc: cudaIpcOpenMemHandle failed (cuda", 0), 0u)
+    EXPECT_EQ(forged.rfind("blocked: CUDA IPC handle reconstruction failed: cuda-ipc: "
+                           "cudaIpcOpenMemHandle (cuda",
+                           0),
+              0u)
         << forged;
   } else {
     auto nobody = with([](device_pool::handle& h) {
