@@ -95,6 +95,13 @@ void add_point_flags(CLI::App* bench, bench_state& s) {
       ->delimiter(',')
       ->check(CLI::Range(1, 1024));
   bench
+      ->add_option("--processes", s.cluster.processes,
+                   "cluster mode: consumer processes the ranks are spread over, as engines with "
+                   "one process per GPU run them; above 1, each count is measured without node "
+                   "leaders (the baseline) and with them")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  bench
       ->add_option("--slots", opt.slots,
                    "shared-memory ring size, or file-mmap buffers (at least 2: the active version "
                    "and the incoming one)")

@@ -1,7 +1,9 @@
 // A consumer rank: joins the coordinator, runs the rollout executor on every update it is
 // sent, and reports importing / acknowledged / rejected / released.
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -26,6 +28,7 @@ namespace wsync {
 /// the manifests was most of a rank's fixed cost per update). Never leaves the process.
 struct parsed_update {
   std::string token, key, received_from;
+  std::string identity;  ///< the key and every shard's update id: a retry has new ids
   std::vector<weight_update_manifest> shards;
   std::string error;  ///< a manifest that did not parse: every rank rejects it with this
 };
@@ -222,6 +225,28 @@ struct endpoint_state {
   std::map<std::string, std::set<std::int32_t>> owed;
   /// Per update key still owed: the ranks that rejected it (the log says so once it is done).
   std::map<std::string, std::vector<std::int32_t>> rejected;
+  /// Per rank: the updates (parsed_update::identity) it was handed lately, newest first, so
+  /// that a resend reaches it at most once.
+  std::map<std::int32_t, std::deque<std::string>> handed;
+  caf::io::middleman_actor connector;  ///< opens connections without blocking
+
+  // Node leadership (docs/cluster.md, "Node leaders"). An endpoint leads its node, is a member
+  // attached to its node's leader, or reports straight to the coordinator.
+  std::uint16_t node_port = 0;   ///< where it takes its node's endpoints; 0: not offered
+  std::uint64_t lead_epoch = 0;  ///< while it leads: the coordinator's epoch; else 0
+  struct member_endpoint {
+    consumer_actor handle;
+    std::vector<std::int32_t> ranks;
+  };
+  std::map<caf::actor_addr, member_endpoint> members;  ///< while it leads: endpoints it carries
+  std::map<std::int32_t, caf::actor_addr> carried;     ///< their ranks
+  /// Members whose reports sit in `pending`, and the newest batch number taken from each: they
+  /// hear it (flushed_atom) once the batch went on to the coordinator.
+  std::map<caf::actor_addr, std::uint64_t> unconfirmed_from;
+  consumer_actor leader;           ///< as a member: the leader it reports through (or null)
+  std::uint64_t member_epoch = 0;  ///< as a member: the leadership it attached (or attaches) to
+  std::uint64_t batch_seq = 0;     ///< numbers the batches sent to the leader
+  std::deque<report_batch> unconfirmed;  ///< sent to the leader, not yet passed on
 };
 
 using endpoint_pointer = consumer_actor::pointer;
@@ -243,6 +268,7 @@ void join_rank(endpoint_pointer self, const endpoint_state_ptr& st, std::int32_t
   if (round != st->join_round || it == st->ranks.end() || it->second.side->joined) return;
   auto hello = it->second.hello;
   auto side = it->second.side;
+  hello.node_port = st->node_port;
   hello.active_weight_version = side->active_version();
   hello.held = side->held();
   self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
@@ -304,22 +330,41 @@ void answered(const endpoint_state_ptr& st, const rank_report& r) {
   log_warn(st->who + ": update " + r.key + " not installed by rank(s) " + list + ": " + r.reason);
 }
 
+// A report of this endpoint's ranks, or of a member's, joins the pending batch.
+void take(const endpoint_state_ptr& st, rank_report r, std::chrono::steady_clock::time_point now) {
+  if (r.state == "acknowledged" || r.state == "rejected" || r.state == "waiting") answered(st, r);
+  if (st->pending.empty()) st->pending_since = now;
+  st->pending.push_back(std::move(r));
+}
+
+// Sends a batch on: through the node's leader when attached to one (kept until the leader says
+// it passed it on), else to the coordinator — and then tells the members whose reports were in
+// it.
+void send_batch(endpoint_pointer self, const endpoint_state_ptr& st,
+                std::vector<rank_report> reports) {
+  if (st->leader) {
+    report_batch b{st->token, std::move(reports), ++st->batch_seq};
+    st->unconfirmed.push_back(b);
+    self->send(st->leader, report_atom::value, std::move(b));
+    return;
+  }
+  self->send(st->coordinator, report_atom::value, report_batch{st->token, std::move(reports)});
+  for (const auto& [addr, seq] : std::exchange(st->unconfirmed_from, {})) {
+    if (auto m = st->members.find(addr); m != st->members.end()) {
+      self->send(m->second.handle, flushed_atom::value, st->token, seq);
+    }
+  }
+}
+
 // Sends what is pending once every rank answered what it was handed, or once the oldest pending
 // report waited report_linger; otherwise makes sure a flush comes then.
 void flush(endpoint_pointer self, const endpoint_state_ptr& st) {
   const auto now = std::chrono::steady_clock::now();
   if (st->linger_due && now >= *st->linger_due) st->linger_due.reset();
-  for (auto& r : st->box->take()) {
-    if (r.state == "acknowledged" || r.state == "rejected" || r.state == "waiting") {
-      answered(st, r);
-    }
-    if (st->pending.empty()) st->pending_since = now;
-    st->pending.push_back(std::move(r));
-  }
+  for (auto& r : st->box->take()) take(st, std::move(r), now);
   if (st->pending.empty()) return;
   if (st->owed.empty() || now - *st->pending_since >= report_linger) {
-    self->send(st->coordinator, report_atom::value,
-               report_batch{st->token, std::exchange(st->pending, {})});
+    send_batch(self, st, std::exchange(st->pending, {}));
     st->pending_since.reset();
     return;
   }
@@ -329,19 +374,120 @@ void flush(endpoint_pointer self, const endpoint_state_ptr& st) {
   }
 }
 
+// This endpoint's own ranks.
+std::vector<std::int32_t> own_ranks(const endpoint_state_ptr& st) {
+  std::vector<std::int32_t> out;
+  for (const auto& [rank, slot] : st->ranks) out.push_back(rank);
+  return out;
+}
+
+// Stops reporting through the node's leader: the coordinator hears that the ranks are carried no
+// more, and what the leader had not passed on goes to it straight (a report it did pass on
+// arrives twice; the coordinator refuses the second).
+void detach(endpoint_pointer self, const endpoint_state_ptr& st) {
+  if (st->leader) self->demonitor(st->leader.address());
+  st->leader = nullptr;
+  if (st->member_epoch != 0) {
+    self->send(st->coordinator, carry_atom::value,
+               carry_notice{st->token, st->member_epoch, own_ranks(st), false});
+  }
+  st->member_epoch = 0;
+  std::vector<rank_report> replay;
+  for (auto& b : st->unconfirmed) {
+    for (auto& r : b.reports) replay.push_back(std::move(r));
+  }
+  st->unconfirmed.clear();
+  if (!replay.empty()) {
+    self->send(st->coordinator, report_atom::value, report_batch{st->token, std::move(replay)});
+  }
+}
+
+// A member endpoint is carried no more (it went away, or this endpoint stops leading): its ranks
+// are owed nothing here, and the coordinator hears it unless `tell` is false.
+void member_gone(endpoint_pointer self, const endpoint_state_ptr& st, const caf::actor_addr& addr,
+                 bool tell) {
+  auto m = st->members.find(addr);
+  if (m == st->members.end()) return;
+  for (auto rank : m->second.ranks) {
+    st->carried.erase(rank);
+    for (auto& [key, ranks] : st->owed) ranks.erase(rank);
+  }
+  std::erase_if(st->owed, [](const auto& kv) { return kv.second.empty(); });
+  if (tell) {
+    self->send(st->coordinator, carry_atom::value,
+               carry_notice{st->token, st->lead_epoch, m->second.ranks, false});
+  }
+  self->demonitor(m->second.handle.address());
+  st->unconfirmed_from.erase(addr);
+  st->members.erase(m);
+}
+
+// Stops leading the node: every member is let go.
+void stop_leading(endpoint_pointer self, const endpoint_state_ptr& st, bool tell) {
+  while (!st->members.empty()) member_gone(self, st, st->members.begin()->first, tell);
+  st->lead_epoch = 0;
+}
+
+// Attaches this endpoint's ranks to its node's leader at 127.0.0.1:port for leadership `epoch`.
+// Until the leader accepts (or when it cannot be reached), reports go straight to the
+// coordinator, which routes nothing through the leader before the leader says it carries them.
+void attach(endpoint_pointer self, const endpoint_state_ptr& st, std::uint16_t port,
+            std::uint64_t epoch) {
+  st->member_epoch = epoch;
+  auto fail = [=](const std::string& why) {
+    if (epoch != st->member_epoch) return;
+    st->member_epoch = 0;
+    log_warn(st->who + ": cannot attach to its node's leader at 127.0.0.1:" + std::to_string(port) +
+             " (" + why + "); reporting straight to the coordinator");
+  };
+  self->request(st->connector, std::chrono::seconds(5), caf::connect_atom::value,
+                std::string("127.0.0.1"), port)
+      .then(
+          [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            if (epoch != st->member_epoch) return;
+            if (!ptr) return fail("nothing published there");
+            auto leader = caf::actor_cast<consumer_actor>(ptr);
+            self->request(leader, std::chrono::seconds(5), attach_atom::value,
+                          attach_request{st->token, epoch, own_ranks(st)})
+                .then(
+                    [=](const std::string& token, const std::string& refusal) {
+                      if (epoch != st->member_epoch) return;
+                      if (token != st->token || !refusal.empty()) {
+                        return fail(refusal.empty() ? "wrong token" : refusal);
+                      }
+                      st->leader = leader;
+                      self->monitor(leader);
+                      log_info(st->who + ": reports through its node's leader");
+                    },
+                    [=](caf::error& err) { fail(self->system().render(err)); });
+          },
+          [=](caf::error& err) { fail(self->system().render(err)); });
+}
+
 // The endpoint of a process's consumer ranks: joins them, hands each update to the workers of
 // the ranks it names, and sends their reports on in batches.
 consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_actor coordinator,
                                             endpoint_state_ptr st, endpoint where,
                                             caf::io::middleman_actor connector) {
   st->coordinator = coordinator;
+  st->connector = connector;
   {
     std::lock_guard lock(st->box->mu);
     st->box->endpoint = caf::actor_cast<caf::actor_addr>(self);
   }
   for (auto& [rank, slot] : st->ranks) self->monitor(slot.worker);
-  join_all(self, st);
   self->set_down_handler([=](caf::down_msg& msg) {
+    if (st->leader && msg.source == st->leader.address()) {
+      if (!really_down(st->leader)) return;
+      log_warn(st->who + ": its node's leader went away; reporting straight to the coordinator");
+      detach(self, st);
+      return;
+    }
+    if (auto m = st->members.find(msg.source); m != st->members.end()) {
+      if (!really_down(m->second.handle)) return;
+      member_gone(self, st, msg.source, true);
+      return;
+    }
     if (msg.source != st->coordinator.address()) {
       for (auto& [rank, slot] : st->ranks) {
         if (msg.source != slot.worker.address()) continue;
@@ -358,6 +504,12 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
     }
     st->joined = false;
     for (auto& [rank, slot] : st->ranks) slot.side->joined = false;
+    // Leadership was the coordinator's word: the next one names leaders anew.
+    stop_leading(self, st, false);
+    if (st->leader) self->demonitor(st->leader.address());
+    st->leader = nullptr;
+    st->member_epoch = 0;
+    st->unconfirmed.clear();
     // Keep serving the active version and look for a restarted coordinator, with backoff.
     log_warn(st->who + ": coordinator went away; serving the active version, reconnecting");
     schedule_reconnect(self, st);
@@ -368,9 +520,38 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
           log_warn(st->who + ": refused update " + msg.key + ": token: not from the coordinator");
           return;
         }
+        // The ranks this endpoint carries for its node's other endpoints: one message to each.
+        std::map<caf::actor_addr, update_available> relay;
+        std::vector<std::int32_t> mine;
+        for (auto rank : msg.ranks) {
+          auto c = st->carried.find(rank);
+          if (c == st->carried.end()) {
+            mine.push_back(rank);
+            continue;
+          }
+          auto& out = relay[c->second];
+          if (out.ranks.empty()) {
+            out = update_available{msg.token,         msg.key, msg.manifests,
+                                   msg.received_from, {},      msg.resend};
+          }
+          out.ranks.push_back(rank);
+          // A member's rank works on one update at a time: one it never answered (it went and
+          // came back) is owed no more. A resent update is answered only by a rank that does not
+          // have it yet.
+          for (auto& [key, ranks] : st->owed) {
+            if (key != msg.key) ranks.erase(rank);
+          }
+          if (!msg.resend) st->owed[msg.key].insert(rank);
+        }
+        std::erase_if(st->owed, [](const auto& kv) { return kv.second.empty(); });
+        for (auto& [addr, out] : relay) {
+          self->send(st->members[addr].handle, update_atom::value, std::move(out));
+        }
+        if (mine.empty()) return;
         auto u = std::make_shared<parsed_update>();
         u->token = msg.token;
         u->key = msg.key;
+        u->identity = msg.key;
         u->received_from = msg.received_from;
         for (const auto& text : msg.manifests) {
           auto m = manifest_from_json(text);
@@ -378,16 +559,23 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
             u->error = m.error().message;
             break;
           }
+          u->identity += "/" + m->update_id;
           u->shards.push_back(std::move(*m));
         }
-        auto work = caf::make_message(update_atom::value, parsed_update_ptr(std::move(u)));
-        for (auto rank : msg.ranks) {
+        auto work = caf::make_message(update_atom::value, parsed_update_ptr(u));
+        for (auto rank : mine) {
           auto it = st->ranks.find(rank);
           if (it == st->ranks.end()) {
             log_warn(st->who + ": update " + msg.key + " names rank " + std::to_string(rank) +
                      ", which is not here");
             continue;
           }
+          auto& handed = st->handed[rank];
+          if (msg.resend && std::find(handed.begin(), handed.end(), u->identity) != handed.end()) {
+            continue;  // it has this one: its answer is on its way
+          }
+          handed.push_front(u->identity);
+          if (handed.size() > 16) handed.pop_back();
           st->owed[msg.key].insert(rank);
           caf::anon_send(it->second.worker, work);
         }
@@ -419,16 +607,92 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         log_info(st->who + ": update " + key + " was aborted; keeping the active version");
       },
       [=](flush_atom) { flush(self, st); },
+      [=](join_atom) {
+        if (st->join_round == 0) join_all(self, st);  // once: later rounds are its own
+      },
+      [=](lead_atom, const std::string& token, std::uint16_t port, std::uint64_t epoch) {
+        if (token != st->token) return;
+        if (port == 0) {  // this endpoint leads its node
+          if (st->lead_epoch == epoch) return;
+          stop_leading(self, st, true);
+          detach(self, st);
+          st->lead_epoch = epoch;
+          log_info(st->who + ": leads the consumer endpoints of its node");
+          return;
+        }
+        if (st->member_epoch == epoch) return;
+        stop_leading(self, st, true);
+        detach(self, st);
+        attach(self, st, port, epoch);
+      },
+      [=](attach_atom, const attach_request& req) -> std::tuple<std::string, std::string> {
+        if (req.token != st->token) return {"", "attach refused: token: wrong cluster token"};
+        if (st->lead_epoch == 0 || req.epoch != st->lead_epoch) {
+          return {st->token, "attach refused: epoch: this endpoint does not lead its node in it"};
+        }
+        if (req.ranks.empty()) return {st->token, "attach refused: ranks: none given"};
+        for (auto rank : req.ranks) {
+          if (st->ranks.count(rank)) {
+            return {st->token, "attach refused: ranks: rank " + std::to_string(rank) +
+                                   " is this endpoint's own"};
+          }
+        }
+        auto handle = caf::actor_cast<consumer_actor>(self->current_sender());
+        if (!handle) return {st->token, "attach refused: no sender to carry"};
+        auto [m, fresh] = st->members.try_emplace(handle.address());
+        m->second.handle = handle;
+        for (auto rank : m->second.ranks) st->carried.erase(rank);
+        m->second.ranks = req.ranks;
+        for (auto rank : req.ranks) st->carried[rank] = handle.address();
+        if (fresh) self->monitor(handle);
+        // Before the answer: the coordinator hears it carries them before any of their reports.
+        self->send(st->coordinator, carry_atom::value,
+                   carry_notice{st->token, st->lead_epoch, req.ranks, true});
+        return {st->token, ""};
+      },
+      [=](report_atom, report_batch& b) {
+        auto m = st->members.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+        if (b.token != st->token || m == st->members.end()) {
+          log_warn(st->who + ": refused a batch of " + std::to_string(b.reports.size()) +
+                   " reports from an endpoint it does not carry");
+          return;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        for (auto& r : b.reports) {
+          const auto& ranks = m->second.ranks;
+          if (r.token != st->token ||
+              std::find(ranks.begin(), ranks.end(), r.rank) == ranks.end()) {
+            log_warn(st->who + ": refused a report for rank " + std::to_string(r.rank) +
+                     " from a member endpoint that did not attach it");
+            continue;
+          }
+          take(st, std::move(r), now);
+        }
+        st->unconfirmed_from[m->first] = b.seq;
+        flush(self, st);
+      },
+      [=](flushed_atom, const std::string& token, std::uint64_t seq) {
+        if (token != st->token || !st->leader ||
+            caf::actor_cast<caf::actor_addr>(self->current_sender()) != st->leader.address()) {
+          return;
+        }
+        while (!st->unconfirmed.empty() && st->unconfirmed.front().seq <= seq) {
+          st->unconfirmed.pop_front();
+        }
+      },
   };
 }
 
 // Spawns a worker per rank and their endpoint; returns the endpoint first, then the workers
 // (stop them all together).
+// With `node_leader`, the endpoint is published on a loopback port first, so that it can lead
+// its node's other consumer endpoints if the coordinator asks it to.
 std::vector<caf::actor> spawn_ranks(
-    caf::actor_system& sys, coordinator_actor coordinator, const endpoint& where,
-    caf::io::middleman_actor connector,
+    cluster_system& cs, coordinator_actor coordinator, const endpoint& where,
     std::vector<std::pair<std::shared_ptr<rollout_side>, rank_hello>> ranks,
-    consumer_observer* observer) {
+    consumer_observer* observer, bool node_leader) {
+  auto& sys = cs.get();
+  auto connector = cs.connector();
   auto st = std::make_shared<endpoint_state>();
   st->box = std::make_shared<report_outbox>();
   st->token = where.token;
@@ -442,10 +706,22 @@ std::vector<caf::actor> spawn_ranks(
     actors.push_back(worker);
     st->ranks[hello.rank] = rank_slot{side, hello, worker};
   }
-  actors.front() = caf::actor_cast<caf::actor>(
-      sys.spawn<guarded<consumer_actor::base>>(st->who, [=](consumer_actor::base* self) {
-        return endpoint_impl(self, coordinator, st, where, connector);
-      }));
+  auto e = sys.spawn<guarded<consumer_actor::base>>(st->who, [=](consumer_actor::base* self) {
+    return endpoint_impl(self, coordinator, st, where, connector);
+  });
+  if (node_leader) {
+    endpoint local = where;
+    local.host = "127.0.0.1";
+    local.port = 0;
+    if (auto port = cs.publish(e, local)) {
+      st->node_port = *port;  // read by the endpoint only once it is started below
+    } else {
+      log_warn(st->who + ": cannot listen on 127.0.0.1 for its node's endpoints (" +
+               sys.render(port.error()) + "); it will not lead its node");
+    }
+  }
+  caf::anon_send(e, join_atom::value);
+  actors.front() = caf::actor_cast<caf::actor>(e);
   return actors;
 }
 
@@ -478,8 +754,8 @@ int consumer_run(const consumer_options& options) {
               sys.get().render(coordinator.error()));
     return 1;
   }
-  auto actors = spawn_ranks(sys.get(), *coordinator, options.coordinator, sys.connector(), ranks,
-                            options.observer);
+  auto actors = spawn_ranks(sys, *coordinator, options.coordinator, ranks, options.observer,
+                            options.node_leader);
   int rc = run_until_stopped(sys.get(), actors);
   if (options.observer) options.observer->stopping();
   return rc;
@@ -521,8 +797,8 @@ result<std::unique_ptr<rollout_rank>> rollout_rank::connect(const rollout_option
   }
   auto hello = hello_make(o.coordinator.token, o.rank, "consumer", o.node, o.model_id, o.transport);
   hello.address = p->side->relay_address;
-  p->actors = spawn_ranks(p->sys.get(), *coordinator, o.coordinator, p->sys.connector(),
-                          {{p->side, std::move(hello)}}, observer);
+  p->actors = spawn_ranks(p->sys, *coordinator, o.coordinator, {{p->side, std::move(hello)}},
+                          observer, o.node_leader);
   auto rank = std::unique_ptr<rollout_rank>(new rollout_rank(std::move(p)));
   const auto deadline = std::chrono::steady_clock::now() + o.join_timeout;
   while (!rank->impl_->side->joined) {

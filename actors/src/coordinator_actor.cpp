@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 
 #include "coordinator_actor.hpp"
 #include "guard.hpp"
@@ -35,6 +36,22 @@ constexpr auto tick_interval = std::chrono::milliseconds(200);
 struct member {
   rank_role role;
   std::set<std::int32_t> ranks;
+  std::string node;             ///< consumers: the node its first rank named
+  std::uint16_t node_port = 0;  ///< consumers: where it takes its node's endpoints if it leads
+};
+
+/// The consumer endpoint that leads a node: the other endpoints of the node attach to it, and it
+/// carries their updates and reports (docs/cluster.md, "Node leaders").
+struct node_lead {
+  caf::actor_addr addr;
+  consumer_actor handle;
+  std::uint64_t epoch = 0;  ///< random per leadership: a stale attach or notice names another
+};
+
+/// Which leader carries a consumer rank of another endpoint, and since which leadership.
+struct carried_by {
+  caf::actor_addr leader;
+  std::uint64_t epoch = 0;
 };
 
 struct coordinator_state {
@@ -54,6 +71,13 @@ struct coordinator_state {
   /// that said they still hold them; when the last one lets go, the publishers are told.
   std::map<std::string, std::set<std::int32_t>> orphan_holds;
   update_router router;  ///< how updates cross nodes; empty: from the publishers
+  std::map<std::string, node_lead> leaders;     ///< by node
+  std::map<std::int32_t, carried_by> carriers;  ///< consumer rank -> its node's leader
+  /// Control-plane messages, for `wsync status` and the cluster benchmark: update messages sent
+  /// to consumer endpoints, report messages (single or batch) received and the reports in them.
+  struct message_counts {
+    std::uint64_t updates_sent = 0, report_messages = 0, reports = 0;
+  } messages;
   static inline const char* name = "wsync.coordinator";
 };
 
@@ -166,9 +190,9 @@ std::optional<routed_update> catch_up_route(coordinator_state& st, const book_ef
 
 // Sends an update to the ranks of `e`: one message per endpoint and route, so a process holding
 // many ranks (a node's rollout process) gets it once, with the list of its ranks.
-void distribute(coordinator_pointer self, const book_effect& e) {
+void distribute(coordinator_pointer self, const book_effect& e, bool resend = false) {
   auto& st = self->state;
-  update_available direct{st.token, e.key, {}, "", {}};
+  update_available direct{st.token, e.key, {}, "", {}, resend};
   for (const auto& m : e.manifests) {
     direct.manifests.push_back(manifest_to_json(m));
     direct.received_from +=
@@ -180,20 +204,27 @@ void distribute(coordinator_pointer self, const book_effect& e) {
       if (auto r = catch_up_route(st, e, rank)) routes[rank] = std::move(*r);
     }
   }
-  // By endpoint, then by route ("" for straight from the publishers).
+  // By endpoint (the node's leader for the ranks it carries), then by route ("" for straight
+  // from the publishers).
   std::map<caf::actor_addr, std::pair<consumer_actor, std::map<std::string, update_available>>> out;
   for (auto rank : e.ranks) {
     auto endpoint = st.consumers.find(rank);
     if (endpoint == st.consumers.end()) continue;  // it left
-    auto& [handle, messages] = out[endpoint->second.address()];
-    handle = endpoint->second;
+    consumer_actor to = endpoint->second;
+    if (auto c = st.carriers.find(rank); c != st.carriers.end()) {
+      for (const auto& [node, lead] : st.leaders) {
+        if (lead.addr == c->second.leader && lead.epoch == c->second.epoch) to = lead.handle;
+      }
+    }
+    auto& [handle, messages] = out[to.address()];
+    handle = to;
     auto it = routes.find(rank);
     if (it == routes.end()) {
       auto& msg = messages.try_emplace("", direct).first->second;
       msg.ranks.push_back(rank);
       continue;
     }
-    update_available mine{st.token, e.key, {}, it->second.received_from, {}};
+    update_available mine{st.token, e.key, {}, it->second.received_from, {}, resend};
     for (const auto& m : it->second.manifests) mine.manifests.push_back(manifest_to_json(m));
     std::string route_id = mine.received_from;
     for (const auto& text : mine.manifests) route_id += "\n" + text;
@@ -202,6 +233,7 @@ void distribute(coordinator_pointer self, const book_effect& e) {
   }
   for (auto& [addr, sends] : out) {
     for (auto& [route_id, msg] : sends.second) {
+      ++st.messages.updates_sent;
       self->send(sends.first, update_atom::value, std::move(msg));
     }
   }
@@ -272,6 +304,98 @@ void orphan_release(coordinator_pointer self, const std::string& key, std::int32
   }
 }
 
+// The lowest rank of a joined endpoint (every endpoint has one: an empty one is erased).
+std::int32_t first_rank(const member& m) {
+  return *m.ranks.begin();
+}
+
+// Names a leader for `node` when it has none — the consumer endpoint with the lowest rank among
+// those that offer a port — and tells the node's other endpoints where to attach. `newcomer`: an
+// endpoint that just joined a node with a leader; only it is told.
+void lead_node(coordinator_pointer self, const std::string& node,
+               std::optional<caf::actor_addr> newcomer = std::nullopt) {
+  auto& st = self->state;
+  auto lead = st.leaders.find(node);
+  if (lead == st.leaders.end()) {
+    const std::pair<const caf::actor_addr, member>* best = nullptr;
+    for (const auto& kv : st.members) {
+      const auto& m = kv.second;
+      if (m.role != rank_role::consumer || m.node != node || m.node_port == 0) continue;
+      if (!best || first_rank(m) < first_rank(best->second)) best = &kv;
+    }
+    if (!best) return;
+    std::random_device rd;
+    const std::uint64_t epoch = (std::uint64_t{rd()} << 32) | rd() | 1;  // never 0
+    auto handle = st.consumers[first_rank(best->second)];
+    lead = st.leaders.emplace(node, node_lead{best->first, handle, epoch}).first;
+    self->send(handle, lead_atom::value, st.token, std::uint16_t{0}, epoch);
+    log_info("coordinator: node " + node + " is led by the endpoint of consumer rank " +
+             std::to_string(first_rank(best->second)));
+    newcomer.reset();  // a new leader: everyone attaches
+  }
+  const auto port = st.members[lead->second.addr].node_port;
+  for (const auto& [addr, m] : st.members) {
+    if (m.role != rank_role::consumer || m.node != node || addr == lead->second.addr) continue;
+    if (newcomer && addr != *newcomer) continue;
+    self->send(st.consumers[first_rank(m)], lead_atom::value, st.token, port, lead->second.epoch);
+  }
+}
+
+// Forgets what endpoint `addr` (just gone: `m` was its entry) carried or was carried as: the ranks
+// it carried as its node's leader are added to `orphaned`. True when it led its node.
+bool endpoint_gone(coordinator_state& st, const caf::actor_addr& addr, const member& m,
+                   std::vector<std::int32_t>& orphaned) {
+  for (auto c = st.carriers.begin(); c != st.carriers.end();) {
+    if (c->second.leader == addr) {
+      orphaned.push_back(c->first);
+      c = st.carriers.erase(c);
+    } else {
+      c = m.ranks.count(c->first) ? st.carriers.erase(c) : std::next(c);
+    }
+  }
+  auto lead = st.leaders.find(m.node);
+  if (lead == st.leaders.end() || lead->second.addr != addr) return false;
+  st.leaders.erase(lead);
+  return true;
+}
+
+// Whether `sender` leads the node of consumer rank `rank`: a leader reports for its node.
+bool leads_rank(const coordinator_state& st, const caf::actor_addr& sender, std::int32_t rank) {
+  auto info = st.book.consumers().find(rank);
+  if (info == st.book.consumers().end()) return false;
+  auto lead = st.leaders.find(info->second.node);
+  return lead != st.leaders.end() && lead->second.addr == sender;
+}
+
+// `ranks` lost the leader that carried them: what they have not answered of the updates in
+// flight goes to them again, straight (their leader may have died holding it, or their answers).
+// A rank that already has it ignores the resend (update_available::resend).
+void resend_unanswered(coordinator_pointer self, const std::vector<std::int32_t>& ranks) {
+  auto& st = self->state;
+  std::set<std::string> models;
+  for (auto rank : ranks) {
+    if (auto it = st.book.consumers().find(rank); it != st.book.consumers().end()) {
+      models.insert(it->second.model_id);
+    }
+  }
+  for (const auto& model : models) {
+    for (const auto* u : st.book.updates(model)) {
+      if (u->phase != update_phase::distributing) continue;
+      book_effect e{book_effect::kind::distribute, u->key, {}, {}, false};
+      for (auto rank : ranks) {
+        auto p = u->consumers.find(rank);
+        if (p != u->consumers.end() &&
+            (p->second.state == rank_state::pending || p->second.state == rank_state::importing)) {
+          e.ranks.push_back(rank);
+        }
+      }
+      if (e.ranks.empty()) continue;
+      for (const auto& [source, m] : u->shards) e.manifests.push_back(m);
+      distribute(self, e, true);
+    }
+  }
+}
+
 std::string status_json(coordinator_state& st) {
   json ranks = json::array();
   std::uint64_t committed_version = 0;
@@ -298,8 +422,19 @@ std::string status_json(coordinator_state& st) {
       for (const auto& [rank, p] : u->consumers) latest[rank] = &p;
     }
   }
+  std::map<caf::actor_addr, std::int32_t> leader_rank;  // a leader as the table names it
+  for (const auto& [node, lead] : st.leaders) {
+    if (auto m = st.members.find(lead.addr); m != st.members.end()) {
+      leader_rank[lead.addr] = first_rank(m->second);
+    }
+  }
   for (const auto& [rank, info] : st.book.consumers()) {
     const auto* p = latest.count(rank) ? latest[rank] : nullptr;
+    json via = nullptr;
+    if (auto c = st.carriers.find(rank);
+        c != st.carriers.end() && leader_rank.count(c->second.leader)) {
+      via = "rank:" + std::to_string(leader_rank[c->second.leader]);
+    }
     std::string state = p ? std::string(rank_state_name(p->state)) : "joined";
     if (p && p->state != rank_state::acknowledged && p->state != rank_state::released) {
       all_ok = false;
@@ -310,14 +445,19 @@ std::string status_json(coordinator_state& st) {
                      {"state", state},
                      {"active_weight_version", st.active_version[rank]},
                      {"received_from", p ? json(p->received_from) : json(nullptr)},
-                     {"reason", p && !p->reason.empty() ? json(p->reason) : json(nullptr)}});
+                     {"reason", p && !p->reason.empty() ? json(p->reason) : json(nullptr)},
+                     {"carried_by", std::move(via)}});
   }
   for (const auto& [rank, v] : st.active_version) all_ok = all_ok && v == committed_version;
   return json{{"status", all_ok && st.committed > 0 ? "pass" : "fail"},
               {"versions", st.committed},
               {"committed_version", committed_version},
               {"ranks", std::move(ranks)},
-              {"updates", std::move(updates)}}
+              {"updates", std::move(updates)},
+              {"messages",
+               {{"updates_sent", st.messages.updates_sent},
+                {"report_messages", st.messages.report_messages},
+                {"reports", st.messages.reports}}}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -383,6 +523,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       return;
     }
     st.members.erase(it);
+    std::vector<std::int32_t> orphaned;
+    const bool led = endpoint_gone(st, msg.source, m, orphaned);
     auto reason = "down: " + self->system().render(msg.reason);
     // A rank that stopped in order (SIGTERM, the end of its work) says user_shutdown; only a
     // lost link or a crash is worth a warning.
@@ -403,6 +545,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       }
       run_effects(self, st.book.leave(rank, m.role, reason, coord_clock::now()));
     }
+    if (led) lead_node(self, m.node);
+    resend_unanswered(self, orphaned);
   });
   self->delayed_send(self, tick_interval, tick_atom::value);
   return {
@@ -436,10 +580,20 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
         auto effects = st.book.join(info, coord_clock::now());  // checks, then registers
         if (!effects) return {st.token, effects.error().message};
-        // A rank joining again replaces its old endpoint (it restarted).
+        // A rank joining again replaces its old endpoint (it restarted); an old endpoint left
+        // without ranks is gone, and so is its node's leadership if it had it.
+        st.carriers.erase(hello.rank);
+        std::vector<std::int32_t> orphaned;
+        std::set<std::string> leaderless;
         for (auto it = st.members.begin(); it != st.members.end();) {
           if (it->second.role == role) it->second.ranks.erase(hello.rank);
-          it = it->second.ranks.empty() ? st.members.erase(it) : std::next(it);
+          if (!it->second.ranks.empty()) {
+            ++it;
+            continue;
+          }
+          if (endpoint_gone(st, it->first, it->second, orphaned))
+            leaderless.insert(it->second.node);
+          it = st.members.erase(it);
         }
         if (role == rank_role::consumer) {
           st.consumers[hello.rank] = caf::actor_cast<consumer_actor>(sender);
@@ -450,9 +604,13 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         for (const auto& key : hello.held) {
           if (!st.book.find(key)) st.orphan_holds[key].insert(hello.rank);
         }
-        auto [joined, fresh] = st.members.try_emplace(sender_addr, member{role, {}});
+        auto [joined, fresh] =
+            st.members.try_emplace(sender_addr, member{role, {}, hello.node, hello.node_port});
         joined->second.ranks.insert(hello.rank);
         if (fresh) self->monitor(caf::actor_cast<caf::actor>(sender));
+        for (const auto& node : leaderless) lead_node(self, node);
+        if (fresh && role == rank_role::consumer) lead_node(self, hello.node, sender_addr);
+        resend_unanswered(self, orphaned);
         log_info("coordinator: " + hello.role + " rank " + std::to_string(hello.rank) +
                  " joined from node " + hello.node);
         run_effects(self, *effects);
@@ -494,6 +652,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       },
       [=](report_atom, const rank_report& r) {
         const auto* m = sender_member(self);
+        ++self->state.messages.report_messages;
+        ++self->state.messages.reports;
         if (r.token != self->state.token || !m || m->role != rank_role::consumer ||
             !m->ranks.count(r.rank)) {
           log_warn("coordinator: refused a report for rank " + std::to_string(r.rank) +
@@ -504,16 +664,21 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       },
       [=](report_atom, const report_batch& batch) {
         const auto* m = sender_member(self);
+        const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+        ++self->state.messages.report_messages;
+        self->state.messages.reports += batch.reports.size();
         if (batch.token != self->state.token || !m || m->role != rank_role::consumer) {
           log_warn("coordinator: refused a batch of " + std::to_string(batch.reports.size()) +
                    " reports from a peer that did not join as a consumer with the cluster token");
           return;
         }
         for (const auto& r : batch.reports) {
-          // Checked again per report: the batch may name only the endpoint's own ranks.
-          if (r.token != batch.token || !m->ranks.count(r.rank)) {
+          // Checked again per report: the batch may name only the endpoint's own ranks, or
+          // those of the node it leads.
+          if (r.token != batch.token ||
+              (!m->ranks.count(r.rank) && !leads_rank(self->state, sender, r.rank))) {
             log_warn("coordinator: refused a report for rank " + std::to_string(r.rank) +
-                     " in the batch of an endpoint that did not join it");
+                     " in the batch of an endpoint that neither joined it nor leads its node");
             continue;
           }
           take_report(self, r);
@@ -528,6 +693,52 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       [=](tick_atom) {
         run_effects(self, self->state.book.expire(coord_clock::now()));
         self->delayed_send(self, tick_interval, tick_atom::value);
+      },
+      [=](carry_atom, const carry_notice& n) {
+        auto& st = self->state;
+        const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+        auto m = st.members.find(sender);
+        if (n.token != st.token || m == st.members.end() || m->second.role != rank_role::consumer) {
+          log_warn(
+              "coordinator: refused a carry notice from a peer that did not join as a "
+              "consumer with the cluster token");
+          return;
+        }
+        const auto& node = m->second.node;
+        if (n.carried) {
+          auto lead = st.leaders.find(node);
+          if (lead == st.leaders.end() || lead->second.addr != sender ||
+              lead->second.epoch != n.epoch) {
+            log_warn(
+                "coordinator: refused a carry notice from an endpoint that does not lead "
+                "node " +
+                node + " in that epoch");
+            return;
+          }
+          for (auto rank : n.ranks) {
+            auto e = st.consumers.find(rank);
+            auto info = st.book.consumers().find(rank);
+            if (e == st.consumers.end() || info == st.book.consumers().end() ||
+                info->second.node != node || e->second.address() == sender) {
+              log_warn("coordinator: node " + node + "'s leader cannot carry consumer rank " +
+                       std::to_string(rank) + ": not a rank of another endpoint on its node");
+              continue;
+            }
+            st.carriers[rank] = carried_by{sender, n.epoch};
+          }
+          return;
+        }
+        // Let go of by the leader that carries them, or by the ranks' own endpoint; a notice of
+        // an earlier leadership changes nothing.
+        std::vector<std::int32_t> lost;
+        for (auto rank : n.ranks) {
+          auto c = st.carriers.find(rank);
+          if (c == st.carriers.end() || c->second.epoch != n.epoch) continue;
+          if (c->second.leader != sender && !m->second.ranks.count(rank)) continue;
+          st.carriers.erase(c);
+          lost.push_back(rank);
+        }
+        resend_unanswered(self, lost);
       },
   };
 }

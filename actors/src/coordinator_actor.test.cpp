@@ -223,6 +223,98 @@ TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_ans
   EXPECT_EQ(json::parse(outcome)["phase"], "committed");
 }
 
+TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_hands_over_on_exit) {
+  caf::scoped_actor publisher{sys()};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  auto leads = [&](caf::scoped_actor& who) {
+    std::pair<std::uint16_t, std::uint64_t> out{9, 0};
+    who->receive(
+        [&](lead_atom, const std::string& t, std::uint16_t port, std::uint64_t epoch) {
+          EXPECT_EQ(t, token);
+          out = {port, epoch};
+        },
+        caf::after(5s) >> [] { ADD_FAILURE() << "no lead message"; });
+    return out;
+  };
+  auto with_port = [](std::int32_t rank, std::string node, std::uint16_t port) {
+    auto h = hello_make(token, rank, "consumer", std::move(node), "m");
+    h.node_port = port;
+    return h;
+  };
+  caf::scoped_actor member{sys()}, apart{sys()};
+  std::uint64_t epoch = 0;
+  {
+    caf::scoped_actor leader{sys()};
+    ASSERT_EQ(join(leader, with_port(0, "n0", 4242)), std::make_pair(token, std::string()));
+    auto [port, e] = leads(leader);
+    EXPECT_EQ(port, 0) << "the first endpoint offering a port leads n0";
+    epoch = e;
+    ASSERT_EQ(join(member, with_port(1, "n0", 4243)), std::make_pair(token, std::string()));
+    EXPECT_EQ(leads(member), std::make_pair(std::uint16_t{4242}, epoch));
+    ASSERT_EQ(join(apart, with_port(2, "n1", 0)), std::make_pair(token, std::string()));
+
+    // Only n0's leader, in its epoch, may carry ranks, and only ranks of its node.
+    member->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {1}, true});
+    leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch + 1, {1}, true});
+    leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {2}, true});
+    auto carried_by = [&](std::int32_t rank) {
+      const auto s = status();
+      for (const auto& r : s["ranks"]) {
+        if (r["role"] == "consumer" && r["rank"] == rank) return r["carried_by"];
+      }
+      return json("gone");
+    };
+    EXPECT_TRUE(carried_by(1).is_null());
+    EXPECT_TRUE(carried_by(2).is_null());
+    leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {1}, true});
+    EXPECT_EQ(carried_by(1), "rank:0");
+
+    // v1 reaches n0 in one message, for both of its ranks; the leader answers for both.
+    publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));
+    update_available update;
+    leader->receive([&](update_atom, const update_available& u) { update = u; },
+                    caf::after(5s) >> [] { ADD_FAILURE() << "no update reached the leader"; });
+    EXPECT_EQ(update.ranks, (std::vector<std::int32_t>{0, 1}));
+    EXPECT_FALSE(update.resend);
+    apart->receive([](update_atom, const update_available&) {},
+                   caf::after(5s) >> [] { ADD_FAILURE() << "no update reached n1"; });
+    auto ack = [](std::int32_t rank, std::string key) {
+      return rank_report{token, std::move(key), rank, "acknowledged", "", 1, 0.01, ""};
+    };
+    // n1's endpoint leads nothing: it cannot answer for rank 1.
+    apart->send(coordinator_, report_atom::value, report_batch{token, {ack(1, "m@1")}});
+    EXPECT_EQ(status()["updates"][0]["ranks"][1]["state"], "pending");
+    leader->send(coordinator_, report_atom::value,
+                 report_batch{token, {ack(0, "m@1"), ack(1, "m@1")}});
+    apart->send(coordinator_, report_atom::value, report_batch{token, {ack(2, "m@1")}});
+    std::string outcome;
+    publisher->receive([&](const std::string&, const std::string& o) { outcome = o; },
+                       caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+    EXPECT_EQ(json::parse(outcome)["phase"], "committed");
+    auto messages = status()["messages"];
+    EXPECT_EQ(messages["updates_sent"], 2) << "one per node";
+    EXPECT_EQ(messages["reports"], 4);
+
+    // v2 goes out through the leader, which then goes away before anyone answered.
+    publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(2)));
+    leader->receive([&](update_atom, const update_available& u) { update = u; },
+                    caf::after(5s) >> [] { ADD_FAILURE() << "no v2 at the leader"; });
+    EXPECT_EQ(update.key, "m@2");
+  }
+  // The member leads n0 now, under a new epoch, and gets v2 again itself, marked as a resend.
+  auto [port, e2] = leads(member);
+  EXPECT_EQ(port, 0);
+  EXPECT_NE(e2, epoch);
+  update_available update;
+  member->receive([&](update_atom, const update_available& u) { update = u; },
+                  caf::after(5s) >> [] { ADD_FAILURE() << "v2 was not sent again"; });
+  EXPECT_EQ(update.key, "m@2");
+  EXPECT_EQ(update.ranks, (std::vector<std::int32_t>{1}));
+  EXPECT_TRUE(update.resend);
+}
+
 TEST_F(coordinator_actor_test, this_process_can_stop_it) {
   caf::scoped_actor self{sys()};
   self->monitor(coordinator_);

@@ -30,11 +30,15 @@ struct rank_hello {
   /// consumers: where other consumers pull what it imports (its relay address); empty when its
   /// transport cannot relay
   std::string address;
+  /// consumers: the loopback port on which its endpoint takes the other consumer endpoints of
+  /// its node when it leads them (0: it does not offer to lead)
+  std::uint16_t node_port = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_hello& x) {
   return f(caf::meta::type_name("rank_hello"), x.token, x.rank, x.role, x.node, x.model_id,
-           x.transports, x.publisher_ranks, x.active_weight_version, x.held, x.address);
+           x.transports, x.publisher_ranks, x.active_weight_version, x.held, x.address,
+           x.node_port);
 }
 
 /// A hello for a rank on the data plane `transport`.
@@ -59,11 +63,14 @@ struct update_available {
   std::vector<std::string> manifests;  ///< JSON, one per publisher shard
   std::string received_from;           ///< the hop the bytes come from
   std::vector<std::int32_t> ranks;     ///< the endpoint's ranks this is for
+  /// Sent again because the node leader that carried it went away: a rank that already has it
+  /// (importing, or answered) ignores it; its answer reaches the coordinator anyway.
+  bool resend = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, update_available& x) {
   return f(caf::meta::type_name("update_available"), x.token, x.key, x.manifests, x.received_from,
-           x.ranks);
+           x.ranks, x.resend);
 }
 
 /// Consumer -> coordinator: progress on one update.
@@ -93,10 +100,35 @@ typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
 struct report_batch {
   std::string token;
   std::vector<rank_report> reports;
+  std::uint64_t seq = 0;  ///< member -> node leader: numbers the batch (flushed_atom answers)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, report_batch& x) {
-  return f(caf::meta::type_name("report_batch"), x.token, x.reports);
+  return f(caf::meta::type_name("report_batch"), x.token, x.reports, x.seq);
+}
+
+/// Member endpoint -> its node's leader: carry these ranks for leadership `epoch`.
+struct attach_request {
+  std::string token;
+  std::uint64_t epoch = 0;
+  std::vector<std::int32_t> ranks;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, attach_request& x) {
+  return f(caf::meta::type_name("attach_request"), x.token, x.epoch, x.ranks);
+}
+
+/// To the coordinator: the node leader of `epoch` carries `ranks` of another endpoint of its node
+/// from now on (carried), or no longer (said by the leader or by the ranks' own endpoint).
+struct carry_notice {
+  std::string token;
+  std::uint64_t epoch = 0;
+  std::vector<std::int32_t> ranks;
+  bool carried = false;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, carry_notice& x) {
+  return f(caf::meta::type_name("carry_notice"), x.token, x.epoch, x.ranks, x.carried);
 }
 
 }  // namespace wsync::proto
@@ -106,6 +138,8 @@ CAF_ADD_TYPE_ID(wsync, (wsync::proto::rank_hello))
 CAF_ADD_TYPE_ID(wsync, (wsync::proto::update_available))
 CAF_ADD_TYPE_ID(wsync, (wsync::proto::rank_report))
 CAF_ADD_TYPE_ID(wsync, (wsync::proto::report_batch))
+CAF_ADD_TYPE_ID(wsync, (wsync::proto::attach_request))
+CAF_ADD_TYPE_ID(wsync, (wsync::proto::carry_notice))
 CAF_END_TYPE_ID_BLOCK(wsync)
 
 namespace wsync::proto {
@@ -120,6 +154,10 @@ using release_atom = caf::atom_constant<caf::atom("release")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
+using lead_atom = caf::atom_constant<caf::atom("lead")>;
+using attach_atom = caf::atom_constant<caf::atom("attach")>;
+using carry_atom = caf::atom_constant<caf::atom("carry")>;
+using flushed_atom = caf::atom_constant<caf::atom("flushed")>;
 
 // Authentication: CAF 0.17 lets a connected peer write a routed message's sender itself, so
 // the sender proves nothing. Every message that changes state, and every reply to one, carries
@@ -138,17 +176,33 @@ using coordinator_actor = caf::typed_actor<
     // A consumer rank's progress, alone or in its endpoint's batch.
     caf::reacts_to<report_atom, rank_report>, caf::reacts_to<report_atom, report_batch>,
     // (token) -> the per-rank status table as JSON (docs/cluster.md, "The status object").
-    caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>>;
+    caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>,
+    // Who carries a node's ranks (docs/cluster.md, "Node leaders").
+    caf::reacts_to<carry_atom, carry_notice>>;
 
 /// The endpoint of a process's consumer ranks: (token, update) to install, (token, key) of an
 /// aborted update. reconnect and flush are its own timers; one that a peer forges only makes it
 /// look for the coordinator, or send the reports it has, a little early. (reconnect, rank, nonce)
 /// retries one rank's join; it carries a random nonce of the join round, so a forged one is
-/// ignored.
-using consumer_actor = caf::typed_actor<
-    caf::reacts_to<update_atom, update_available>,
-    caf::reacts_to<drop_atom, std::string, std::string>, caf::reacts_to<reconnect_atom>,
-    caf::reacts_to<reconnect_atom, std::int32_t, std::uint64_t>, caf::reacts_to<flush_atom>>;
+/// ignored. (join) starts it once its process published it for its node. The rest is the node
+/// leader's relay (docs/cluster.md, "Node leaders"): the coordinator names each node's leader
+/// with a random epoch, the other endpoints of the node attach to it, and it carries their
+/// updates and reports.
+using consumer_actor =
+    caf::typed_actor<caf::reacts_to<update_atom, update_available>,
+                     caf::reacts_to<drop_atom, std::string, std::string>,
+                     caf::reacts_to<reconnect_atom>,
+                     caf::reacts_to<reconnect_atom, std::int32_t, std::uint64_t>,
+                     caf::reacts_to<flush_atom>, caf::reacts_to<join_atom>,
+                     // Coordinator -> endpoint (token, port, epoch): the node's leader takes
+                     // endpoints on 127.0.0.1:port; port 0: this endpoint leads.
+                     caf::reacts_to<lead_atom, std::string, std::uint16_t, std::uint64_t>,
+                     // Member -> leader -> (token, refusal or "").
+                     caf::replies_to<attach_atom, attach_request>::with<std::string, std::string>,
+                     // Member -> leader: its ranks' reports, numbered (seq); leader -> member
+                     // (token, seq): every batch up to that number went on to the coordinator.
+                     caf::reacts_to<report_atom, report_batch>,
+                     caf::reacts_to<flushed_atom, std::string, std::uint64_t>>;
 
 /// A publisher rank's endpoint: the trainer thread asks it to publish; the coordinator tells it
 /// when an update's memory may be reused.

@@ -94,9 +94,10 @@ class cluster_system {
     return sys_->middleman().remote_actor<proto::coordinator_actor>(where.host, where.port);
   }
 
-  /// Publishes the coordinator on `where` (TLS when configured); returns the port.
-  caf::expected<std::uint16_t> publish(const proto::coordinator_actor& actor,
-                                       const endpoint& where) {
+  /// Publishes `actor` (the coordinator, or a consumer endpoint for its node) on `where` (TLS
+  /// when configured); returns the port.
+  template <class Handle>
+  caf::expected<std::uint16_t> publish(const Handle& actor, const endpoint& where) {
     if (tls_) return caf::openssl::publish(actor, where.port, where.host.c_str(), true);
     return sys_->middleman().publish(actor, where.port, where.host.c_str(), true);
   }

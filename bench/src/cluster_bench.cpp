@@ -23,6 +23,8 @@ struct run_figures {
   std::uint64_t last_version = 0;
   long rss_after_100 = -1, rss_at_end = -1;  ///< the coordinator's, in KiB (-1: not reached)
   long consumer_fds = -1;  ///< open descriptors of the consumer process after the last update
+  /// The coordinator's control-plane messages per update (status `messages`), all updates.
+  double updates_sent = -1, report_messages = -1;
 };
 
 // Resident set of `pid` in KiB, or -1.
@@ -59,15 +61,57 @@ std::size_t count_new_lines(const std::string& path, std::streamoff& offset) {
   return lines;
 }
 
-run_figures run_one(const cluster_bench_options& o, int consumers) {
+// The coordinator's status object, or null.
+json status_of(const local_cluster& cluster) {
+  std::string err;
+  return json::parse(coordinator_status(cluster.coordinator(), err), nullptr, false);
+}
+
+// Waits until `count` consumer ranks are carried by their node's leader.
+std::string await_carried(const local_cluster& cluster, int count) {
+  int carried = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       std::chrono::steady_clock::now() < deadline;) {
+    auto s = status_of(cluster);
+    carried = 0;
+    if (s.is_object()) {
+      for (const auto& r : s["ranks"])
+        carried += r.contains("carried_by") && r["carried_by"].is_string();
+    }
+    if (carried >= count) return {};
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "only " + std::to_string(carried) + " of " + std::to_string(count) +
+         " ranks were carried by their node's leader within 60 s";
+}
+
+// `consumers` ranks over `processes` consumer processes (rank r in process r * processes /
+// consumers), node leaders offered or not.
+run_figures run_one(const cluster_bench_options& o, int consumers, int processes,
+                    bool node_leader) {
   run_figures f;
   local_cluster cluster(o.self_exe);
   if (f.error = cluster.start_coordinator(std::chrono::seconds(60)); !f.error.empty()) return f;
   const auto addr = cluster.coordinator_address();
-  const auto consumer = cluster.start({"consumer", "--coordinator", addr, "--rank", "0", "--count",
-                                       std::to_string(consumers), "--model", o.layout});
+  pid_t consumer = -1;
+  int first_process_ranks = 0;
+  for (int p = 0, rank = 0; p < processes; ++p) {
+    const int count = (p + 1) * consumers / processes - rank;
+    std::vector<std::string> args{
+        "consumer", "--coordinator",       addr,      "--rank", std::to_string(rank),
+        "--count",  std::to_string(count), "--model", o.layout};
+    if (!node_leader) args.push_back("--no-node-leader");
+    auto pid = cluster.start(args);
+    if (p == 0) consumer = pid, first_process_ranks = count;
+    rank += count;
+  }
   if (f.error = cluster.await_consumers(consumers, std::chrono::seconds(60)); !f.error.empty()) {
     return f;
+  }
+  if (node_leader && processes > 1) {
+    if (f.error = await_carried(cluster, consumers - first_process_ranks); !f.error.empty()) {
+      return f;
+    }
   }
   const auto outcomes = cluster.temp_path("outcomes.jsonl");
   auto pid = cluster.start({"publisher", "--coordinator", addr, "--rank", "0", "--layout", o.layout,
@@ -93,6 +137,11 @@ run_figures run_one(const cluster_bench_options& o, int consumers) {
   }
   f.rss_at_end = rss_kib(cluster.coordinator_pid());
   f.consumer_fds = open_fds(consumer);
+  if (auto s = status_of(cluster); s.is_object() && s.contains("messages")) {
+    const double updates = o.repeat + 1;
+    f.updates_sent = s["messages"].value("updates_sent", 0.0) / updates;
+    f.report_messages = s["messages"].value("report_messages", 0.0) / updates;
+  }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     f.error = WIFEXITED(status)
                   ? "the publisher exited with status " + std::to_string(WEXITSTATUS(status))
@@ -143,6 +192,48 @@ run_figures run_one(const cluster_bench_options& o, int consumers) {
   return f;
 }
 
+// One JSON row of a run.
+json row_of(const cluster_bench_options& o, const run_figures& f, int consumers, int processes,
+            bool node_leader) {
+  auto or_null = [](auto v) {
+    return v < 0 ? json(nullptr) : json(v);
+  };
+  return {{"mode", "cluster"},
+          {"status", f.error.empty() ? "pass" : "fail"},
+          {"blocker", nullptr},
+          {"layout", o.layout},
+          {"consumers", consumers},
+          {"processes", processes},
+          {"node_leader", node_leader},
+          {"repeat", o.repeat},
+          {"weight_version", f.last_version},
+          {"active_weight_version", f.last_version},
+          {"timings_s",
+           {{"publish", f.publish},
+            {"commit", f.commit},
+            {"data_max", f.data_max},
+            {"data_sum", f.data_sum},
+            {"overhead", f.overhead},
+            {"overhead_over_cores", f.overhead_cores}}},
+          {"messages_per_update",
+           {{"updates_sent", or_null(f.updates_sent)},
+            {"report_messages", or_null(f.report_messages)}}},
+          {"coordinator_rss_kib",
+           {{"after_100_updates", or_null(f.rss_after_100)},
+            {"at_end", or_null(f.rss_at_end)},
+            {"growth", f.rss_after_100 > 0 && f.rss_at_end > 0
+                           ? json(static_cast<double>(f.rss_at_end) / f.rss_after_100 - 1)
+                           : json(nullptr)}}},
+          {"consumer_process_fds", or_null(f.consumer_fds)},
+          {"env",
+           {{"cores", std::thread::hardware_concurrency()},
+            {"transport_notes",
+             "coordinator, publisher and " +
+                 (processes == 1 ? std::string("one process holding every consumer rank")
+                                 : std::to_string(processes) + " consumer processes") +
+                 ", CAF over loopback; shared-memory data plane"}}}};
+}
+
 }  // namespace
 
 int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
@@ -152,40 +243,28 @@ int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
   if (std::find(counts.begin(), counts.end(), 1) == counts.end()) counts.insert(counts.begin(), 1);
   std::sort(counts.begin(), counts.end());
   for (int c : counts) {
-    auto f = run_one(o, c);
-    json row = {
-        {"mode", "cluster"},
-        {"status", f.error.empty() ? "pass" : "fail"},
-        {"blocker", nullptr},
-        {"layout", o.layout},
-        {"consumers", c},
-        {"repeat", o.repeat},
-        {"weight_version", f.last_version},
-        {"active_weight_version", f.last_version},
-        {"timings_s",
-         {{"publish", f.publish},
-          {"commit", f.commit},
-          {"data_max", f.data_max},
-          {"data_sum", f.data_sum},
-          {"overhead", f.overhead},
-          {"overhead_over_cores", f.overhead_cores}}},
-        {"coordinator_rss_kib",
-         {{"after_100_updates", f.rss_after_100 < 0 ? json(nullptr) : json(f.rss_after_100)},
-          {"at_end", f.rss_at_end < 0 ? json(nullptr) : json(f.rss_at_end)},
-          {"growth", f.rss_after_100 > 0 && f.rss_at_end > 0
-                         ? json(static_cast<double>(f.rss_at_end) / f.rss_after_100 - 1)
-                         : json(nullptr)}}},
-        {"consumer_process_fds", f.consumer_fds < 0 ? json(nullptr) : json(f.consumer_fds)},
-        {"env",
-         {{"cores", std::thread::hardware_concurrency()},
-          {"transport_notes",
-           "coordinator, publisher and one process holding every consumer rank, CAF "
-           "over loopback; shared-memory data plane"}}}};
-    if (!f.error.empty()) row["error"] = f.error, code = 1;
-    if (c == 1 && f.error.empty()) baseline = f.overhead;
-    row["baseline"] = {{"name", "single-consumer-overhead"}, {"seconds", baseline}};
-    row["ratio_to_baseline"] = baseline > 0 ? f.overhead / baseline : 0.0;
-    out << row.dump() << std::endl;
+    const int processes = std::min(o.processes, c);
+    if (processes == 1) {
+      auto f = run_one(o, c, 1, true);
+      auto row = row_of(o, f, c, 1, true);
+      if (!f.error.empty()) row["error"] = f.error, code = 1;
+      if (c == 1 && f.error.empty()) baseline = f.overhead;
+      row["baseline"] = {{"name", "single-consumer-overhead"}, {"seconds", baseline}};
+      row["ratio_to_baseline"] = baseline > 0 ? f.overhead / baseline : 0.0;
+      out << row.dump() << std::endl;
+      continue;
+    }
+    // The same ranks and processes without node leaders first: the baseline of this count.
+    double direct = -1;
+    for (bool leader : {false, true}) {
+      auto f = run_one(o, c, processes, leader);
+      auto row = row_of(o, f, c, processes, leader);
+      if (!f.error.empty()) row["error"] = f.error, code = 1;
+      if (!leader && f.error.empty()) direct = f.overhead;
+      row["baseline"] = {{"name", "no-node-leader-overhead"}, {"seconds", direct}};
+      row["ratio_to_baseline"] = direct > 0 ? f.overhead / direct : 0.0;
+      out << row.dump() << std::endl;
+    }
   }
   return code;
 }

@@ -17,4 +17,16 @@ first=$(head -n 1 <<<"$out")
 case "$first$last" in *'"consumer_process_fds":null'*) echo "cluster_bench: no fd count"; exit 1 ;; esac
 [ "$(fds "$last")" -le $(( $(fds "$first") + 2 )) ] ||
   { echo "cluster_bench: 4 ranks hold $(fds "$last") descriptors, 1 rank $(fds "$first")"; exit 1; }
+# Four processes of one rank: without node leaders each gets its own update message; with them
+# the node's leader gets one for all four.
+out=$("$wsync" bench --mode cluster --consumers 4 --processes 4 --repeat 3 2>/dev/null) ||
+  { echo "$out"; exit 1; }
+grep -q '"status":"fail"' <<<"$out" && { echo "cluster_bench: $out"; exit 1; }
+sent() { sed -E 's/.*"updates_sent":([0-9.]+).*/\1/' <<<"$1"; }
+direct=$(grep '"node_leader":false,"processes":4' <<<"$out")
+led=$(grep '"node_leader":true,"processes":4' <<<"$out")
+[ -n "$direct" ] && [ -n "$led" ] || { echo "cluster_bench: want rows with and without leaders: $out"; exit 1; }
+[ "$(sent "$direct")" = 4.0 ] || { echo "cluster_bench: without leaders: $(sent "$direct") update messages per update"; exit 1; }
+[ "$(sent "$led")" = 1.0 ] || { echo "cluster_bench: with a leader: $(sent "$led") update messages per update"; exit 1; }
+case "$led" in *'"name":"no-node-leader-overhead"'*) ;; *) echo "cluster_bench: no baseline in $led"; exit 1 ;; esac
 echo "cluster_bench: pass"

@@ -102,6 +102,11 @@ struct consumer_options {
   bool verify = true;
   std::chrono::milliseconds heartbeat{200};
   consumer_observer* observer = nullptr;  ///< optional; must outlive consumer_run
+  /// Offer to lead the node's consumer endpoints (one loopback port): the coordinator names one
+  /// leader per node, which carries the updates and reports of the node's other consumer
+  /// processes (docs/cluster.md, "Node leaders"). Off: this process always talks to the
+  /// coordinator itself, though it still attaches to another process that leads.
+  bool node_leader = true;
 };
 int consumer_run(const consumer_options& options);
 
@@ -187,6 +192,7 @@ struct rollout_options {
   bool verify = true;
   std::chrono::milliseconds join_timeout{10000};
   std::chrono::milliseconds heartbeat{200};
+  bool node_leader = true;  ///< as consumer_options::node_leader
 };
 
 /// The library API of a consumer rank: joins the coordinator and, on the actor system's

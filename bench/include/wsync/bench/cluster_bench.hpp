@@ -9,7 +9,10 @@ namespace wsync {
 
 struct cluster_bench_options {
   std::string self_exe = "/proc/self/exe";
-  std::vector<int> consumers = {1, 8, 64};  ///< consumer ranks per run (all in one process)
+  std::vector<int> consumers = {1, 8, 64};  ///< consumer ranks per run
+  /// Consumer processes the ranks of a run are spread over (at most one per rank). Above 1 each
+  /// count runs twice: without node leaders (the baseline), then with them.
+  int processes = 1;
   unsigned repeat = 9;
   std::string layout = "synthetic:65536:4";  ///< small, so the data plane does not dominate
 };
