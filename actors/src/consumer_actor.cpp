@@ -337,6 +337,15 @@ void take(const endpoint_state_ptr& st, rank_report r, std::chrono::steady_clock
   st->pending.push_back(std::move(r));
 }
 
+// Tells the members whose batches were taken that they went on (or held nothing to pass on).
+void confirm_members(endpoint_pointer self, const endpoint_state_ptr& st) {
+  for (const auto& [addr, seq] : std::exchange(st->unconfirmed_from, {})) {
+    if (auto m = st->members.find(addr); m != st->members.end()) {
+      self->send(m->second.handle, flushed_atom::value, st->token, seq);
+    }
+  }
+}
+
 // Sends a batch on: through the node's leader when attached to one (kept until the leader says
 // it passed it on), else to the coordinator — and then tells the members whose reports were in
 // it.
@@ -349,11 +358,7 @@ void send_batch(endpoint_pointer self, const endpoint_state_ptr& st,
     return;
   }
   self->send(st->coordinator, report_atom::value, report_batch{st->token, std::move(reports)});
-  for (const auto& [addr, seq] : std::exchange(st->unconfirmed_from, {})) {
-    if (auto m = st->members.find(addr); m != st->members.end()) {
-      self->send(m->second.handle, flushed_atom::value, st->token, seq);
-    }
-  }
+  confirm_members(self, st);
 }
 
 // Sends what is pending once every rank answered what it was handed, or once the oldest pending
@@ -670,6 +675,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         }
         st->unconfirmed_from[m->first] = b.seq;
         flush(self, st);
+        if (st->pending.empty()) confirm_members(self, st);  // nothing of theirs left here
       },
       [=](flushed_atom, const std::string& token, std::uint64_t seq) {
         if (token != st->token || !st->leader ||

@@ -345,6 +345,7 @@ void lead_node(coordinator_pointer self, const std::string& node,
 // it carried as its node's leader are added to `orphaned`. True when it led its node.
 bool endpoint_gone(coordinator_state& st, const caf::actor_addr& addr, const member& m,
                    std::vector<std::int32_t>& orphaned) {
+  if (m.role != rank_role::consumer) return false;  // a publisher's ranks are other ranks
   for (auto c = st.carriers.begin(); c != st.carriers.end();) {
     if (c->second.leader == addr) {
       orphaned.push_back(c->first);
@@ -446,7 +447,7 @@ std::string status_json(coordinator_state& st) {
                      {"active_weight_version", st.active_version[rank]},
                      {"received_from", p ? json(p->received_from) : json(nullptr)},
                      {"reason", p && !p->reason.empty() ? json(p->reason) : json(nullptr)},
-                     {"carried_by", std::move(via)}});
+                     {"via", std::move(via)}});
   }
   for (const auto& [rank, v] : st.active_version) all_ok = all_ok && v == committed_version;
   return json{{"status", all_ok && st.committed > 0 ? "pass" : "fail"},
@@ -582,7 +583,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         if (!effects) return {st.token, effects.error().message};
         // A rank joining again replaces its old endpoint (it restarted); an old endpoint left
         // without ranks is gone, and so is its node's leadership if it had it.
-        st.carriers.erase(hello.rank);
+        if (role == rank_role::consumer) st.carriers.erase(hello.rank);
         std::vector<std::int32_t> orphaned;
         std::set<std::string> leaderless;
         for (auto it = st.members.begin(); it != st.members.end();) {

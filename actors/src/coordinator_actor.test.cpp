@@ -259,17 +259,23 @@ TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_han
     member->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {1}, true});
     leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch + 1, {1}, true});
     leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {2}, true});
-    auto carried_by = [&](std::int32_t rank) {
+    auto via = [&](std::int32_t rank) {
       const auto s = status();
       for (const auto& r : s["ranks"]) {
-        if (r["role"] == "consumer" && r["rank"] == rank) return r["carried_by"];
+        if (r["role"] == "consumer" && r["rank"] == rank) return r["via"];
       }
       return json("gone");
     };
-    EXPECT_TRUE(carried_by(1).is_null());
-    EXPECT_TRUE(carried_by(2).is_null());
+    EXPECT_TRUE(via(1).is_null());
+    EXPECT_TRUE(via(2).is_null());
     leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {1}, true});
-    EXPECT_EQ(carried_by(1), "rank:0");
+    EXPECT_EQ(via(1), "rank:0");
+    // A publisher rank with the same number is another rank: rank 1 stays carried.
+    caf::scoped_actor publisher1{sys()};
+    auto p1 = hello_make(token, 1, "publisher", "n0", "m2");
+    p1.publisher_ranks = 2;
+    ASSERT_EQ(join(publisher1, p1), std::make_pair(token, std::string()));
+    EXPECT_EQ(via(1), "rank:0");
 
     // v1 reaches n0 in one message, for both of its ranks; the leader answers for both.
     publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));

@@ -75,8 +75,7 @@ std::string await_carried(const local_cluster& cluster, int count) {
     auto s = status_of(cluster);
     carried = 0;
     if (s.is_object()) {
-      for (const auto& r : s["ranks"])
-        carried += r.contains("carried_by") && r["carried_by"].is_string();
+      for (const auto& r : s["ranks"]) carried += r.contains("via") && r["via"].is_string();
     }
     if (carried >= count) return {};
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
