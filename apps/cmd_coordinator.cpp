@@ -35,7 +35,8 @@ subcommand add_coordinator(CLI::App& app) {
   coord->add_option("--port-file", opt.port_file, "write the port here once listening");
   add_token(coord, opt.listen.token);
   add_milliseconds(coord, "--update-deadline-ms", opt.update_deadline,
-                   "an update not committed this long after its first shard fails its "
+                   "an update whose shards do not all arrive this long after the first is "
+                   "aborted; one that is not answered this long after it went out fails its "
                    "unanswered ranks")
       ->check(CLI::Range(100, 3600000));
   coord

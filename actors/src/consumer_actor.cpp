@@ -186,6 +186,12 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
           report(u->key, "importing", std::move(from));
           report(u->key, "rejected", r.failure ? r.failure->message : "unknown failure",
                  r.timings.total);
+          // A rejected update is held no more (the executor gave back what it imported), also
+          // when the import itself failed: without this word the coordinator would count the
+          // rank as holding it, and a retry of the version would wait for it forever.
+          report(u->key, "released", "");
+          box->put(std::move(out));
+          return;
         }
         if (r.released_self) report(u->key, "released", "");
         box->put(std::move(out));

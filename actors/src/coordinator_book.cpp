@@ -293,6 +293,10 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
 
 void coordinator_book::distribute(update_record& u, coord_clock::time_point now, effects& out) {
   u.phase = update_phase::distributing;
+  // The consumers get the whole deadline to answer, however long the shards took to come (a
+  // restarted trainer rank can take most of it): counted from the first shard, they could be
+  // failed while they install, and a version they all installed would be aborted.
+  u.deadline = now + config_.update_deadline;
   std::vector<std::int32_t> ranks;
   for (const auto& [r, info] : consumers_) {
     if (info.model_id != u.model_id) continue;

@@ -15,11 +15,13 @@ int status_print(const std::string& status_json, std::ostream& out) {
     return v.is_null() ? std::string("-") : v.is_string() ? v.get<std::string>() : v.dump();
   };
   char line[512];
-  out << "rank  node  role       state         active_version  received_from\n";
+  // via: the node leader a consumer reports through (docs/cluster.md, "Node leaders")
+  out << "rank  node  role       state         active_version  via      received_from\n";
   for (const auto& r : status["ranks"]) {
-    std::snprintf(line, sizeof line, "%-5s %-5s %-10s %-13s %-15s %s\n", text(r["rank"]).c_str(),
-                  text(r["node"]).c_str(), text(r["role"]).c_str(), text(r["state"]).c_str(),
-                  text(r["active_weight_version"]).c_str(), text(r["received_from"]).c_str());
+    std::snprintf(line, sizeof line, "%-5s %-5s %-10s %-13s %-15s %-8s %s\n",
+                  text(r["rank"]).c_str(), text(r["node"]).c_str(), text(r["role"]).c_str(),
+                  text(r["state"]).c_str(), text(r["active_weight_version"]).c_str(),
+                  text(r.value("via", nlohmann::json())).c_str(), text(r["received_from"]).c_str());
     out << line;
   }
   if (status.contains("updates") && !status["updates"].empty()) {

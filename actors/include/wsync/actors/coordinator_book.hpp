@@ -102,8 +102,9 @@ struct book_effect {
 };
 
 struct book_config {
-  std::chrono::milliseconds update_deadline{30000};  ///< publish of the first shard to commit
-  std::size_t history_per_model = 16;                ///< finished updates kept for status
+  /// First shard to the last one, and then distribution to every answer.
+  std::chrono::milliseconds update_deadline{30000};
+  std::size_t history_per_model = 16;  ///< finished updates kept for status
 };
 
 class coordinator_book {

@@ -56,12 +56,13 @@ using update_router = std::function<result<std::map<std::int32_t, routed_update>
     const std::vector<route_member>& publishers)>;
 
 struct coordinator_options {
-  endpoint listen;                                   ///< port 0: pick one
-  std::string port_file;                             ///< written once listening (for launchers)
-  std::chrono::milliseconds update_deadline{30000};  ///< first shard to commit
-  std::uint32_t history_per_model = 16;              ///< finished updates kept for status
-  std::chrono::milliseconds heartbeat{200};          ///< CAF heartbeat; peers time out at 5x
-  update_router router;                              ///< empty: every rank from the publishers
+  endpoint listen;        ///< port 0: pick one
+  std::string port_file;  ///< written once listening (for launchers)
+  std::chrono::milliseconds update_deadline{
+      30000};                                ///< first shard to the last; then to every answer
+  std::uint32_t history_per_model = 16;      ///< finished updates kept for status
+  std::chrono::milliseconds heartbeat{200};  ///< CAF heartbeat; peers time out at 5x
+  update_router router;                      ///< empty: every rank from the publishers
   /// Listen on a non-loopback address without TLS anyway (refused otherwise).
   bool insecure = false;
 };
