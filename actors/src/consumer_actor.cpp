@@ -186,12 +186,15 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
           report(u->key, "importing", std::move(from));
           report(u->key, "rejected", r.failure ? r.failure->message : "unknown failure",
                  r.timings.total);
-          // A rejected update is held no more (the executor gave back what it imported), also
-          // when the import itself failed: without this word the coordinator would count the
-          // rank as holding it, and a retry of the version would wait for it forever.
-          report(u->key, "released", "");
-          box->put(std::move(out));
-          return;
+          // The executor gave back what it imported of a rejected update. When the import itself
+          // failed, the rank says it let go all the same (else the coordinator counts it as a
+          // holder, and a retry of the version waits for it forever) — unless it still serves
+          // that version from an earlier delivery (a catch-up of its active version): then it
+          // does hold the memory, and the publishers must not reuse it.
+          const auto held = side->held();
+          if (!r.released_self && std::find(held.begin(), held.end(), u->key) == held.end()) {
+            report(u->key, "released", "");
+          }
         }
         if (r.released_self) report(u->key, "released", "");
         box->put(std::move(out));
