@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "wsync/bench/timing.hpp"
@@ -25,7 +27,22 @@ struct run_figures {
   long consumer_fds = -1;  ///< open descriptors of the consumer process after the last update
   /// The coordinator's control-plane messages per update (status `messages`), all updates.
   double updates_sent = -1, report_messages = -1;
+  double coordinator_cpu_ms = -1;  ///< the coordinator's CPU time (user + system) per update
 };
+
+// CPU time (user + system) `pid` has used, in seconds, or -1.
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = text.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(text.substr(close + 2));
+  std::string skip;
+  for (int i = 3; i < 14; ++i) fields >> skip;  // fields 3..13
+  unsigned long long utime = 0, stime = 0;
+  if (!(fields >> utime >> stime)) return -1;
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
 
 // Resident set of `pid` in KiB, or -1.
 long rss_kib(pid_t pid) {
@@ -112,6 +129,7 @@ run_figures run_one(const cluster_bench_options& o, int consumers, int processes
       return f;
     }
   }
+  const double cpu_before = cpu_seconds(cluster.coordinator_pid());
   const auto outcomes = cluster.temp_path("outcomes.jsonl");
   auto pid = cluster.start({"publisher", "--coordinator", addr, "--rank", "0", "--layout", o.layout,
                             "--versions", std::to_string(o.repeat + 1), "--json"},
@@ -135,6 +153,9 @@ run_figures run_one(const cluster_bench_options& o, int consumers, int processes
     if (f.rss_after_100 < 0 && done >= 100) f.rss_after_100 = rss_kib(cluster.coordinator_pid());
   }
   f.rss_at_end = rss_kib(cluster.coordinator_pid());
+  if (const double cpu = cpu_seconds(cluster.coordinator_pid()); cpu >= 0 && cpu_before >= 0) {
+    f.coordinator_cpu_ms = (cpu - cpu_before) * 1e3 / (o.repeat + 1);
+  }
   f.consumer_fds = open_fds(consumer);
   if (auto s = status_of(cluster); s.is_object() && s.contains("messages")) {
     const double updates = o.repeat + 1;
@@ -217,6 +238,7 @@ json row_of(const cluster_bench_options& o, const run_figures& f, int consumers,
           {"messages_per_update",
            {{"updates_sent", or_null(f.updates_sent)},
             {"report_messages", or_null(f.report_messages)}}},
+          {"coordinator_cpu_ms_per_update", or_null(f.coordinator_cpu_ms)},
           {"coordinator_rss_kib",
            {{"after_100_updates", or_null(f.rss_after_100)},
             {"at_end", or_null(f.rss_at_end)},
