@@ -177,7 +177,9 @@ kill -KILL "$coord"
 pids+=("$!")
 wait_consumers 2
 s=$(status)
-[ "$(grep -o '"active_weight_version":2,' <<<"$s" | wc -l)" -eq 2 ] ||
+# Version 2, or 3 when a slow machine (ASan) rejoined so late that the publisher's next version
+# came first: never 0, which a consumer that lost what it served would say.
+[ "$(grep -oE '"active_weight_version":[23],' <<<"$s" | wc -l)" -eq 2 ] ||
   fail "consumers did not keep serving version 2 across the restart: $s"
 wait "$publisher" || fail "the publisher did not carry on after the restart: $(tail -n 3 "$work/publisher.log")"
 grep -q "reconnected to the coordinator" "$work/publisher.log" || fail "publisher did not reconnect"
