@@ -110,6 +110,17 @@ rollout_report rollout_executor::update_weights(std::span<const weight_update_ma
   }
 
   if (auto staged = adapter_.stage(parts); !staged) return fail(staged.error());
+  if (!adapter_.references_import()) {
+    // The bytes were copied out after they were verified: they must not have changed
+    // meanwhile (a publisher that reused the memory under this rank), or the copy may mix two
+    // versions. Checked before the switch, so readers never see such a copy.
+    for (const auto& id : imported_ids) {
+      if (auto whole = consumer_.intact(id); !whole) {
+        adapter_.discard(report.id);
+        return fail(whole.error());
+      }
+    }
+  }
   for (const auto& id : imported_ids) {
     if (auto installed = consumer_.mark_installed(id); !installed) {
       adapter_.discard(report.id);

@@ -378,15 +378,38 @@ class shm_consumer final : public consumer_transport {
       spans.emplace_back(mp.base + header_bytes + h->offsets[i], m.segments[i].nbytes);
     }
     ++mp.holds;
-    held_[m.update_id] = {key, mp.name};
+    held_[m.update_id] = held_import{key, mp.name, header, h->generation};
     return spans;
+  }
+
+  result<void> intact(const update_id& id) const override {
+    std::lock_guard lock(mutex_);
+    auto it = held_.find(id);
+    if (it == held_.end()) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id + " is not imported from shared-memory");
+    }
+    // A seqlock's reader side: the publisher bumps the generation before it rewrites a slot, so
+    // a generation unchanged after the bytes were read means none of them was rewritten. The
+    // fence keeps those reads before this load.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const auto gen = it->second.header->generation.load(std::memory_order_acquire);
+    if (gen != it->second.generation) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id +
+                            " was rewritten in shared memory while it was read: its slot now "
+                            "holds generation " +
+                            std::to_string(gen) + ", the import had " +
+                            std::to_string(it->second.generation) + " (update_id=" + id + ")");
+    }
+    return {};
   }
 
   void release(const update_id& id) override {
     std::lock_guard lock(mutex_);
     auto it = held_.find(id);
     if (it == held_.end()) return;
-    auto [key, name] = it->second;
+    auto key = it->second.key, name = it->second.name;
     held_.erase(it);
     if (auto m = maps_.find(key); m != maps_.end() && m->second.name == name) {
       --m->second.holds;
@@ -506,7 +529,14 @@ class shm_consumer final : public consumer_transport {
   mutable std::mutex mutex_;
   std::unordered_map<std::string, mapping> maps_;  // "<pool>/<slot>" -> mapping
   std::vector<mapping> retired_;
-  std::unordered_map<update_id, std::pair<std::string, std::string>> held_;
+  /// An import this consumer holds: its mapping (by key and slot name) and the slot generation
+  /// it was imported at (the header stays mapped while it is held).
+  struct held_import {
+    std::string key, name;
+    const slot_header* header = nullptr;
+    std::uint64_t generation = 0;
+  };
+  std::unordered_map<update_id, held_import> held_;
   std::deque<std::pair<update_id, std::string>> sources_;  ///< recent imports a peer served
   std::atomic<std::int32_t> rank_{-1};
   std::unique_ptr<shm_peer::registration> peers_;  ///< last: built after, gone before the maps

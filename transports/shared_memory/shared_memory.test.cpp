@@ -738,6 +738,34 @@ TEST_F(shared_memory_test, a_slot_being_rewritten_refuses_its_old_handle) {
   EXPECT_FALSE(still);
 }
 
+TEST_F(shared_memory_test, an_import_whose_slot_is_rewritten_while_it_is_read_is_not_intact) {
+  // A catch-up that raced a release: the publisher reuses the slot while a consumer still
+  // copies out of it. The generation it imported at tells the copy is not whole.
+  make_publisher(1);
+  auto m1 = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto consumer = make_local_consumer();
+  auto imported = consumer->import_update(*m1);
+  ASSERT_TRUE(imported) << imported.error().message;
+  EXPECT_TRUE(consumer->intact(m1->update_id));
+  ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));  // the coordinator let it go
+  std::vector<std::uint64_t> sizes;
+  for (const auto& seg : m1->segments) sizes.push_back(seg.nbytes);
+  auto next = update_id_generate();
+  auto spans = raw_publisher_->acquire(next, sizes, std::chrono::milliseconds(200));
+  ASSERT_TRUE(spans) << spans.error().message;
+  auto whole = consumer->intact(m1->update_id);
+  ASSERT_FALSE(whole) << "a rewritten slot passed as intact";
+  EXPECT_EQ(whole.error().code, errc::unknown_update);
+  EXPECT_NE(whole.error().message.find("rewritten in shared memory while it was read"),
+            std::string::npos)
+      << whole.error().message;
+  EXPECT_NE(whole.error().message.find(m1->update_id), std::string::npos);
+  EXPECT_NE(whole.error().message.find("consumer rank"), std::string::npos);
+  ASSERT_TRUE(consumer->release(m1->update_id));
+  raw_publisher_->release(next);
+}
+
 TEST_F(shared_memory_test, a_forged_handle_cannot_reach_past_the_slot) {
   make_publisher(1);
   auto m = publisher_->publish(sources_, 1, {0});

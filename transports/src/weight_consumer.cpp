@@ -135,6 +135,14 @@ result<std::vector<std::uint64_t>> weight_consumer::checksums_of(const imported_
   return out;
 }
 
+result<void> weight_consumer::intact(const update_id& id) const {
+  if (auto ok = transport_->intact(id); !ok) {
+    return make_error(ok.error().code,
+                      ok.error().message + " at consumer rank " + std::to_string(config_.rank));
+  }
+  return {};
+}
+
 result<void> weight_consumer::verify(const update_id& id) {
   const imported_update* u = nullptr;
   {

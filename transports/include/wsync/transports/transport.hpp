@@ -89,6 +89,13 @@ class consumer_transport {
   /// Drops this process's hold on the update; its spans become invalid.
   virtual void release(const update_id& id) = 0;
 
+  /// Whether an imported update's bytes are still the ones published. A transport whose memory
+  /// its publisher may rewrite under a reader that the coordinator no longer counts (the
+  /// shared-memory ring, after a catch-up raced a release, or a reader frozen past the
+  /// heartbeat) answers unknown_update once that started; checked after the bytes were
+  /// copied, a yes means the copy is whole. Default: always (nothing rewrites them).
+  virtual result<void> intact(const update_id& /*id*/) const { return {}; }
+
   /// The consumer rank this transport serves (weight_consumer calls it once, at construction),
   /// for transports that name their readers in shared state (file-mmap's leases).
   virtual void rank_set(std::int32_t /*rank*/) {}

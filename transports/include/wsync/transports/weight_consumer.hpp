@@ -59,6 +59,9 @@ class weight_consumer {
   /// Recomputes every tensor checksum (device memory: on that device); a difference is "tensor
   /// checksum mismatch" naming the tensor.
   result<void> verify(const update_id& id);
+  /// Whether the imported bytes are still the ones published (consumer_transport::intact):
+  /// after copying them out, a success means the copy is whole.
+  result<void> intact(const update_id& id) const;
   /// Records that the install adapter took the update.
   result<void> mark_installed(const update_id& id);
   result<void> acknowledge(const update_id& id);
