@@ -490,6 +490,17 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
     st->box->endpoint = caf::actor_cast<caf::actor_addr>(self);
   }
   for (auto& [rank, slot] : st->ranks) self->monitor(slot.worker);
+  // Leaving in order (only this process can stop it: guard.hpp): the answers it still holds —
+  // its ranks' reports not sent yet, a leader's members' reports, what a member's leader had
+  // not confirmed — go straight to the coordinator first, ahead of the down message that ends
+  // the ranks there, so a rank that answered and then stopped is not counted as failed.
+  self->set_exit_handler([=](caf::exit_msg& msg) {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& r : st->box->take()) take(st, std::move(r), now);
+    detach(self, st);
+    if (!st->pending.empty()) send_batch(self, st, std::exchange(st->pending, {}));
+    self->quit(msg.reason);
+  });
   self->set_down_handler([=](caf::down_msg& msg) {
     if (st->leader && msg.source == st->leader.address()) {
       if (!really_down(st->leader)) return;
