@@ -392,7 +392,9 @@ class shm_consumer final : public consumer_transport {
     // A seqlock's reader side: the publisher bumps the generation before it rewrites a slot, so
     // a generation unchanged after the bytes were read means none of them was rewritten. The
     // fence keeps those reads before this load.
+#if !defined(__SANITIZE_THREAD__)  // TSan refuses fences; it cannot see the other process anyway
     std::atomic_thread_fence(std::memory_order_acquire);
+#endif
     const auto gen = it->second.header->generation.load(std::memory_order_acquire);
     if (gen != it->second.generation) {
       return make_error(errc::unknown_update,
