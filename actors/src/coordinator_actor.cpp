@@ -48,9 +48,11 @@ struct node_lead {
   std::uint64_t epoch = 0;  ///< random per leadership: a stale attach or notice names another
 };
 
-/// Which leader carries a consumer rank of another endpoint, and since which leadership.
+/// Which leader carries a consumer rank of another endpoint, and since which leadership. An
+/// entry goes with its leader (endpoint_gone), so it always names a live one.
 struct carried_by {
   caf::actor_addr leader;
+  consumer_actor handle;
   std::uint64_t epoch = 0;
 };
 
@@ -211,11 +213,7 @@ void distribute(coordinator_pointer self, const book_effect& e, bool resend = fa
     auto endpoint = st.consumers.find(rank);
     if (endpoint == st.consumers.end()) continue;  // it left
     consumer_actor to = endpoint->second;
-    if (auto c = st.carriers.find(rank); c != st.carriers.end()) {
-      for (const auto& [node, lead] : st.leaders) {
-        if (lead.addr == c->second.leader && lead.epoch == c->second.epoch) to = lead.handle;
-      }
-    }
+    if (auto c = st.carriers.find(rank); c != st.carriers.end()) to = c->second.handle;
     auto& [handle, messages] = out[to.address()];
     handle = to;
     auto it = routes.find(rank);
@@ -725,7 +723,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                        std::to_string(rank) + ": not a rank of another endpoint on its node");
               continue;
             }
-            st.carriers[rank] = carried_by{sender, n.epoch};
+            st.carriers[rank] = carried_by{sender, lead->second.handle, n.epoch};
           }
           return;
         }
