@@ -1,0 +1,119 @@
+#pragma once
+// A vLLM NCCL trainer in host memory, for tests on machines without a GPU: it plays rank 0 of the
+// group behind a broadcast_endpoint. Its broadcasts are what a trainer sends for a list of
+// tensors (one each, or vLLM's packed groups, packed here independently of
+// transports/nccl/plan.hpp); queued work runs in order at wait(), as on a CUDA stream, so a
+// receiver that reads a buffer before waiting sees stale bytes.
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "wsync/manifest/checksum.hpp"
+#include "wsync/transports/nccl_receiver.hpp"
+
+namespace wsync::testing {
+
+/// The broadcasts a vLLM trainer makes for `tensors` (names order): each tensor, or packed:
+/// tensors appended to a buffer that goes out once it holds more than `buffer_bytes`.
+inline std::deque<std::vector<std::byte>> trainer_broadcasts(
+    const std::vector<std::vector<std::byte>>& tensors, bool packed, std::uint64_t buffer_bytes) {
+  std::deque<std::vector<std::byte>> out;
+  if (!packed) {
+    for (const auto& t : tensors) out.push_back(t);
+    return out;
+  }
+  std::vector<std::byte> buffer;
+  bool open = false;
+  for (const auto& t : tensors) {
+    buffer.insert(buffer.end(), t.begin(), t.end());
+    open = true;
+    if (buffer.size() > buffer_bytes) {
+      out.push_back(std::move(buffer));
+      buffer.clear();
+      open = false;
+    }
+  }
+  if (open) out.push_back(std::move(buffer));
+  return out;
+}
+
+class host_trainer final : public nccl::broadcast_endpoint {
+ public:
+  /// What rank 0 will broadcast, in order; tests append to it.
+  std::deque<std::vector<std::byte>> sends;
+  std::size_t receives_done = 0;
+  std::uint64_t allocated_bytes = 0;
+
+  memory_location memory() const override { return {}; }
+
+  result<nccl::block> allocate(std::uint64_t nbytes) override {
+    auto v = std::make_shared<std::vector<std::byte>>(nbytes, std::byte{0xee});
+    allocated_bytes += nbytes;
+    return nccl::block{v->data(), nbytes, v};
+  }
+
+  result<void> receive(std::span<std::byte> into) override {
+    if (!aborted_.empty()) return make_error(errc::io_error, "aborted: " + aborted_);
+    queue_.push_back([this, into]() -> result<void> {
+      if (sends.empty()) {
+        return fail(errc::timeout, "rank 0 sent nothing more; the receive missed its deadline");
+      }
+      auto bytes = std::move(sends.front());
+      sends.pop_front();
+      if (bytes.size() != into.size()) {
+        return fail(errc::io_error, "rank 0 broadcast " + std::to_string(bytes.size()) +
+                                        " bytes where " + std::to_string(into.size()) +
+                                        " were posted");
+      }
+      if (!bytes.empty()) std::memcpy(into.data(), bytes.data(), bytes.size());
+      ++receives_done;
+      return {};
+    });
+    return {};
+  }
+
+  result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
+    if (!aborted_.empty()) return make_error(errc::io_error, "aborted: " + aborted_);
+    queue_.push_back([=]() -> result<void> {
+      if (nbytes > 0) std::memcpy(dst, src, nbytes);
+      return {};
+    });
+    return {};
+  }
+
+  result<void> wait(std::chrono::steady_clock::time_point) override {
+    if (!aborted_.empty()) return make_error(errc::io_error, "aborted: " + aborted_);
+    while (!queue_.empty()) {
+      auto step = std::move(queue_.front());
+      queue_.pop_front();
+      if (auto r = step(); !r) return r;
+    }
+    return {};
+  }
+
+  result<std::vector<std::uint64_t>> checksums(std::span<const std::span<const std::byte>> ranges,
+                                               const checksum_method& method) override {
+    std::vector<std::uint64_t> out;
+    for (const auto& r : ranges) out.push_back(checksum_compute(r.data(), r.size(), method));
+    return out;
+  }
+
+  std::string broken() const override { return aborted_; }
+  std::string describe() const override { return "host trainer (rank 1 of 2)"; }
+
+ private:
+  error fail(errc code, const std::string& why) {
+    aborted_ = why;
+    queue_.clear();
+    return {code, why};
+  }
+
+  std::deque<std::function<result<void>()>> queue_;
+  std::string aborted_;
+};
+
+}  // namespace wsync::testing
