@@ -16,6 +16,7 @@
 #include "held_publisher.hpp"
 #include "pattern_tensors.hpp"
 #include "wsync/manifest/codec.hpp"
+#include "wsync/transports/nccl.hpp"
 
 namespace wsync {
 namespace {
@@ -209,8 +210,9 @@ TEST_F(http_gateway_test, thirty_two_clients_hammer_status_and_metrics_during_up
 namespace wsync {
 namespace {
 
-// vLLM's NCCL engine: init_info is checked field by field, then refused with the reason this
-// rank cannot join an NCCL group (no such transport here yet; on this machine no GPU either).
+// vLLM's NCCL engine: init_info is checked field by field, then refused: where NCCL cannot run,
+// with the reason (blocked); where it can, because this rank was initialised over shared memory.
+// The NCCL flow itself: nccl_flow.test.cpp.
 TEST_F(http_gateway_test, vllm_nccl_init_info_is_checked_then_refused_as_blocked) {
   const std::string id(171, 'A');  // 128 bytes, standard base64
   auto refusal = [&](const json& info) {
@@ -227,8 +229,13 @@ TEST_F(http_gateway_test, vllm_nccl_init_info_is_checked_then_refused_as_blocked
                    {"packed_num_buffers", 2}};
   auto [status, message] = refusal(good);
   EXPECT_EQ(status, 400);
-  EXPECT_EQ(message.rfind("init_info.nccl_unique_id_b64: blocked: ", 0), 0u) << message;
-  EXPECT_NE(message.find("nccl"), std::string::npos) << message;
+  if (auto r = nccl::ready(); !r) {
+    EXPECT_EQ(message, "init_info.nccl_unique_id_b64: " + r.error().message);
+  } else {
+    EXPECT_EQ(message,
+              "init_info.nccl_unique_id_b64: NCCL mode differs from \"shared-memory\", which "
+              "this rank was initialised with");
+  }
 
   auto tcp = refusal({{"master_address", "10.0.0.1"},
                       {"master_port", 29500},

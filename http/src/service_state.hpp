@@ -22,6 +22,7 @@
 #include "wsync/runtime/generation_control.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/nccl_receiver.hpp"
 #include "wsync/transports/transport.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 
@@ -66,6 +67,10 @@ inline std::string field(const std::string& where, const std::string& key) {
 // it describes; "" when it matches, else the first mismatch naming its field.
 std::string check_chunk(const json& info, const std::string& where,
                         const std::vector<weight_update_manifest>& known, const char* dtype_key);
+
+// vLLM's packing fields (packed, packed_buffer_size_bytes, packed_num_buffers) of init_info or,
+// in older versions, update_info (at `where`), over `how`. "" or the first problem.
+std::string read_packing(const json& info, const std::string& where, nccl::packing& how);
 
 // Prometheus histogram with fixed buckets (seconds).
 class histogram {
@@ -138,6 +143,14 @@ struct weight_transfer_service::impl {
   std::unique_ptr<rollout_executor> executor;
   std::vector<weight_update_manifest> shards;  ///< received since start
   std::string sglang_group;  ///< SGLang: the group /init_weights_update_group made
+
+  // vLLM's NCCL mode (nccl_flow.cpp): the trainer's group this rank joined, how the trainer
+  // packs, and the consumer transport (owned by `consumer`) that hands what was received to
+  // the executor. An aborted receive drops the group: `nccl_lost` says why until the next init.
+  std::unique_ptr<nccl::broadcast_endpoint> nccl_group;
+  nccl::packing nccl_packing;
+  class received_segments* received = nullptr;
+  std::string nccl_lost;
   std::string active_model;  ///< status_mutex: model of the last install
 
   // The weight version as a label (vLLM's /update_weight_version, SGLang's weight_version):
@@ -186,6 +199,15 @@ struct weight_transfer_service::impl {
   // `options` (e.g. file-mmap's dir) come from the init call's transport_options.
   std::optional<refusal> open_transport(const std::string& name, const transport_options& options,
                                         const std::string& where);
+
+  // NCCL mode: joins the group of a checked init_info (phase_mutex held).
+  http_reply nccl_init(const json& info);
+  bool nccl_mode() const { return transport == "nccl"; }
+  // NCCL mode: receives the tensors one update_info (at `where`) names and adds them to
+  // `shards` as one more manifest. "" or the reason, with the HTTP status in `status`.
+  std::string nccl_receive(const json& info, const std::string& where, int& status);
+  // NCCL mode: frees what was received for `ids` and not imported.
+  void nccl_forget(const std::vector<update_id>& ids);
 
   // Parses one manifest of an update (`mj`: a JSON object or its text, the field `at`) and adds
   // it to `shards` after checking it belongs: the initialised transport, the same update as the

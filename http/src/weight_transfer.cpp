@@ -54,27 +54,8 @@ const char* http_detail::phase_name(phase p) {
 
 namespace {
 
-// Bytes that standard (RFC 4648, padded) base64 `text` decodes to, or nullopt when it is not
-// that: vLLM sends the NCCL unique id so and refuses the URL-safe alphabet.
-std::optional<std::size_t> base64_bytes(const std::string& text) {
-  if (text.empty() || text.size() % 4 != 0) return std::nullopt;
-  std::size_t pad = 0;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '=') {
-      if (i + 2 < text.size()) return std::nullopt;  // padding only at the end
-      ++pad;
-      continue;
-    }
-    if (pad > 0) return std::nullopt;
-    const bool alnum = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-    if (!alnum && c != '+' && c != '/') return std::nullopt;
-  }
-  return text.size() / 4 * 3 - pad;
-}
-
-// init_info of vLLM's NCCL engine (it has a rendezvous): checked field by field, then refused
-// with the reason no NCCL group can be joined here. nullopt when it is not an NCCL init_info.
+// init_info of vLLM's NCCL engine (it has a rendezvous), checked field by field: the refusal, or
+// nullopt when it is not an NCCL init_info or one in unique-id mode that nccl_init can join.
 std::optional<http_reply> nccl_init_refusal(const json& info) {
   const bool tcp = info.contains("master_address") || info.contains("master_port");
   const bool unique = info.contains("nccl_unique_id_b64");
@@ -94,15 +75,8 @@ std::optional<http_reply> nccl_init_refusal(const json& info) {
   }
   const auto& id = info["nccl_unique_id_b64"];
   if (!id.is_string()) return fail(400, "init_info.nccl_unique_id_b64: must be a string");
-  auto bytes = base64_bytes(id.get<std::string>());
-  if (!bytes) {
-    return fail(400,
-                "init_info.nccl_unique_id_b64: not standard base64 (RFC 4648, padded; the "
-                "URL-safe alphabet is refused)");
-  }
-  if (*bytes != 128) {
-    return fail(400, "init_info.nccl_unique_id_b64: decodes to " + std::to_string(*bytes) +
-                         " bytes; an NCCL unique id has 128");
+  if (auto decoded = nccl::unique_id_from_base64(id.get<std::string>()); !decoded) {
+    return fail(400, "init_info.nccl_unique_id_b64: " + decoded.error().message);
   }
   // NCCL ranks are ints; a JSON number beyond them is refused before it can wrap.
   auto rank_number = [&](const char* key) {
@@ -127,25 +101,9 @@ std::optional<http_reply> nccl_init_refusal(const json& info) {
                          " leaves no rank for this worker after rank_offset " +
                          std::to_string(offset));
   }
-  if (info.contains("packed") && !info["packed"].is_boolean()) {
-    return fail(400, "init_info.packed: must be a boolean");
-  }
-  for (const char* key : {"packed_buffer_size_bytes", "packed_num_buffers"}) {
-    if (!info.contains(key)) continue;
-    const auto& v = info[key];
-    const bool positive = v.is_number_unsigned()
-                              ? v.get<std::uint64_t>() > 0
-                              : v.is_number_integer() && v.get<std::int64_t>() > 0;
-    if (!positive)
-      return fail(400, std::string("init_info.") + key + ": must be a positive integer");
-  }
-  auto nccl = make_transport("nccl");
-  if (nccl) {  // cannot happen while the transport is not written; never pretend it joined
-    return fail(500,
-                "init_info.nccl_unique_id_b64: the nccl transport exists but this surface "
-                "does not drive it yet");
-  }
-  return fail(400, "init_info.nccl_unique_id_b64: " + nccl.error().message);
+  nccl::packing how;
+  if (auto why = read_packing(info, "init_info", how); !why.empty()) return fail(400, why);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -197,6 +155,11 @@ http_reply weight_transfer_service::init(std::string_view body) {
   if (auto no = nccl_init_refusal(info)) return *no;
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
+  if (info.contains("nccl_unique_id_b64")) return s.nccl_init(info);
+  if (s.nccl_mode()) {
+    return fail(400, "init_info.transport: \"" + name +
+                         "\" differs from NCCL mode, which this rank was initialised with");
+  }
   if (s.current == phase::started) {
     return fail(409, s.conflict("init_weight_transfer_engine", "finish the update first"));
   }
@@ -396,6 +359,18 @@ http_reply weight_transfer_service::update(std::string_view body) {
   if (s.current != phase::started) {
     return fail(409, s.not_started("update_weights"));
   }
+  if (s.nccl_mode()) {
+    // Each entry is received as it comes: what the trainer broadcast cannot be refused after.
+    for (std::size_t k = 0; k < infos.size(); ++k) {
+      int status = 400;
+      std::string where =
+          infos.size() == 1 ? "update_info" : "update_info[" + std::to_string(k) + "]";
+      if (auto why = s.nccl_receive(infos[k], where, status); !why.empty()) {
+        return fail(status, why);
+      }
+    }
+    return reply(200, {{"message", "Weights updated"}});
+  }
   // Check every chunk before keeping any: a refused request changes nothing.
   auto shards = s.shards;
   for (std::size_t k = 0; k < infos.size(); ++k) {
@@ -445,15 +420,20 @@ http_reply weight_transfer_service::finish(std::string_view body) {
   }
   const auto& first = s.shards.front();
   std::string key = update_key(first.model_id, first.weight_version);
-  if (version && *version != std::to_string(first.weight_version)) {
+  // NCCL mode numbers versions itself (active + 1): the trainer's weight_version is a label.
+  const bool label_only = s.nccl_mode();
+  if (version && !label_only && *version != std::to_string(first.weight_version)) {
     return fail(400, "weight_version: \"" + *version + "\" differs from the manifests' " +
                          std::to_string(first.weight_version) + " (" + update_context(first) + ")");
   }
   auto shards = std::move(s.shards);  // `first` is gone from here on
   s.shards.clear();
   s.current = phase::ready;
-  auto r = s.install(std::move(shards), std::nullopt);
+  std::vector<update_id> ids;
+  for (const auto& m : shards) ids.push_back(m.update_id);
+  auto r = s.install(std::move(shards), label_only ? version : std::nullopt);
   if (!r.acknowledged) {
+    if (label_only) s.nccl_forget(ids);  // what the executor did not import
     return fail(500, "finish_weight_update: install failed, version " +
                          std::to_string(s.active.load()) +
                          " stays active: " + (r.failure ? r.failure->message : "unknown failure"));

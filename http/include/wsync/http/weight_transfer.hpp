@@ -8,15 +8,27 @@
 // failed install: 500 with the reason, the previous version stays active. The weights change
 // only at a successful finish, atomically (under the generation gate).
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+
+#include "wsync/transports/nccl.hpp"
 
 namespace wsync {
 
 class reference_runtime;
 struct rollout_report;
+namespace nccl {
+class broadcast_endpoint;
+}
+
+/// How vLLM's NCCL mode joins the trainer's group: (unique id, world size, this rank, CUDA
+/// device, timeout) -> the receiving endpoint.
+using nccl_join_fn = std::function<result<std::unique_ptr<nccl::broadcast_endpoint>>(
+    const nccl::unique_id&, int, int, int, std::chrono::milliseconds)>;
 
 struct http_reply {
   int status = 200;
@@ -29,6 +41,12 @@ struct weight_transfer_config {
   std::int32_t data_parallel = 1;  ///< include_dp=true answers world_size x data_parallel
   std::string node = "n0";
   bool verify = true;  ///< recompute checksums before installing
+  // vLLM's NCCL mode (init_info.nccl_unique_id_b64; docs/http.md#nccl).
+  int cuda_device = 0;  ///< the device this rank receives broadcasts on
+  /// Joining the group (with its warm-up), and each /update_weights' receive.
+  std::chrono::milliseconds nccl_timeout{std::chrono::minutes(5)};
+  /// Empty: nccl::join_endpoint (NCCL). Tests put an in-process trainer here.
+  nccl_join_fn nccl_join;
 };
 
 class weight_transfer_service {
