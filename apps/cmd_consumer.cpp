@@ -105,6 +105,14 @@ void add_http_flags(CLI::App* cons, consumer_state& s) {
                    "GET /get_world_size?include_dp=false: this server's TP x PP ranks")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  cons->add_option("--cuda-device", s.http.rank.cuda_device,
+                   "with --standalone, vLLM's NCCL mode (init_info.nccl_unique_id_b64): the CUDA "
+                   "device this rank receives the trainer's broadcasts on")
+      ->check(CLI::Range(0, 1023))
+      ->capture_default_str();
+  add_milliseconds(cons, "--nccl-timeout-ms", s.http.rank.nccl_timeout,
+                   "vLLM's NCCL mode: joining the trainer's group (with the warm-up) and each "
+                   "/update_weights' receive must end within this, or the group is aborted");
   cons->add_option("--data-parallel", s.http.rank.data_parallel,
                    "GET /get_world_size (include_dp=true) answers world-size x data-parallel")
       ->check(CLI::Range(1, 1 << 20))
