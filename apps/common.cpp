@@ -54,14 +54,15 @@ void add_transport(CLI::App* cmd, std::string& transport, std::vector<std::strin
                   "data plane: shared-memory (one node), file-mmap (a directory both sides "
                   "mount: disk, tmpfs, NFS; needs dir=DIR), ucx (across nodes; consumers relay "
                   "along the coordinator's --plan), or cuda-ipc / cuda-vmm (one GPU node: device "
-                  "slots, zero-copy device views; CUDA builds with a device); nccl is not "
-                  "written yet")
+                  "slots, zero-copy device views; CUDA builds with a device), or nccl (one "
+                  "communicator from the publisher to the consumer ranks in consumers=...)")
       ->check(CLI::IsMember(builtin_transports().names()))
       ->capture_default_str();
   cmd->add_option("--transport-option", settings,
                   "KEY=VALUE for the transport, repeatable (ucx: tls=tcp, devices=eth0, "
                   "chunk_bytes=...; file-mmap: dir=DIR, buffers=2, lease_timeout_ms=10000; "
-                  "cuda-ipc, cuda-vmm: slots=2, device=0; see docs/transports.md)");
+                  "cuda-ipc, cuda-vmm: slots=2, device=0; nccl: consumers=0,1, device=0, "
+                  "bucket_bytes=..., buckets=2, timeout_ms=60000; see docs/transports.md)");
 }
 
 void add_tls(CLI::App* cmd, tls_settings& tls) {

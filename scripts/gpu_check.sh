@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 date -u +%FT%TZ
 
 echo "== GPU tests"
-timeout 180 "$tests" --gtest_filter='gpu*:device*:*cuda*:chunk*' >"$out/gpu_tests.log" 2>&1
+timeout 180 "$tests" --gtest_filter='gpu*:device*:*cuda*:chunk*:nccl*' >"$out/gpu_tests.log" 2>&1
 rc=$?
 grep -E '^\[  (PASSED|FAILED) |imports \(s\)|Failure|Which is' "$out/gpu_tests.log"
 echo "tests rc=$rc"

@@ -105,7 +105,10 @@ struct point_run {
   json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
   bool ucx = opt.mode == "ucx";
   bool fmm = opt.mode == "file-mmap";
-  bool gpu = opt.mode == "cuda-ipc" || opt.mode == "cuda-vmm";  ///< device tensors, device slots
+  /// Device tensors, device slots; nccl's consumer on the second GPU (NCCL refuses two ranks on
+  /// one).
+  bool gpu = opt.mode == "cuda-ipc" || opt.mode == "cuda-vmm" || opt.mode == "nccl";
+  bool nccl = opt.mode == "nccl";
   bool two_processes = opt.mode != "local";
   std::string transport_name = ucx                   ? "ucx"
                                : fmm                 ? "file-mmap"
@@ -164,7 +167,7 @@ std::optional<run_stop> mode_check(const point_run& r) {
   if (opt.mode != "local" && opt.mode != "shared-memory" && opt.mode != "ucx" &&
       opt.mode != "file-mmap" && !r.gpu) {
     return failed("unknown mode \"" + opt.mode +
-                  "\" (known: local, shared-memory, file-mmap, ucx, cuda-ipc, cuda-vmm)");
+                  "\" (known: local, shared-memory, file-mmap, ucx, cuda-ipc, cuda-vmm, nccl)");
   }
   if (r.ucx && !transport_known("ucx")) {
     return blocked(
@@ -201,6 +204,7 @@ std::optional<run_stop> layout_choose(point_run& r) {
   r.row["verify"] = opt.verify;
 
   if (r.two_processes && !r.fmm) r.topts["slots"] = std::to_string(r.slots);
+  if (r.nccl) r.topts["consumers"] = std::to_string(consumer_rank);
   if (r.fmm) r.topts["buffers"] = std::to_string(r.slots);
   if (r.ucx) {
     r.topts["tls"] = opt.ucx_tls;
@@ -270,7 +274,9 @@ std::optional<run_stop> consumer_start(point_run& r) {
     // A terminal's Ctrl-C reaches the whole group: the parent stops the consumer itself.
     ::signal(SIGINT, SIG_IGN);
     ::close(fds[0]);
-    bench_consumer_process(fds[1], r.opt.verify, r.transport_name, r.topts, consumer_rank);
+    auto topts = r.topts;
+    if (r.nccl) topts["device"] = "1";
+    bench_consumer_process(fds[1], r.opt.verify, r.transport_name, topts, consumer_rank);
   }
   ::close(fds[1]);
   r.channel = fds[0];
@@ -280,7 +286,14 @@ std::optional<run_stop> consumer_start(point_run& r) {
     ::waitpid(r.child, nullptr, 0);
     std::string reason = ready ? ready->value("reason", ready->dump()) : "no answer";
     // The consumer makes its transport first: a GPU transport this machine cannot run says so.
-    if (reason.rfind("blocked:", 0) == 0) return blocked(reason);
+    if (reason.rfind("blocked:", 0) == 0) {
+      if (r.nccl && reason.find("no CUDA device 1") != std::string::npos) {
+        reason +=
+            "; the nccl bench puts its consumer on a second GPU, as NCCL refuses two ranks "
+            "on one";
+      }
+      return blocked(reason);
+    }
     return failed("the consumer process did not start: " + reason);
   }
   return std::nullopt;
@@ -538,6 +551,12 @@ bool row_fill(point_run& r, bool ok) {
     row["first_import_s"] = r.first_import_s.value_or(0);
     row["checksum"] = "xxh3-64-chunked";
   }
+  if (r.nccl) {
+    // No staging buffers: the sender broadcasts from the slot, the consumer receives into a
+    // block of the same layout. A bound from the layout, not a reading of the device.
+    row["extra_gpu_bytes_bound"] = {
+        {"publisher", r.slots * r.src_bytes}, {"consumer", r.slots * r.src_bytes}, {"staging", 0}};
+  }
   if (r.fmm && r.cp_s) {
     // Against cp of the same bytes into the same directory: publish time over cp time, as
     // bandwidths (> 1: publishing is faster than cp).
@@ -567,10 +586,13 @@ bool row_fill(point_run& r, bool ok) {
                 std::to_string(r.child) + ")" +
                 (r.ucx ? ", pulls chunks over UCX_TLS=" + opt.ucx_tls + " with " +
                              row["op"].get<std::string>() + " into its own registered slots"
-                 : r.gpu ? ", opens each device slot once, zero-copy import; the publisher "
-                           "copies device tensors on its stream and checksums on the GPU; the "
-                           "reference runtime installs by copying to host memory"
-                         : ", maps each slot once, zero-copy import");
+                 : r.nccl ? ", on cuda:1: NCCL broadcasts from the publisher's slot into the "
+                            "consumer's pooled blocks (import = the broadcast); publish = copy "
+                            "into the slot and expose"
+                 : r.gpu  ? ", opens each device slot once, zero-copy import; the publisher "
+                            "copies device tensors on its stream and checksums on the GPU; the "
+                            "reference runtime installs by copying to host memory"
+                          : ", maps each slot once, zero-copy import");
   row["env"] = {{"host", host_name()},
                 {"cores", std::thread::hardware_concurrency()},
                 {"transport_notes", transport_notes}};
@@ -619,8 +641,9 @@ int bench_one(const bench_options& opt, std::ostream& out) {
 }  // namespace
 
 int bench_run(const bench_options& opt, std::ostream& out) {
-  // cuda-ipc and cuda-vmm run like the host transports, with device tensors and slots.
-  if (gpu_mode(opt.mode) && opt.mode != "cuda-ipc" && opt.mode != "cuda-vmm") {
+  // cuda-ipc, cuda-vmm and nccl run like the host transports, with device tensors and slots.
+  if (gpu_mode(opt.mode) && opt.mode != "cuda-ipc" && opt.mode != "cuda-vmm" &&
+      opt.mode != "nccl") {
     return gpu_bench_run(opt, out);
   }
   if (opt.mode != "ucx" || !opt.ucx_tls.empty()) return bench_one(opt, out);

@@ -80,8 +80,9 @@ def named_tensors(source: Any) -> List[Tuple[str, torch.Tensor]]:
 def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
     """The extension's tensor tuples and the tensors that back them (keep those alive).
 
-    Non-contiguous tensors are made contiguous (one copy each); CPU only: the CUDA transports are
-    not written yet, so a device tensor is refused rather than copied behind the caller's back.
+    Non-contiguous tensors are made contiguous (one copy each); CPU only: the Python API does not
+    pass CUDA tensors to the CUDA transports yet, so a device tensor is refused rather than copied
+    behind the caller's back.
     """
     tuples = []
     keep = []

@@ -2,6 +2,7 @@
 
 #include "cuda/device_pool.hpp"
 #include "wsync/transports/gpu.hpp"
+#include "wsync/transports/nccl_transport.hpp"
 
 namespace wsync {
 namespace {
@@ -17,18 +18,29 @@ constexpr transport_caps cluster_gpu{.cpu_memory = false,
                                      .cross_node = true,
                                      .zero_copy_import = false};
 
-// What building `name` answers: why no GPU work can run here, or, on a machine where it could,
-// that the transport itself is not in this build yet (docs/transports.md says what is).
-transport_entry blocked_entry(std::string name, std::string summary, transport_caps caps) {
+// Where this build has no CUDA: building `name` answers why (gpu::ready()'s cause).
+[[maybe_unused]] transport_entry blocked_entry(std::string name, std::string summary,
+                                               transport_caps caps) {
   auto make = [name](const transport_options&) -> result<std::unique_ptr<transport>> {
-    if (auto r = gpu::ready(); !r) {
-      return make_error(errc::blocked, r.error().message + " (transport " + name + ")");
-    }
-    return make_error(errc::blocked, "blocked: the " + name +
-                                         " transport is not in this build yet; the GPU checksum "
-                                         "kernels are (docs/transports.md, GPU data plane)");
+    auto r = gpu::ready();
+    return make_error(errc::blocked,
+                      (r ? std::string("blocked: no CUDA in this build") : r.error().message) +
+                          " (transport " + name + ")");
   };
   return {std::move(name), std::move(summary), caps, std::move(make)};
+}
+
+// nccl: the transport where NCCL can run (a CUDA build, a device, a loadable libnccl.so.2),
+// blocked with the cause elsewhere.
+transport_entry nccl_entry() {
+  auto make = [](const transport_options& options) -> result<std::unique_ptr<transport>> {
+    if (auto r = nccl::ready(); !r) {
+      return make_error(errc::blocked, r.error().message + " (transport nccl)");
+    }
+    return nccl::make_transport(options, nccl::cuda_fabric);
+  };
+  return {"nccl", "cluster, GPU memory: bucketed broadcast over one NCCL communicator", cluster_gpu,
+          std::move(make)};
 }
 
 // cuda-ipc and cuda-vmm: the transports where this build has CUDA, blocked with the cause where
@@ -56,8 +68,7 @@ std::vector<transport_entry> gpu_transport_entries() {
                    "one node, GPU memory: pooled device segments, one cudaIpcMemHandle each"),
       device_entry(device_pool::sharing::vmm, "cuda-vmm",
                    "one node, GPU memory: cuMemCreate segments shared as POSIX fds (SCM_RIGHTS)"),
-      blocked_entry("nccl", "cluster, GPU memory: bucketed broadcast over one NCCL communicator",
-                    cluster_gpu),
+      nccl_entry(),
   };
 }
 

@@ -8,7 +8,7 @@
 #include "wsync/transports/nccl_receiver.hpp"
 
 #if WSYNC_HAVE_NCCL
-#include <cuda_runtime_api.h>
+#include "nccl/device_memory.hpp"
 #endif
 
 namespace wsync::nccl {
@@ -17,10 +17,6 @@ namespace wsync::nccl {
 
 namespace {
 
-std::string cuda_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
-
 class nccl_endpoint final : public broadcast_endpoint {
  public:
   explicit nccl_endpoint(communicator comm) : comm_(std::move(comm)) {}
@@ -28,18 +24,7 @@ class nccl_endpoint final : public broadcast_endpoint {
   memory_location memory() const override { return {comm_.device()}; }
 
   result<block> allocate(std::uint64_t nbytes) override {
-    (void)cudaSetDevice(comm_.device());
-    void* p = nullptr;
-    if (auto e = cudaMalloc(&p, nbytes); e != cudaSuccess) {
-      return make_error(errc::io_error, describe() + ": cudaMalloc(" + std::to_string(nbytes) +
-                                            " bytes) failed (" + cuda_text(e) + ")");
-    }
-    const int device = comm_.device();
-    std::shared_ptr<void> owner(p, [device](void* q) {
-      (void)cudaSetDevice(device);
-      (void)cudaFree(q);
-    });
-    return block{static_cast<std::byte*>(p), nbytes, std::move(owner)};
+    return device_block(comm_.device(), nbytes, describe());
   }
 
   result<void> receive(std::span<std::byte> into) override {

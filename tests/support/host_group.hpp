@@ -1,0 +1,194 @@
+#pragma once
+// NCCL's broadcast groups in host memory, for the nccl transport's tests on machines without a
+// GPU: members are threads of one process sharing a host_fabric. A member's k-th broadcast is
+// collective k of its group; it completes once every member queued it, when the root's bytes
+// are copied to the others (so a member that never comes holds everyone up, as in NCCL). wait()
+// blocks until every collective the member queued completed. A missed deadline, a failed join
+// or an abort breaks the whole group, as ncclCommAbort makes the peers' collectives fail.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "wsync/transports/nccl_transport.hpp"
+
+namespace wsync::testing {
+
+class host_fabric final : public nccl::group_fabric {
+ public:
+  std::atomic<std::uint64_t> allocated_bytes{0};
+  std::atomic<int> joins{0};
+
+  memory_location memory() const override { return {}; }
+
+  result<nccl::unique_id> make_id() override {
+    nccl::unique_id id{};
+    const auto n = ++ids_;
+    std::memcpy(id.data(), &n, sizeof n);
+    return id;
+  }
+
+  result<std::unique_ptr<nccl::group_member>> join(const nccl::unique_id& id, int world, int rank,
+                                                   std::chrono::milliseconds timeout) override {
+    ++joins;
+    std::shared_ptr<group> g;
+    {
+      std::lock_guard lock(mu_);
+      auto& slot = groups_[id];
+      if (!slot) slot = std::make_shared<group>(world);
+      g = slot;
+    }
+    std::unique_lock lock(g->mu);
+    if (g->world != world) {
+      return make_error(errc::invalid_argument, "host group: a world of " + std::to_string(world) +
+                                                    " where its members said " +
+                                                    std::to_string(g->world));
+    }
+    if (!g->joined.insert(rank).second) {
+      return make_error(errc::invalid_argument,
+                        "host group: rank " + std::to_string(rank) + " joined twice");
+    }
+    g->cv.notify_all();
+    const bool all = g->cv.wait_for(lock, timeout, [&] {
+      return !g->aborted.empty() || static_cast<int>(g->joined.size()) == g->world;
+    });
+    if (!g->aborted.empty()) {
+      return make_error(errc::io_error, "host group: aborted while joining: " + g->aborted);
+    }
+    if (!all) {
+      g->abort_locked("rank " + std::to_string(rank) + ": the other members did not join");
+      return make_error(errc::timeout, "host group rank " + std::to_string(rank) +
+                                           ": the other members did not join within " +
+                                           std::to_string(timeout.count()) + " ms");
+    }
+    return std::unique_ptr<nccl::group_member>(std::make_unique<member>(g, rank));
+  }
+
+  result<nccl::block> allocate(std::uint64_t nbytes) override {
+    auto v = std::make_shared<std::vector<std::byte>>(nbytes, std::byte{0xee});
+    allocated_bytes += nbytes;
+    return nccl::block{v->data(), nbytes, v};
+  }
+
+  result<void> write(std::byte* dst, const void* src, std::uint64_t nbytes) override {
+    std::memcpy(dst, src, nbytes);
+    return {};
+  }
+
+  result<void> read(void* dst, const std::byte* src, std::uint64_t nbytes) override {
+    std::memcpy(dst, src, nbytes);
+    return {};
+  }
+
+  /// Breaks every group, as if the network went down under them.
+  void abort_all(const std::string& why) {
+    std::lock_guard lock(mu_);
+    for (auto& [id, g] : groups_) {
+      std::lock_guard glock(g->mu);
+      g->abort_locked(why);
+    }
+  }
+
+ private:
+  struct collective {
+    int root = -1;
+    std::uint64_t nbytes = 0;
+    std::map<int, std::byte*> posted;
+    bool done = false;
+  };
+
+  struct group {
+    explicit group(int w) : world(w) {}
+    std::mutex mu;
+    std::condition_variable cv;
+    const int world;
+    std::set<int> joined;
+    std::vector<collective> ops;
+    std::string aborted;
+    void abort_locked(const std::string& why) {
+      if (aborted.empty()) aborted = why;
+      cv.notify_all();
+    }
+  };
+
+  class member final : public nccl::group_member {
+   public:
+    member(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+
+    result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root) override {
+      std::lock_guard lock(g_->mu);
+      if (!g_->aborted.empty()) return make_error(errc::io_error, "aborted: " + g_->aborted);
+      const std::size_t k = posted_++;
+      if (g_->ops.size() <= k) g_->ops.resize(k + 1);
+      auto& op = g_->ops[k];
+      if (op.posted.empty()) {
+        op.root = root;
+        op.nbytes = nbytes;
+      } else if (op.root != root || op.nbytes != nbytes) {
+        g_->abort_locked("broadcast " + std::to_string(k) + ": rank " + std::to_string(rank_) +
+                         " posted " + std::to_string(nbytes) + " bytes from root " +
+                         std::to_string(root) + ", another member " + std::to_string(op.nbytes) +
+                         " from root " + std::to_string(op.root));
+        return make_error(errc::io_error, "aborted: " + g_->aborted);
+      }
+      op.posted[rank_] = data;
+      if (static_cast<int>(op.posted.size()) == g_->world) {
+        const std::byte* from = op.posted.at(op.root);
+        for (auto& [r, to] : op.posted) {
+          if (r != op.root && op.nbytes > 0) std::memcpy(to, from, op.nbytes);
+        }
+        op.done = true;
+        g_->cv.notify_all();
+      }
+      return {};
+    }
+
+    result<void> wait(std::chrono::steady_clock::time_point deadline) override {
+      std::unique_lock lock(g_->mu);
+      auto all_done = [&] {
+        for (std::size_t k = 0; k < posted_; ++k) {
+          if (!g_->ops[k].done) return false;
+        }
+        return true;
+      };
+      const bool done =
+          g_->cv.wait_until(lock, deadline, [&] { return !g_->aborted.empty() || all_done(); });
+      if (!g_->aborted.empty()) {
+        return make_error(errc::io_error, "a member failed: " + g_->aborted);
+      }
+      if (!done) {
+        g_->abort_locked("rank " + std::to_string(rank_) +
+                         ": the collectives did not complete by the deadline");
+        return make_error(errc::timeout, g_->aborted);
+      }
+      return {};
+    }
+
+    void abort(const std::string& why) override {
+      std::lock_guard lock(g_->mu);
+      g_->abort_locked(why);
+    }
+
+    std::string broken() const override {
+      std::lock_guard lock(g_->mu);
+      return g_->aborted;
+    }
+
+   private:
+    std::shared_ptr<group> g_;
+    int rank_;
+    std::size_t posted_ = 0;
+  };
+
+  std::mutex mu_;
+  std::map<nccl::unique_id, std::shared_ptr<group>> groups_;
+  std::atomic<std::uint64_t> ids_{0};
+};
+
+}  // namespace wsync::testing

@@ -1,0 +1,524 @@
+// The nccl transport (wsync/transports/nccl_transport.hpp): the publisher's sender thread and the
+// consumer's receive loop, over any group_fabric. Pure C++: CI runs it on the host fabric.
+
+#include <algorithm>
+#include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "nccl/handle.hpp"
+#include "nccl/plan.hpp"
+#include "src/slot_ring.hpp"
+#include "wsync/manifest/log.hpp"
+#include "wsync/transports/nccl_transport.hpp"
+
+namespace wsync::nccl {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+std::string ranks_text(const std::vector<std::int32_t>& ranks) {
+  std::string s;
+  for (auto r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+result<std::vector<std::int32_t>> ranks_parse(const std::string& text) {
+  auto bad = [&](const std::string& why) -> error {
+    return make_error(errc::invalid_argument, "nccl option consumers: \"" + text + "\": " + why);
+  };
+  std::vector<std::int32_t> out;
+  std::set<std::int32_t> seen;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const auto comma = std::min(text.find(',', at), text.size());
+    std::int32_t r = 0;
+    const char* first = text.data() + at;
+    const char* last = text.data() + comma;
+    auto [end, ec] = std::from_chars(first, last, r);
+    if (first == last || ec != std::errc{} || end != last || r < 0) {
+      return bad("expected comma-separated consumer ranks (non-negative integers)");
+    }
+    if (!seen.insert(r).second) return bad("rank " + std::to_string(r) + " twice");
+    out.push_back(r);
+    at = comma + 1;
+  }
+  if (out.size() > 65535) return bad("more than 65535 ranks");
+  return out;
+}
+
+// Queues rank 0's broadcasts of `bytes` in slices of at most bucket_bytes, waiting after every
+// `buckets` of them and at the end. Each slice lands at `data` + its offset, or, with `drop`, at
+// `data` itself: a scratch buffer of one slice, for an update this rank skipped.
+result<void> broadcast_slices(group_member& member, std::byte* data, std::uint64_t bytes,
+                              std::uint64_t bucket_bytes, unsigned buckets, bool drop,
+                              clock::time_point deadline) {
+  const std::uint64_t total[] = {bytes};
+  auto slices = nccl_plan::segment_slices(total, bucket_bytes, buckets);
+  if (!slices) return slices.error();
+  for (const auto& s : *slices) {
+    if (auto r = member.broadcast(drop ? data : data + s.offset, s.nbytes, 0); !r) return r;
+    if (s.stream + 1 == buckets) {
+      if (auto r = member.wait(deadline); !r) return r;
+    }
+  }
+  return member.wait(deadline);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Publisher: rank 0. expose() hands the update to the sender thread, which joins the group when
+// the epoch is new and broadcasts updates one after another in expose order.
+
+struct pub_slot {
+  block memory;
+  std::uint64_t capacity = 0;
+  std::string holder;     ///< the update it holds; empty when free
+  bool sending = false;   ///< the sender thread still reads it
+  bool released = false;  ///< release() came while sending
+};
+
+class nccl_publisher final : public publisher_transport {
+ public:
+  nccl_publisher(transport_settings settings, std::shared_ptr<group_fabric> fabric,
+                 std::string group, block header)
+      : settings_(std::move(settings)),
+        fabric_(std::move(fabric)),
+        group_(std::move(group)),
+        header_(std::move(header)),
+        sender_([this] { run(); }) {}
+
+  ~nccl_publisher() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    work_.notify_all();
+    sender_.join();
+  }
+
+  memory_location memory() const override { return fabric_->memory(); }
+
+  result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
+                                                    std::span<const std::uint64_t> segment_bytes,
+                                                    std::chrono::milliseconds wait) override {
+    std::uint64_t need = 0;
+    auto offsets = slot_ring::layout(segment_bytes, tensor_alignment, need);
+    std::unique_lock lock(mu_);
+    if (pending_.count(id)) {
+      return make_error(errc::invalid_argument, "nccl: update_id=" + id + " was acquired already");
+    }
+    auto slot = slot_ring::choose(slots_, need, settings_.slots, lock, freed_, wait, "nccl", id,
+                                  [&](pub_slot& s) -> result<void> {
+                                    s.memory = {};
+                                    s.capacity = 0;
+                                    auto b = fabric_->allocate(need);
+                                    if (!b) return b.error();
+                                    s.memory = std::move(*b);
+                                    s.capacity = need;
+                                    return {};
+                                  });
+    if (!slot) return slot.error();
+    (*slot)->holder = id;
+    (*slot)->released = false;
+    pending_[id] = {*slot, need};
+    std::vector<std::span<std::byte>> spans;
+    for (std::size_t i = 0; i < segment_bytes.size(); ++i) {
+      spans.emplace_back((*slot)->memory.data + offsets[i], segment_bytes[i]);
+    }
+    return spans;
+  }
+
+  result<std::string> expose(const update_id& id) override {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end() || it->second.exposed) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id " + id + ": nccl has no unexposed update by that id");
+    }
+    if (epoch_ == 0 || broken_upto_ >= epoch_) {  // a new communicator: a new id, a new epoch
+      auto made = fabric_->make_id();
+      if (!made) return made.error();
+      id_ = *made;
+      ++epoch_;
+    }
+    nccl_handle::handle h{group_,
+                          epoch_,
+                          id_,
+                          settings_.consumers,
+                          next_sequence_++,
+                          it->second.bytes,
+                          settings_.bucket_bytes,
+                          settings_.buckets};
+    it->second.exposed = true;
+    it->second.slot->sending = true;
+    jobs_.push_back({id, h, it->second.slot});
+    work_.notify_all();
+    return nccl_handle::encode(h);
+  }
+
+  void release(const update_id& id) override {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    pub_slot* slot = it->second.slot;
+    pending_.erase(it);
+    if (slot->sending) {
+      slot->released = true;  // the sender frees it when done
+    } else {
+      slot->holder.clear();
+      freed_.notify_all();
+    }
+  }
+
+ private:
+  struct pending {
+    pub_slot* slot = nullptr;
+    std::uint64_t bytes = 0;
+    bool exposed = false;
+  };
+  struct job {
+    update_id id;
+    nccl_handle::handle h;
+    pub_slot* slot = nullptr;
+  };
+
+  void run() {
+    std::unique_ptr<group_member> member;
+    std::uint64_t member_epoch = 0;
+    for (;;) {
+      job j;
+      std::string dead;  // why the job's epoch is over before it starts
+      {
+        std::unique_lock lock(mu_);
+        work_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        if (stopping_) break;
+        j = std::move(jobs_.front());
+        jobs_.pop_front();
+        if (j.h.epoch <= broken_upto_) dead = broken_why_;
+      }
+      std::string failure = dead.empty() ? send(j, member, member_epoch) : dead;
+      std::lock_guard lock(mu_);
+      if (!failure.empty()) {
+        if (j.h.epoch > broken_upto_) {
+          broken_upto_ = j.h.epoch;
+          broken_why_ = failure;
+        }
+        log_warn("nccl: the broadcast of update_id=" + j.id + " (sequence " +
+                 std::to_string(j.h.sequence) + ", epoch " + std::to_string(j.h.epoch) +
+                 ") failed: " + failure);
+      }
+      j.slot->sending = false;
+      if (j.slot->released) {
+        j.slot->released = false;
+        j.slot->holder.clear();
+        freed_.notify_all();
+      }
+    }
+    std::lock_guard lock(mu_);
+    for (auto& j : jobs_) j.slot->sending = false;
+  }
+
+  // Sends one update; "" or why it failed (the communicator is then aborted).
+  std::string send(const job& j, std::unique_ptr<group_member>& member,
+                   std::uint64_t& member_epoch) {
+    const auto deadline = clock::now() + settings_.timeout;
+    const int world = static_cast<int>(j.h.members.size()) + 1;
+    if (!member || member_epoch != j.h.epoch) {
+      member.reset();
+      auto joined = fabric_->join(j.h.id, world, 0, settings_.timeout);
+      if (!joined) {
+        return "joining the group of " + std::to_string(world) + " (epoch " +
+               std::to_string(j.h.epoch) + ") failed: " + joined.error().message;
+      }
+      member = std::move(*joined);
+      member_epoch = j.h.epoch;
+    }
+    const auto hb = nccl_handle::header_encode(nccl_handle::header_of(j.h, j.id));
+    auto ok = fabric_->write(header_.data, hb.data(), hb.size());
+    if (ok) ok = member->broadcast(header_.data, hb.size(), 0);
+    if (ok) {
+      ok = broadcast_slices(*member, j.slot->memory.data, j.h.bytes, j.h.bucket_bytes, j.h.buckets,
+                            false, deadline);
+    }
+    if (ok) return {};
+    member->abort(ok.error().message);
+    return ok.error().message;
+  }
+
+  const transport_settings settings_;
+  const std::shared_ptr<group_fabric> fabric_;
+  const std::string group_;
+  const block header_;
+
+  std::mutex mu_;
+  std::condition_variable freed_;
+  std::condition_variable work_;
+  std::vector<std::unique_ptr<pub_slot>> slots_;
+  std::map<update_id, pending> pending_;
+  std::deque<job> jobs_;
+  std::uint64_t next_sequence_ = 1;
+  std::uint64_t epoch_ = 0;
+  unique_id id_{};
+  std::uint64_t broken_upto_ = 0;  ///< every epoch up to this one was aborted
+  std::string broken_why_;
+  bool stopping_ = false;
+  std::thread sender_;  // last: starts once everything above is built
+};
+
+// ---------------------------------------------------------------------------------------------
+// Consumer: NCCL rank 1 + its place in the handle's members. Imports run one at a time (the
+// broadcasts are in order); each receives headers until its own update's, dropping the bytes
+// of updates this rank skipped.
+
+class nccl_consumer final : public consumer_transport {
+ public:
+  nccl_consumer(transport_settings settings, std::shared_ptr<group_fabric> fabric, block header)
+      : settings_(std::move(settings)), fabric_(std::move(fabric)), header_(std::move(header)) {}
+
+  memory_location memory() const override { return fabric_->memory(); }
+
+  void rank_set(std::int32_t rank) override { rank_ = rank; }
+
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    auto h = nccl_handle::parse(m);
+    if (!h) return h.error();
+    const std::string ctx = " (" + update_context(m.update_id, rank_) + ")";
+    const auto place = std::find(h->members.begin(), h->members.end(), rank_);
+    if (place == h->members.end()) {
+      return make_error(errc::invalid_argument,
+                        "nccl: transport_handle.members: rank " + std::to_string(rank_) +
+                            " is not a member of this update's group (members " +
+                            ranks_text(h->members) + ")" + ctx);
+    }
+    const int nccl_rank = static_cast<int>(place - h->members.begin()) + 1;
+    std::lock_guard importing(import_mu_);
+    const auto deadline = clock::now() + settings_.timeout;
+    if (h->group == group_ && h->epoch < epoch_) {
+      return make_error(errc::io_error, "nccl: this update's broadcast (epoch " +
+                                            std::to_string(h->epoch) +
+                                            ") was abandoned: its publisher moved on to epoch " +
+                                            std::to_string(epoch_) + ctx);
+    }
+    if (h->group != group_ || h->epoch != epoch_) {
+      member_.reset();
+      group_ = h->group;
+      epoch_ = h->epoch;
+      next_sequence_ = 0;
+      const int world = static_cast<int>(h->members.size()) + 1;
+      auto joined = fabric_->join(h->id, world, nccl_rank, settings_.timeout);
+      if (!joined) {
+        join_failed_ = joined.error();
+        return make_error(joined.error().code, "nccl: joining the publisher's group (epoch " +
+                                                   std::to_string(h->epoch) +
+                                                   ") failed: " + joined.error().message + ctx);
+      }
+      member_ = std::move(*joined);
+    }
+    if (!member_) {  // this epoch's join failed already: its root gave up on it too
+      return make_error(join_failed_.code,
+                        "nccl: the publisher's group (epoch " + std::to_string(epoch_) +
+                            ") could not be joined: " + join_failed_.message + ctx);
+    }
+    if (auto why = member_->broken(); !why.empty()) {
+      return make_error(errc::io_error,
+                        "nccl: the group (epoch " + std::to_string(epoch_) + ") was aborted: " +
+                            why + "; the publisher builds a new one at its next update" + ctx);
+    }
+    if (h->sequence < next_sequence_) {
+      return make_error(errc::invalid_argument, "nccl: transport_handle.sequence " +
+                                                    std::to_string(h->sequence) +
+                                                    " was broadcast already (this rank is at " +
+                                                    std::to_string(next_sequence_) + ")" + ctx);
+    }
+    auto received = receive(*h, m.update_id, deadline);
+    if (!received) return make_error(received.error().code, received.error().message + ctx);
+    std::uint64_t bytes = 0;
+    const auto offsets = nccl_handle::wire_layout(m.segments, bytes);
+    std::vector<std::span<const std::byte>> spans;
+    for (std::size_t i = 0; i < m.segments.size(); ++i) {
+      spans.emplace_back(received->data + offsets[i], m.segments[i].nbytes);
+    }
+    std::lock_guard lock(mu_);
+    held_[m.update_id] = std::move(*received);
+    return spans;
+  }
+
+  void release(const update_id& id) override {
+    std::lock_guard lock(mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return;
+    if (free_.size() < settings_.slots) free_.push_back(std::move(it->second));
+    held_.erase(it);
+  }
+
+ private:
+  // Receives headers (and drops skipped updates) until the one of `h`, then its bytes.
+  result<block> receive(const nccl_handle::handle& h, const update_id& id,
+                        clock::time_point deadline) {
+    auto fail = [&](const error& e) -> error {
+      member_->abort(e.message);
+      return e;
+    };
+    const auto want = nccl_handle::header_of(h, id);
+    for (;;) {
+      nccl_handle::header_block hb{};
+      auto ok = member_->broadcast(header_.data, hb.size(), 0);
+      if (ok) ok = member_->wait(deadline);
+      if (ok) ok = fabric_->read(hb.data(), header_.data, hb.size());
+      if (!ok) return fail(ok.error());
+      auto got = nccl_handle::header_decode(hb);
+      if (!got) return fail(got.error());
+      next_sequence_ = got->sequence + 1;
+      if (got->sequence < want.sequence) {  // an update this rank skipped: drop its bytes
+        auto scratch = scratch_for(std::min(got->bytes, h.bucket_bytes));
+        if (!scratch) return fail(scratch.error());
+        if (auto d = broadcast_slices(*member_, scratch->data, got->bytes, h.bucket_bytes,
+                                      h.buckets, true, deadline);
+            !d) {
+          return fail(d.error());
+        }
+        continue;
+      }
+      if (*got != want) {
+        return fail({errc::io_error, "nccl: out of step with the publisher: it sent sequence " +
+                                         std::to_string(got->sequence) + " (" +
+                                         std::to_string(got->bytes) + " bytes) where sequence " +
+                                         std::to_string(want.sequence) + " (" +
+                                         std::to_string(want.bytes) + " bytes) was expected"});
+      }
+      break;
+    }
+    auto into = pooled(h.bytes);
+    if (!into) return fail(into.error());
+    if (auto r = broadcast_slices(*member_, into->data, h.bytes, h.bucket_bytes, h.buckets, false,
+                                  deadline);
+        !r) {
+      return fail(r.error());
+    }
+    return into;
+  }
+
+  result<block> pooled(std::uint64_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->nbytes >= bytes && (best == free_.end() || it->nbytes < best->nbytes)) best = it;
+      }
+      if (best != free_.end()) {
+        block b = std::move(*best);
+        free_.erase(best);
+        return b;
+      }
+    }
+    return fabric_->allocate(std::max<std::uint64_t>(bytes, 1));
+  }
+
+  result<block> scratch_for(std::uint64_t bytes) {
+    if (scratch_.nbytes < bytes) {
+      scratch_ = {};
+      auto b = fabric_->allocate(std::max<std::uint64_t>(bytes, 1));
+      if (!b) return b.error();
+      scratch_ = std::move(*b);
+    }
+    return scratch_;
+  }
+
+  const transport_settings settings_;
+  const std::shared_ptr<group_fabric> fabric_;
+  const block header_;
+  std::int32_t rank_ = 0;
+
+  std::mutex import_mu_;  // one import at a time; guards what follows up to mu_
+  std::unique_ptr<group_member> member_;
+  std::string group_;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t next_sequence_ = 0;        ///< after the last header received; 0: none yet
+  error join_failed_{errc::io_error, ""};  ///< why member_ is empty for this epoch
+  block scratch_;
+
+  std::mutex mu_;
+  std::map<update_id, block> held_;
+  std::vector<block> free_;
+};
+
+transport_caps caps_for(const memory_location& where) {
+  return {.cpu_memory = where.host(),
+          .gpu_memory = !where.host(),
+          .cross_process = true,
+          .cross_node = true,
+          .zero_copy_import = false};
+}
+
+class nccl_transport final : public transport {
+ public:
+  nccl_transport(transport_settings settings, std::shared_ptr<group_fabric> fabric)
+      : settings_(std::move(settings)), fabric_(std::move(fabric)) {}
+  std::string_view name() const override { return "nccl"; }
+  transport_caps caps() const override { return caps_for(fabric_->memory()); }
+
+  result<std::unique_ptr<publisher_transport>> make_publisher() override {
+    auto group = random_hex(8);
+    if (group.empty()) return make_error(errc::io_error, "nccl: the kernel gave no random bytes");
+    auto header = fabric_->allocate(nccl_handle::header_bytes);
+    if (!header) return header.error();
+    return std::unique_ptr<publisher_transport>(
+        std::make_unique<nccl_publisher>(settings_, fabric_, std::move(group), std::move(*header)));
+  }
+
+  result<std::unique_ptr<consumer_transport>> make_consumer() override {
+    auto header = fabric_->allocate(nccl_handle::header_bytes);
+    if (!header) return header.error();
+    return std::unique_ptr<consumer_transport>(
+        std::make_unique<nccl_consumer>(settings_, fabric_, std::move(*header)));
+  }
+
+ private:
+  const transport_settings settings_;
+  const std::shared_ptr<group_fabric> fabric_;
+};
+
+}  // namespace
+
+result<transport_settings> settings_read(const transport_options& options) {
+  options_reader reader("nccl", options);
+  transport_settings s;
+  auto consumers = ranks_parse(reader.get_string("consumers", "0"));
+  if (!consumers) return consumers.error();
+  s.consumers = std::move(*consumers);
+  auto device = reader.get_uint("device", 0, 0, 1023);
+  if (!device) return device.error();
+  auto slots = reader.get_uint("slots", 2, 1, 64);
+  if (!slots) return slots.error();
+  auto bucket_bytes = reader.get_uint("bucket_bytes", std::uint64_t{256} << 20,
+                                      std::uint64_t{1} << 20, std::uint64_t{16} << 30);
+  if (!bucket_bytes) return bucket_bytes.error();
+  auto buckets = reader.get_uint("buckets", 2, 1, 16);
+  if (!buckets) return buckets.error();
+  auto timeout = reader.get_uint("timeout_ms", 60000, 1, 3600000);
+  if (!timeout) return timeout.error();
+  if (auto ok = reader.finish(); !ok) return ok.error();
+  s.device = static_cast<int>(*device);
+  s.slots = *slots;
+  s.bucket_bytes = *bucket_bytes;
+  s.buckets = static_cast<unsigned>(*buckets);
+  s.timeout = std::chrono::milliseconds(*timeout);
+  return s;
+}
+
+result<std::unique_ptr<transport>> make_transport(const transport_options& options,
+                                                  const fabric_factory& make_fabric) {
+  auto settings = settings_read(options);
+  if (!settings) return settings.error();
+  auto fabric = make_fabric(settings->device);
+  if (!fabric) return fabric.error();
+  return std::unique_ptr<transport>(
+      std::make_unique<nccl_transport>(std::move(*settings), std::move(*fabric)));
+}
+
+}  // namespace wsync::nccl
