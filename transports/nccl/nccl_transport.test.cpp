@@ -171,10 +171,9 @@ class nccl_transport_test : public ::testing::Test {
     return publisher_->publish(tensors_.fill(version), version, {0, 1});
   }
 
-  // Rank `r` imports, verifies and checks every word, acknowledges and releases.
-  std::string take(std::int32_t r, const weight_update_manifest& m) {
-    auto& c = *consumers_[r];
-    auto u = c.import_update(m);
+  // Rank `r` imports `m` and checks every word.
+  std::string import_checked(std::int32_t r, const weight_update_manifest& m) {
+    auto u = consumers_[r]->import_update(m);
     if (!u) return u.error().message;
     for (std::size_t i = 0; i < (*u)->tensors.size(); ++i) {
       const auto& t = (*u)->tensors[i];
@@ -182,11 +181,23 @@ class nccl_transport_test : public ::testing::Test {
         return "tensor " + std::to_string(i) + ": " + std::to_string(bad) + " words differ";
       }
     }
+    return "ok";
+  }
+
+  // Rank `r` verifies, installs, acknowledges and releases an imported `m`.
+  std::string finish(std::int32_t r, const weight_update_manifest& m) {
+    auto& c = *consumers_[r];
     for (auto step : {&weight_consumer::verify, &weight_consumer::mark_installed,
                       &weight_consumer::acknowledge, &weight_consumer::release}) {
       if (auto ok = (c.*step)(m.update_id); !ok) return ok.error().message;
     }
     return "ok";
+  }
+
+  // Rank `r` takes `m` through its whole lifecycle.
+  std::string take(std::int32_t r, const weight_update_manifest& m) {
+    auto got = import_checked(r, m);
+    return got != "ok" ? got : finish(r, m);
   }
 
   std::future<std::string> take_async(std::int32_t r, const weight_update_manifest& m) {
@@ -233,6 +244,45 @@ TEST_F(nccl_transport_test, every_member_receives_every_version_and_memory_is_re
   // Pooled on both sides: two publisher slots at most, one block per consumer, three headers
   // (without pooling the consumers alone would have taken eight blocks).
   EXPECT_LE(fabric_->allocated_bytes.load(), 2 * slot + 2 * slot + 3 * 64);
+}
+
+TEST_F(nccl_transport_test, shards_of_two_publisher_ranks_come_through_their_own_groups) {
+  start({{"timeout_ms", "5000"}});
+  publisher_config cfg;
+  cfg.model_id = "m";
+  cfg.source_rank = 1;
+  cfg.max_segment_bytes = 1 << 20;
+  auto p = transport_->make_publisher();
+  ASSERT_TRUE(p) << p.error().message;
+  weight_publisher second(std::move(*p), "nccl", cfg);
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    auto a = publish(v);
+    ASSERT_TRUE(a) << a.error().message;
+    auto b = second.publish(tensors_.fill(v), v, {0, 1});
+    ASSERT_TRUE(b) << b.error().message;
+    EXPECT_NE(nccl_handle::parse(*a)->group, nccl_handle::parse(*b)->group);
+    // Every consumer takes the shards in the same order (the coordinator's), as a rollout
+    // executor does.
+    auto both = [&](std::int32_t r) {
+      return std::async(std::launch::async, [this, r, a = *a, b = *b] {
+        for (const auto* m : {&a, &b}) {
+          if (auto got = import_checked(r, *m); got != "ok") return got;
+        }
+        auto got = finish(r, a);
+        return got != "ok" ? got : finish(r, b);
+      });
+    };
+    auto r0 = both(0);
+    auto r1 = both(1);
+    EXPECT_EQ(r0.get(), "ok") << "version " << v;
+    EXPECT_EQ(r1.get(), "ok") << "version " << v;
+    publisher_done(*a);
+    for (std::int32_t r : {0, 1}) {
+      (void)second.on_acknowledged(b->update_id, r);
+      (void)second.on_released(b->update_id, r);
+    }
+  }
+  EXPECT_EQ(fabric_->joins.load(), 6);  // two groups of three, each joined once
 }
 
 TEST_F(nccl_transport_test, a_rank_that_skipped_an_update_drops_it_on_the_way_to_the_next) {

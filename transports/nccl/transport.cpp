@@ -270,14 +270,29 @@ class nccl_publisher final : public publisher_transport {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Consumer: NCCL rank 1 + its place in the handle's members. Imports run one at a time (the
-// broadcasts are in order); each receives headers until its own update's, dropping the bytes
-// of updates this rank skipped.
+// Consumer: in each publisher's group, NCCL rank 1 + its place in the handle's members (a model
+// published in shards has one group per publisher rank, and the consumer is in each). Imports
+// of one group run one at a time (its broadcasts are in order); each receives headers until its
+// own update's, dropping the bytes of updates this rank skipped.
+
+/// A consumer keeps the communicators of this many publisher groups it used last.
+constexpr std::size_t max_groups = 64;
+
+struct group_state {
+  std::mutex importing;  // one import at a time; guards everything below
+  std::unique_ptr<group_member> member;
+  std::uint64_t epoch = 0;
+  std::uint64_t next_sequence = 0;        ///< after the last header received; 0: none yet
+  error join_failed{errc::io_error, ""};  ///< why member is empty for this epoch
+  block header;                           ///< where headers land
+  block scratch;                          ///< where dropped updates land
+  std::uint64_t used = 0;                 ///< when it was last used, for eviction
+};
 
 class nccl_consumer final : public consumer_transport {
  public:
-  nccl_consumer(transport_settings settings, std::shared_ptr<group_fabric> fabric, block header)
-      : settings_(std::move(settings)), fabric_(std::move(fabric)), header_(std::move(header)) {}
+  nccl_consumer(transport_settings settings, std::shared_ptr<group_fabric> fabric)
+      : settings_(std::move(settings)), fabric_(std::move(fabric)) {}
 
   memory_location memory() const override { return fabric_->memory(); }
 
@@ -295,47 +310,10 @@ class nccl_consumer final : public consumer_transport {
                             " is not a member of this update's group (members " +
                             ranks_text(h->members) + ")" + ctx);
     }
-    const int nccl_rank = static_cast<int>(place - h->members.begin()) + 1;
-    std::lock_guard importing(import_mu_);
-    const auto deadline = clock::now() + settings_.timeout;
-    if (h->group == group_ && h->epoch < epoch_) {
-      return make_error(errc::io_error, "nccl: this update's broadcast (epoch " +
-                                            std::to_string(h->epoch) +
-                                            ") was abandoned: its publisher moved on to epoch " +
-                                            std::to_string(epoch_) + ctx);
-    }
-    if (h->group != group_ || h->epoch != epoch_) {
-      member_.reset();
-      group_ = h->group;
-      epoch_ = h->epoch;
-      next_sequence_ = 0;
-      const int world = static_cast<int>(h->members.size()) + 1;
-      auto joined = fabric_->join(h->id, world, nccl_rank, settings_.timeout);
-      if (!joined) {
-        join_failed_ = joined.error();
-        return make_error(joined.error().code, "nccl: joining the publisher's group (epoch " +
-                                                   std::to_string(h->epoch) +
-                                                   ") failed: " + joined.error().message + ctx);
-      }
-      member_ = std::move(*joined);
-    }
-    if (!member_) {  // this epoch's join failed already: its root gave up on it too
-      return make_error(join_failed_.code,
-                        "nccl: the publisher's group (epoch " + std::to_string(epoch_) +
-                            ") could not be joined: " + join_failed_.message + ctx);
-    }
-    if (auto why = member_->broken(); !why.empty()) {
-      return make_error(errc::io_error,
-                        "nccl: the group (epoch " + std::to_string(epoch_) + ") was aborted: " +
-                            why + "; the publisher builds a new one at its next update" + ctx);
-    }
-    if (h->sequence < next_sequence_) {
-      return make_error(errc::invalid_argument, "nccl: transport_handle.sequence " +
-                                                    std::to_string(h->sequence) +
-                                                    " was broadcast already (this rank is at " +
-                                                    std::to_string(next_sequence_) + ")" + ctx);
-    }
-    auto received = receive(*h, m.update_id, deadline);
+    auto g = group_for(h->group);
+    if (!g) return make_error(g.error().code, g.error().message + ctx);
+    std::lock_guard importing((*g)->importing);
+    auto received = receive(**g, *h, static_cast<int>(place - h->members.begin()) + 1, m.update_id);
     if (!received) return make_error(received.error().code, received.error().message + ctx);
     std::uint64_t bytes = 0;
     const auto offsets = nccl_handle::wire_layout(m.segments, bytes);
@@ -357,28 +335,100 @@ class nccl_consumer final : public consumer_transport {
   }
 
  private:
-  // Receives headers (and drops skipped updates) until the one of `h`, then its bytes.
-  result<block> receive(const nccl_handle::handle& h, const update_id& id,
-                        clock::time_point deadline) {
+  // The state of publisher group `name`, made on first use; the least recently used group goes
+  // when there are too many (a publisher that restarted has a new group).
+  result<std::shared_ptr<group_state>> group_for(const std::string& name) {
+    std::lock_guard lock(mu_);
+    auto& g = groups_[name];
+    if (!g) {
+      auto header = fabric_->allocate(nccl_handle::header_bytes);
+      if (!header) {
+        groups_.erase(name);
+        return header.error();
+      }
+      g = std::make_shared<group_state>();
+      g->header = std::move(*header);
+      if (groups_.size() > max_groups) {
+        auto oldest = groups_.end();
+        for (auto it = groups_.begin(); it != groups_.end(); ++it) {
+          if (it->first != name &&
+              (oldest == groups_.end() || it->second->used < oldest->second->used)) {
+            oldest = it;
+          }
+        }
+        groups_.erase(oldest);  // an import still running keeps its state alive
+      }
+    }
+    g->used = ++uses_;
+    return g;
+  }
+
+  // Joins the handle's epoch when it is new, receives headers (dropping skipped updates) until
+  // the one of `h`, then its bytes.
+  result<block> receive(group_state& g, const nccl_handle::handle& h, int nccl_rank,
+                        const update_id& id) {
+    const auto deadline = clock::now() + settings_.timeout;
+    if (h.epoch < g.epoch) {
+      return make_error(errc::io_error, "nccl: this update's broadcast (epoch " +
+                                            std::to_string(h.epoch) +
+                                            ") was abandoned: its publisher moved on to epoch " +
+                                            std::to_string(g.epoch));
+    }
+    if (h.epoch != g.epoch) {
+      g.member.reset();
+      g.epoch = h.epoch;
+      g.next_sequence = 0;
+      const int world = static_cast<int>(h.members.size()) + 1;
+      auto joined = fabric_->join(h.id, world, nccl_rank, settings_.timeout);
+      if (!joined) {
+        g.join_failed = joined.error();
+        return make_error(joined.error().code, "nccl: joining the publisher's group (epoch " +
+                                                   std::to_string(h.epoch) +
+                                                   ") failed: " + joined.error().message);
+      }
+      g.member = std::move(*joined);
+    }
+    if (!g.member) {  // this epoch's join failed already: its root gave up on it too
+      return make_error(g.join_failed.code, "nccl: the publisher's group (epoch " +
+                                                std::to_string(g.epoch) +
+                                                ") could not be joined: " + g.join_failed.message);
+    }
+    if (auto why = g.member->broken(); !why.empty()) {
+      return make_error(errc::io_error, "nccl: the group (epoch " + std::to_string(g.epoch) +
+                                            ") was aborted: " + why +
+                                            "; the publisher builds a new one at its next update");
+    }
+    if (h.sequence < g.next_sequence) {
+      return make_error(errc::invalid_argument, "nccl: transport_handle.sequence " +
+                                                    std::to_string(h.sequence) +
+                                                    " was broadcast already (this rank is at " +
+                                                    std::to_string(g.next_sequence) + ")");
+    }
+    auto& member = *g.member;
     auto fail = [&](const error& e) -> error {
-      member_->abort(e.message);
+      member.abort(e.message);
       return e;
     };
     const auto want = nccl_handle::header_of(h, id);
     for (;;) {
       nccl_handle::header_block hb{};
-      auto ok = member_->broadcast(header_.data, hb.size(), 0);
-      if (ok) ok = member_->wait(deadline);
-      if (ok) ok = fabric_->read(hb.data(), header_.data, hb.size());
+      auto ok = member.broadcast(g.header.data, hb.size(), 0);
+      if (ok) ok = member.wait(deadline);
+      if (ok) ok = fabric_->read(hb.data(), g.header.data, hb.size());
       if (!ok) return fail(ok.error());
       auto got = nccl_handle::header_decode(hb);
       if (!got) return fail(got.error());
-      next_sequence_ = got->sequence + 1;
+      g.next_sequence = got->sequence + 1;
       if (got->sequence < want.sequence) {  // an update this rank skipped: drop its bytes
-        auto scratch = scratch_for(std::min(got->bytes, h.bucket_bytes));
-        if (!scratch) return fail(scratch.error());
-        if (auto d = broadcast_slices(*member_, scratch->data, got->bytes, h.bucket_bytes,
-                                      h.buckets, true, deadline);
+        const auto slice = std::min(got->bytes, h.bucket_bytes);
+        if (g.scratch.nbytes < slice) {
+          g.scratch = {};
+          auto b = fabric_->allocate(std::max<std::uint64_t>(slice, 1));
+          if (!b) return fail(b.error());
+          g.scratch = std::move(*b);
+        }
+        if (auto d = broadcast_slices(member, g.scratch.data, got->bytes, h.bucket_bytes, h.buckets,
+                                      true, deadline);
             !d) {
           return fail(d.error());
         }
@@ -395,7 +445,7 @@ class nccl_consumer final : public consumer_transport {
     }
     auto into = pooled(h.bytes);
     if (!into) return fail(into.error());
-    if (auto r = broadcast_slices(*member_, into->data, h.bytes, h.bucket_bytes, h.buckets, false,
+    if (auto r = broadcast_slices(member, into->data, h.bytes, h.bucket_bytes, h.buckets, false,
                                   deadline);
         !r) {
       return fail(r.error());
@@ -419,30 +469,13 @@ class nccl_consumer final : public consumer_transport {
     return fabric_->allocate(std::max<std::uint64_t>(bytes, 1));
   }
 
-  result<block> scratch_for(std::uint64_t bytes) {
-    if (scratch_.nbytes < bytes) {
-      scratch_ = {};
-      auto b = fabric_->allocate(std::max<std::uint64_t>(bytes, 1));
-      if (!b) return b.error();
-      scratch_ = std::move(*b);
-    }
-    return scratch_;
-  }
-
   const transport_settings settings_;
   const std::shared_ptr<group_fabric> fabric_;
-  const block header_;
   std::int32_t rank_ = 0;
 
-  std::mutex import_mu_;  // one import at a time; guards what follows up to mu_
-  std::unique_ptr<group_member> member_;
-  std::string group_;
-  std::uint64_t epoch_ = 0;
-  std::uint64_t next_sequence_ = 0;        ///< after the last header received; 0: none yet
-  error join_failed_{errc::io_error, ""};  ///< why member_ is empty for this epoch
-  block scratch_;
-
   std::mutex mu_;
+  std::map<std::string, std::shared_ptr<group_state>> groups_;
+  std::uint64_t uses_ = 0;
   std::map<update_id, block> held_;
   std::vector<block> free_;
 };
@@ -472,10 +505,7 @@ class nccl_transport final : public transport {
   }
 
   result<std::unique_ptr<consumer_transport>> make_consumer() override {
-    auto header = fabric_->allocate(nccl_handle::header_bytes);
-    if (!header) return header.error();
-    return std::unique_ptr<consumer_transport>(
-        std::make_unique<nccl_consumer>(settings_, fabric_, std::move(*header)));
+    return std::unique_ptr<consumer_transport>(std::make_unique<nccl_consumer>(settings_, fabric_));
   }
 
  private:
