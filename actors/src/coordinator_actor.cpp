@@ -689,6 +689,15 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                                                                json::error_handler_t::replace);
         return status_json(self->state);
       },
+      [=](members_atom, const std::string& given, const std::string& model_id,
+          const std::string& transport) -> std::string {
+        if (given != self->state.token) {
+          return json{{"error", "members refused: token"}}.dump(-1, ' ', false,
+                                                                json::error_handler_t::replace);
+        }
+        return json(self->state.book.consumers_of(model_id, transport))
+            .dump(-1, ' ', false, json::error_handler_t::replace);
+      },
       [=](tick_atom) {
         run_effects(self, self->state.book.expire(coord_clock::now()));
         self->delayed_send(self, tick_interval, tick_atom::value);

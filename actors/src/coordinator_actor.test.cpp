@@ -122,6 +122,26 @@ TEST_F(coordinator_actor_test, a_refused_join_changes_nothing) {
   EXPECT_EQ(outcome_token, token) << "the publisher rank was dropped by the refused join";
 }
 
+TEST_F(coordinator_actor_test, a_collective_publisher_learns_the_live_consumers_of_its_model) {
+  auto members = [&](const std::string& with, const std::string& model,
+                     const std::string& transport) {
+    caf::scoped_actor self{sys()};
+    std::string out = "no answer";
+    self->request(coordinator_, 5s, members_atom::value, with, model, transport)
+        .receive([&](const std::string& s) { out = s; },
+                 [&](caf::error& e) { out = sys().render(e); });
+    return out;
+  };
+  caf::scoped_actor r1{sys()}, r2{sys()}, r3{sys()};
+  ASSERT_EQ(join(r1, hello_make(token, 1, "consumer", "n0", "m", "nccl")).second, "");
+  ASSERT_EQ(join(r2, hello_make(token, 2, "consumer", "n1", "m", "nccl")).second, "");
+  ASSERT_EQ(join(r3, consumer_hello(3)).second, "");  // shared memory
+  EXPECT_EQ(members(token, "m", "nccl"), "[1,2]");
+  EXPECT_EQ(members(token, "m", "shared-memory"), "[3]");
+  EXPECT_EQ(members(token, "other", "nccl"), "[]");
+  EXPECT_EQ(members("guess", "m", "nccl"), R"({"error":"members refused: token"})");
+}
+
 TEST_F(coordinator_actor_test, exits_and_errors_from_outside_do_not_stop_it) {
   caf::anon_send_exit(coordinator_, caf::exit_reason::kill);
   caf::anon_send_exit(coordinator_, caf::exit_reason::user_shutdown);

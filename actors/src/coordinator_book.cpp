@@ -541,6 +541,18 @@ update_record* coordinator_book::latest_committed_mutable(const std::string& mod
   return best;
 }
 
+std::vector<std::int32_t> coordinator_book::consumers_of(const std::string& model_id,
+                                                         const std::string& transport) const {
+  std::vector<std::int32_t> out;
+  for (const auto& [rank, info] : consumers_) {
+    if (info.model_id == model_id && std::find(info.transports.begin(), info.transports.end(),
+                                               transport) != info.transports.end()) {
+      out.push_back(rank);
+    }
+  }
+  return out;
+}
+
 std::vector<const update_record*> coordinator_book::updates(const std::string& model_id) const {
   std::vector<const update_record*> out;
   for (const auto& [key, u] : updates_) {

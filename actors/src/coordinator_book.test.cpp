@@ -351,6 +351,18 @@ TEST_F(book_test, other_models_are_independent) {
   EXPECT_TRUE(book_.publish(shard(0, 1), now_));  // version 1 of "m" is still free
 }
 
+TEST_F(book_test, a_collective_transport_asks_for_the_live_consumers_of_its_model) {
+  EXPECT_EQ(book_.consumers_of("m", "shared-memory"), (std::vector<std::int32_t>{10, 11, 12, 13}));
+  EXPECT_TRUE(book_.consumers_of("m", "nccl").empty());
+  EXPECT_TRUE(book_.consumers_of("other", "shared-memory").empty());
+  auto nccl = info(14, rank_role::consumer);
+  nccl.transports = {"shared-memory", "nccl"};
+  ASSERT_TRUE(book_.join(nccl, now_));
+  EXPECT_EQ(book_.consumers_of("m", "nccl"), std::vector<std::int32_t>{14});
+  book_.leave(11, rank_role::consumer, "down", now_);
+  EXPECT_EQ(book_.consumers_of("m", "shared-memory"), (std::vector<std::int32_t>{10, 12, 13, 14}));
+}
+
 // Random reports, leaves, re-joins, deadlines and publishes, in any order (most refused): after
 // each, the running counts match a walk of the tables, and no update is left waiting on answers
 // it already has or holding memory nobody holds.

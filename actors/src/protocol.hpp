@@ -158,6 +158,7 @@ using lead_atom = caf::atom_constant<caf::atom("lead")>;
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using carry_atom = caf::atom_constant<caf::atom("carry")>;
 using flushed_atom = caf::atom_constant<caf::atom("flushed")>;
+using members_atom = caf::atom_constant<caf::atom("members")>;
 
 // Authentication: CAF 0.17 lets a connected peer write a routed message's sender itself, so
 // the sender proves nothing. Every message that changes state, and every reply to one, carries
@@ -178,7 +179,11 @@ using coordinator_actor = caf::typed_actor<
     // (token) -> the per-rank status table as JSON (docs/cluster.md, "The status object").
     caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>,
     // Who carries a node's ranks (docs/cluster.md, "Node leaders").
-    caf::reacts_to<carry_atom, carry_notice>>;
+    caf::reacts_to<carry_atom, carry_notice>,
+    // (token, model_id, transport) -> the live consumer ranks of that model speaking that
+    // transport, as a JSON list (or {"error": ...}): whom a collective transport's publisher
+    // broadcasts its next update to.
+    caf::replies_to<members_atom, std::string, std::string, std::string>::with<std::string>>;
 
 /// The endpoint of a process's consumer ranks: (token, update) to install, (token, key) of an
 /// aborted update. reconnect and flush are its own timers; one that a peer forges only makes it

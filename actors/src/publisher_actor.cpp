@@ -148,7 +148,47 @@ struct trainer_rank::impl {
   cluster_system sys;  // first: blocks the stop signals before any thread starts
   std::shared_ptr<publisher_side> side = std::make_shared<publisher_side>();
   publisher_actor endpoint;
+  coordinator_actor coordinator_handle;  ///< as joined last
   trainer_options options;
+  bool collective = false;  ///< the transport broadcasts to every consumer: ask who they are
+
+  // The live consumer ranks of this model that speak the transport, from the coordinator: a
+  // collective transport's group for the next update.
+  result<std::vector<std::int32_t>> live_consumers() {
+    const std::string who = "publisher rank " + std::to_string(options.rank);
+    result<std::vector<std::int32_t>> out =
+        make_error(errc::io_error, who + ": no answer from the coordinator");
+    caf::scoped_actor self{sys.get()};
+    self->request(coordinator_handle, std::chrono::seconds(10), members_atom::value,
+                  options.coordinator.token, options.model_id, options.transport)
+        .receive(
+            [&](const std::string& text) {
+              auto j = json::parse(text, nullptr, false);
+              std::vector<std::int32_t> ranks;
+              for (const auto& r : j.is_array() ? j : json::array()) {
+                if (r.is_number_integer()) ranks.push_back(r.get<std::int32_t>());
+              }
+              if (!j.is_array()) {
+                out = make_error(errc::io_error,
+                                 who + ": the coordinator did not name the consumers: " +
+                                     (j.is_object() ? j.value("error", text) : text));
+              } else if (ranks.empty()) {
+                out = make_error(errc::invalid_argument,
+                                 who + ": no live consumer rank of model_id=" + options.model_id +
+                                     " speaks " + options.transport +
+                                     ", which broadcasts to its consumers: nothing to publish to");
+              } else {
+                out = std::move(ranks);
+              }
+            },
+            [&](caf::error& err) {
+              out = make_error(errc::io_error, who +
+                                                   ": asking the coordinator for the consumers "
+                                                   "failed: " +
+                                                   sys.get().render(err));
+            });
+    return out;
+  }
 
   // Reaches the coordinator and joins through a fresh endpoint. Blocking: runs in the trainer's
   // thread, never inside an actor.
@@ -163,6 +203,7 @@ struct trainer_rank::impl {
                                             system.render(coordinator.error()));
     }
     retire_endpoint();
+    coordinator_handle = *coordinator;
     side->coordinator_lost = false;
     auto hello = hello_make(options.coordinator.token, options.rank, "publisher", options.node,
                             options.model_id, options.transport);
@@ -205,6 +246,7 @@ result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_option
   cfg.coordinator_orders_versions = true;
   cfg.slot_wait = o.outcome_timeout;
   p->side->publisher = std::make_unique<weight_publisher>(std::move(*pt), o.transport, cfg);
+  p->collective = (*t)->caps().collective;
   if (auto ok = p->join(); !ok) return ok.error();
   return std::unique_ptr<trainer_rank>(new trainer_rank(std::move(p)));
 }
@@ -219,8 +261,15 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
     if (auto ok = impl_->rejoin(); !ok) return out.fail(ok.error()), out;
     log_info("publisher rank " + std::to_string(o.rank) + ": reconnected to the coordinator");
   }
+  std::vector<std::int32_t> consumers;  // named only for a collective transport
+  if (impl_->collective) {
+    auto live = impl_->live_consumers();
+    if (!live) return out.fail(live.error()), out;
+    consumers = std::move(*live);
+  }
   auto t0 = std::chrono::steady_clock::now();
-  auto m = impl_->side->publisher->publish(tensors, weight_version, {}, std::move(metadata));
+  auto m = impl_->side->publisher->publish(tensors, weight_version, std::move(consumers),
+                                           std::move(metadata));
   out.publish_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!m) return out.fail(m.error()), out;
   auto key = update_key(m->model_id, weight_version);

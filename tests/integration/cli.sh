@@ -80,5 +80,8 @@ grep -q "polls the directory" <<<"$out" || fail "file-mmap with HTTP not explain
 out=$("$wsync" consumer --standalone --enable-weight-transfer --transport-option dir=/tmp 2>&1) &&
   fail "consumer --standalone over HTTP took --transport-option it would ignore"
 grep -q "init_info.transport_options" <<<"$out" || fail "ignored transport option not explained: $out"
-"$wsync" consumer --help | grep -q "polls DIR/CURRENT" || fail "consumer --help does not explain file-mmap"
+# Captured first: with pipefail, grep -q leaving early would fail the pipeline on SIGPIPE.
+help=$("$wsync" consumer --help) || fail "consumer --help exited non-zero"
+grep -q "polls DIR/CURRENT" <<<"$help" || fail "consumer --help does not explain file-mmap"
+grep -q "nccl: consumers=" <<<"$help" || fail "consumer --help does not explain nccl's options"
 echo "cli: pass"

@@ -16,7 +16,8 @@ constexpr transport_caps cluster_gpu{.cpu_memory = false,
                                      .gpu_memory = true,
                                      .cross_process = true,
                                      .cross_node = true,
-                                     .zero_copy_import = false};
+                                     .zero_copy_import = false,
+                                     .collective = true};
 
 // Where this build has no CUDA: building `name` answers why (gpu::ready()'s cause).
 [[maybe_unused]] transport_entry blocked_entry(std::string name, std::string summary,

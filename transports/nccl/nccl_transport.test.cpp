@@ -146,6 +146,7 @@ class nccl_transport_test : public ::testing::Test {
     transport_ = std::move(*t);
     EXPECT_EQ(transport_->name(), "nccl");
     EXPECT_TRUE(transport_->caps().cross_node);
+    EXPECT_TRUE(transport_->caps().collective);
     publisher_config cfg;
     cfg.model_id = "m";
     cfg.max_segment_bytes = 1 << 20;  // several segments
@@ -285,6 +286,38 @@ TEST_F(nccl_transport_test, shards_of_two_publisher_ranks_come_through_their_own
   EXPECT_EQ(fabric_->joins.load(), 6);  // two groups of three, each joined once
 }
 
+TEST_F(nccl_transport_test, the_group_follows_the_consumers_each_update_names) {
+  start();
+  struct step {
+    std::vector<std::int32_t> consumers;
+    std::uint64_t epoch;
+  };
+  // A new set of consumers takes a new communicator; the same set keeps it.
+  const std::vector<step> steps = {{{0}, 1}, {{0, 1}, 2}, {{0, 1}, 2}, {{1}, 3}};
+  for (std::uint64_t v = 1; v <= steps.size(); ++v) {
+    const auto& want = steps[v - 1];
+    auto m = publisher_->publish(tensors_.fill(v), v, want.consumers);
+    ASSERT_TRUE(m) << m.error().message;
+    auto h = nccl_handle::parse(*m);
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->members, want.consumers) << "version " << v;
+    EXPECT_EQ(h->epoch, want.epoch) << "version " << v;
+    std::vector<std::future<std::string>> takers;
+    for (auto r : want.consumers) takers.push_back(take_async(r, *m));
+    for (auto& t : takers) EXPECT_EQ(t.get(), "ok") << "version " << v;
+    for (auto r : want.consumers) {
+      (void)publisher_->on_acknowledged(m->update_id, r);
+      (void)publisher_->on_released(m->update_id, r);
+    }
+    if (v == steps.size()) {  // rank 0 is not in the last group
+      auto out = consumers_[0]->import_update(*m);
+      ASSERT_FALSE(out);
+      EXPECT_TRUE(contains(out.error().message, "rank 0 is not a member")) << out.error().message;
+    }
+  }
+  EXPECT_EQ(fabric_->joins.load(), 2 + 3 + 2);  // three communicators
+}
+
 TEST_F(nccl_transport_test, a_rank_that_skipped_an_update_drops_it_on_the_way_to_the_next) {
   start();
   auto m1 = publish(1);
@@ -375,7 +408,7 @@ TEST_F(nccl_transport_test, a_group_broken_under_an_import_fails_it_with_the_rea
 
 TEST_F(nccl_transport_test, a_rank_outside_the_members_is_told_so) {
   start({{"consumers", "0"}});
-  auto m = publisher_->publish(tensors_.fill(1), 1, {0, 1});
+  auto m = publisher_->publish(tensors_.fill(1), 1, {});  // no consumers named: the option's
   ASSERT_TRUE(m) << m.error().message;
   auto u = consumers_[1]->import_update(*m);
   ASSERT_FALSE(u);

@@ -124,12 +124,28 @@ class nccl_publisher final : public publisher_transport {
     if (!slot) return slot.error();
     (*slot)->holder = id;
     (*slot)->released = false;
-    pending_[id] = {*slot, need};
+    pending_[id] = {*slot, need, {}, false};
     std::vector<std::span<std::byte>> spans;
     for (std::size_t i = 0; i < segment_bytes.size(); ++i) {
       spans.emplace_back((*slot)->memory.data + offsets[i], segment_bytes[i]);
     }
     return spans;
+  }
+
+  result<void> consumers_set(const update_id& id,
+                             std::span<const std::int32_t> consumers) override {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end() || it->second.exposed) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id " + id + ": nccl has no unexposed update by that id");
+    }
+    if (consumers.size() > 65535) {
+      return make_error(errc::invalid_argument, "nccl: more than 65535 consumers for update_id=" +
+                                                    id + " (one communicator holds them all)");
+    }
+    it->second.members.assign(consumers.begin(), consumers.end());
+    return {};
   }
 
   result<std::string> expose(const update_id& id) override {
@@ -139,16 +155,20 @@ class nccl_publisher final : public publisher_transport {
       return make_error(errc::unknown_update,
                         "unknown update_id " + id + ": nccl has no unexposed update by that id");
     }
-    if (epoch_ == 0 || broken_upto_ >= epoch_) {  // a new communicator: a new id, a new epoch
+    // The update's consumers when the caller named them (the coordinator's live view), else the
+    // consumers option. A new set, or an aborted communicator, takes a new one: a new epoch.
+    const auto& members = it->second.members.empty() ? settings_.consumers : it->second.members;
+    if (epoch_ == 0 || broken_upto_ >= epoch_ || members != members_) {
       auto made = fabric_->make_id();
       if (!made) return made.error();
       id_ = *made;
+      members_ = members;
       ++epoch_;
     }
     nccl_handle::handle h{group_,
                           epoch_,
                           id_,
-                          settings_.consumers,
+                          members_,
                           next_sequence_++,
                           it->second.bytes,
                           settings_.bucket_bytes,
@@ -178,6 +198,7 @@ class nccl_publisher final : public publisher_transport {
   struct pending {
     pub_slot* slot = nullptr;
     std::uint64_t bytes = 0;
+    std::vector<std::int32_t> members;  ///< from consumers_set(); empty: the option's
     bool exposed = false;
   };
   struct job {
@@ -263,7 +284,8 @@ class nccl_publisher final : public publisher_transport {
   std::uint64_t next_sequence_ = 1;
   std::uint64_t epoch_ = 0;
   unique_id id_{};
-  std::uint64_t broken_upto_ = 0;  ///< every epoch up to this one was aborted
+  std::vector<std::int32_t> members_;  ///< the current epoch's consumers
+  std::uint64_t broken_upto_ = 0;      ///< every epoch up to this one was aborted
   std::string broken_why_;
   bool stopping_ = false;
   std::thread sender_;  // last: starts once everything above is built
@@ -485,7 +507,8 @@ transport_caps caps_for(const memory_location& where) {
           .gpu_memory = !where.host(),
           .cross_process = true,
           .cross_node = true,
-          .zero_copy_import = false};
+          .zero_copy_import = false,
+          .collective = true};
 }
 
 class nccl_transport final : public transport {

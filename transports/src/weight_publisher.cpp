@@ -275,6 +275,12 @@ result<weight_update_manifest> weight_publisher::publish(
     return make_error(copied.error().code,
                       "publish failed: " + copied.error().message + " (" + update_context(m) + ")");
   }
+  if (!expected_consumers.empty()) {
+    if (auto ok = transport_->consumers_set(m.update_id, expected_consumers); !ok) {
+      transport_->release(m.update_id);
+      return make_error(ok.error().code, ok.error().message + " (" + update_context(m) + ")");
+    }
+  }
   auto handle = transport_->expose(m.update_id);
   if (!handle) {
     transport_->release(m.update_id);

@@ -158,6 +158,10 @@ class coordinator_book {
   /// Updates of a model, oldest first.
   std::vector<const update_record*> updates(const std::string& model_id) const;
   const std::map<std::int32_t, rank_info>& consumers() const { return consumers_; }
+  /// The live consumer ranks of `model_id` that speak `transport`, ascending: who a collective
+  /// transport's next update goes to (docs/transports.md, "The nccl transport").
+  std::vector<std::int32_t> consumers_of(const std::string& model_id,
+                                         const std::string& transport) const;
   const std::map<std::int32_t, rank_info>& publishers() const { return publishers_; }
   /// For tests: whether every update's running counts match a walk of its table.
   bool counts_consistent() const;

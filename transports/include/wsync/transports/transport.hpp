@@ -25,6 +25,10 @@ struct transport_caps {
   bool cross_process = false;  ///< publisher and consumer may be different processes
   bool cross_node = false;     ///< ... on different hosts
   bool zero_copy_import = false;
+  /// Every consumer takes part in each transfer (a broadcast): the publisher must name an
+  /// update's consumers (publisher_transport::consumers_set), and a rank it did not name cannot
+  /// import it.
+  bool collective = false;
 };
 
 /// Where a transport's segments live: host memory, or the memory of one CUDA device. The spans
@@ -56,6 +60,14 @@ class publisher_transport {
   virtual result<std::vector<std::span<std::byte>>> acquire(
       const update_id& id, std::span<const std::uint64_t> segment_bytes,
       std::chrono::milliseconds wait) = 0;
+
+  /// The consumer ranks the caller expects to import update `id` (acquired, not yet exposed),
+  /// sorted and distinct; called only when the caller knows them. A transport whose consumers
+  /// all take part in every transfer (nccl) forms its group from them. Default: nothing to do.
+  virtual result<void> consumers_set(const update_id& /*id*/,
+                                     std::span<const std::int32_t> /*consumers*/) {
+    return {};
+  }
 
   /// Seals what the caller wrote and returns the opaque handle consumers import with.
   virtual result<std::string> expose(const update_id& id) = 0;
