@@ -245,6 +245,7 @@ result<std::unique_ptr<trainer_rank>> trainer_rank::connect(const trainer_option
   cfg.release_when_answered = false;  // the coordinator says when
   cfg.coordinator_orders_versions = true;
   cfg.slot_wait = o.outcome_timeout;
+  cfg.lend_sources = o.lend_sources;
   p->side->publisher = std::make_unique<weight_publisher>(std::move(*pt), o.transport, cfg);
   p->collective = (*t)->caps().collective;
   if (auto ok = p->join(); !ok) return ok.error();
@@ -292,6 +293,12 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
           [&](caf::error& err) {
             out.fail(make_error(errc::io_error, impl_->sys.get().render(err)));
           });
+  // Lent tensors: the caller may change them once this returns, so wait for the transport to
+  // stop reading them (by the outcome it has; an abort may come first).
+  if (auto lent = impl_->side->publisher->lent_wait(m->update_id, o.outcome_timeout);
+      !lent && out.error.empty()) {
+    out.fail(lent.error());
+  }
   // A refused or failed version still holds its slot until the coordinator releases it; a
   // refusal never reaches the coordinator's books, so give that memory back here.
   if (!out.error.empty() && out.outcome_json.empty()) {

@@ -35,6 +35,17 @@ class nccl_member final : public group_member {
   result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root) override {
     return comm_.broadcast(data, nbytes, root);
   }
+  result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
+    if (nbytes == 0) return {};
+    (void)cudaSetDevice(comm_.device());
+    if (auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
+                                 static_cast<cudaStream_t>(comm_.stream()));
+        e != cudaSuccess) {
+      return make_error(errc::io_error, "nccl: cudaMemcpyAsync of " + std::to_string(nbytes) +
+                                            " bytes failed (" + cuda_text(e) + ")");
+    }
+    return {};
+  }
   result<void> wait(std::chrono::steady_clock::time_point deadline) override {
     return comm_.wait(deadline);
   }

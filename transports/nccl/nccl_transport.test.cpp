@@ -136,7 +136,7 @@ TEST(nccl_settings, defaults_ranges_and_unknown_keys) {
 // A publisher and consumer ranks 0 and 1 of one model, on one host fabric.
 class nccl_transport_test : public ::testing::Test {
  protected:
-  void start(transport_options options = {}) {
+  void start(transport_options options = {}, bool lend = false) {
     if (!options.count("consumers")) options["consumers"] = "0,1";
     if (!options.count("bucket_bytes")) options["bucket_bytes"] = "1048576";
     auto t = make_transport(options, [this](int) -> result<std::shared_ptr<group_fabric>> {
@@ -151,6 +151,7 @@ class nccl_transport_test : public ::testing::Test {
     cfg.model_id = "m";
     cfg.max_segment_bytes = 1 << 20;  // several segments
     cfg.slot_wait = 200ms;
+    cfg.lend_sources = lend;
     auto p = transport_->make_publisher();
     ASSERT_TRUE(p) << p.error().message;
     publisher_ = std::make_unique<weight_publisher>(std::move(*p), "nccl", cfg);
@@ -316,6 +317,33 @@ TEST_F(nccl_transport_test, the_group_follows_the_consumers_each_update_names) {
     }
   }
   EXPECT_EQ(fabric_->joins.load(), 2 + 3 + 2);  // three communicators
+}
+
+TEST_F(nccl_transport_test, lent_tensors_go_out_through_bucket_buffers_with_no_copy_of_the_update) {
+  start({}, true);
+  test::pattern_tensors big(48, 16 << 10);  // 6 MiB: six 1 MiB slices, two bucket buffers
+  std::uint64_t bytes = 0;
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    auto m = publisher_->publish(big.fill(v), v, {0, 1});
+    ASSERT_TRUE(m) << m.error().message;
+    bytes = nccl_handle::parse(*m)->bytes;
+    if (v == 1) {  // nobody receives yet: the tensors are still lent
+      auto early = publisher_->lent_wait(m->update_id, 50ms);
+      ASSERT_FALSE(early);
+      EXPECT_EQ(early.error().code, errc::timeout);
+      EXPECT_TRUE(contains(early.error().message, "still reads the lent tensors"));
+    }
+    auto a = take_async(0, *m);
+    auto b = take_async(1, *m);
+    EXPECT_EQ(a.get(), "ok") << "version " << v;  // every word, and verify's checksums
+    EXPECT_EQ(b.get(), "ok") << "version " << v;
+    ASSERT_TRUE(publisher_->lent_wait(m->update_id, 5s));
+    publisher_done(*m);
+  }
+  // The publisher holds two 1 MiB bucket buffers and a header, not a copy of the update; the
+  // consumers one block each (a slot-mode publisher would add at least one 6 MiB slot).
+  const std::uint64_t bucket = 1 << 20;
+  EXPECT_LE(fabric_->allocated_bytes.load(), 2 * bucket + 2 * bytes + 3 * 64);
 }
 
 TEST_F(nccl_transport_test, a_rank_that_skipped_an_update_drops_it_on_the_way_to_the_next) {

@@ -73,6 +73,13 @@ result<void> broadcast_slices(group_member& member, std::byte* data, std::uint64
 // Publisher: rank 0. expose() hands the update to the sender thread, which joins the group when
 // the epoch is new and broadcasts updates one after another in expose order.
 
+/// A lent tensor's bytes and where they go on the wire.
+struct wire_piece {
+  std::uint64_t at = 0;
+  const std::byte* data = nullptr;
+  std::uint64_t nbytes = 0;
+};
+
 struct pub_slot {
   block memory;
   std::uint64_t capacity = 0;
@@ -124,12 +131,48 @@ class nccl_publisher final : public publisher_transport {
     if (!slot) return slot.error();
     (*slot)->holder = id;
     (*slot)->released = false;
-    pending_[id] = {*slot, need, {}, false};
+    pending_[id] = {*slot, need, {}, false, {}};
     std::vector<std::span<std::byte>> spans;
     for (std::size_t i = 0; i < segment_bytes.size(); ++i) {
       spans.emplace_back((*slot)->memory.data + offsets[i], segment_bytes[i]);
     }
     return spans;
+  }
+
+  bool can_lend() const override { return true; }
+
+  result<void> lend(const update_id& id, std::span<const std::uint64_t> segment_bytes,
+                    std::vector<lent_range> ranges) override {
+    std::uint64_t need = 0;
+    const auto offsets = slot_ring::layout(segment_bytes, tensor_alignment, need);
+    std::vector<wire_piece> pieces;
+    for (const auto& r : ranges) {
+      if (r.segment >= offsets.size() || r.offset > segment_bytes[r.segment] ||
+          r.nbytes > segment_bytes[r.segment] - r.offset) {
+        return make_error(errc::invalid_argument, "nccl: a lent range lies outside segment " +
+                                                      std::to_string(r.segment) +
+                                                      " of update_id=" + id);
+      }
+      if (r.nbytes > 0) pieces.push_back({offsets[r.segment] + r.offset, r.data, r.nbytes});
+    }
+    std::sort(pieces.begin(), pieces.end(),
+              [](const wire_piece& a, const wire_piece& b) { return a.at < b.at; });
+    std::lock_guard lock(mu_);
+    if (pending_.count(id)) {
+      return make_error(errc::invalid_argument, "nccl: update_id=" + id + " was acquired already");
+    }
+    pending_[id] = {nullptr, need, {}, false, std::move(pieces)};
+    return {};
+  }
+
+  result<void> lent_wait(const update_id& id, std::chrono::milliseconds wait) override {
+    std::unique_lock lock(mu_);
+    if (!lent_done_.wait_for(lock, wait, [&] { return !lending_.count(id); })) {
+      return make_error(errc::timeout, "nccl: the broadcast of update_id=" + id +
+                                           " still reads the lent tensors after " +
+                                           std::to_string(wait.count()) + " ms");
+    }
+    return {};
   }
 
   result<void> consumers_set(const update_id& id,
@@ -174,18 +217,26 @@ class nccl_publisher final : public publisher_transport {
                           settings_.bucket_bytes,
                           settings_.buckets};
     it->second.exposed = true;
-    it->second.slot->sending = true;
-    jobs_.push_back({id, h, it->second.slot});
+    if (it->second.slot) {
+      it->second.slot->sending = true;
+    } else {
+      lending_.insert(id);
+    }
+    jobs_.push_back({id, h, it->second.slot, it->second.lent});
     work_.notify_all();
     return nccl_handle::encode(h);
   }
 
   void release(const update_id& id) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     auto it = pending_.find(id);
     if (it == pending_.end()) return;
     pub_slot* slot = it->second.slot;
     pending_.erase(it);
+    if (!slot) {  // lent: the caller may free its tensors once this returns
+      lent_done_.wait(lock, [&] { return !lending_.count(id); });
+      return;
+    }
     if (slot->sending) {
       slot->released = true;  // the sender frees it when done
     } else {
@@ -196,15 +247,17 @@ class nccl_publisher final : public publisher_transport {
 
  private:
   struct pending {
-    pub_slot* slot = nullptr;
+    pub_slot* slot = nullptr;  ///< null: lent
     std::uint64_t bytes = 0;
     std::vector<std::int32_t> members;  ///< from consumers_set(); empty: the option's
     bool exposed = false;
+    std::vector<wire_piece> lent;  ///< lend(): the caller's bytes, by place on the wire
   };
   struct job {
     update_id id;
     nccl_handle::handle h;
     pub_slot* slot = nullptr;
+    std::vector<wire_piece> lent;  ///< when slot is null
   };
 
   void run() {
@@ -232,15 +285,25 @@ class nccl_publisher final : public publisher_transport {
                  std::to_string(j.h.sequence) + ", epoch " + std::to_string(j.h.epoch) +
                  ") failed: " + failure);
       }
-      j.slot->sending = false;
-      if (j.slot->released) {
-        j.slot->released = false;
-        j.slot->holder.clear();
-        freed_.notify_all();
-      }
+      done_locked(j);
     }
     std::lock_guard lock(mu_);
-    for (auto& j : jobs_) j.slot->sending = false;
+    for (auto& j : jobs_) done_locked(j);
+  }
+
+  // The sender no longer reads the job's memory.
+  void done_locked(job& j) {
+    if (!j.slot) {
+      lending_.erase(j.id);
+      lent_done_.notify_all();
+      return;
+    }
+    j.slot->sending = false;
+    if (j.slot->released) {
+      j.slot->released = false;
+      j.slot->holder.clear();
+      freed_.notify_all();
+    }
   }
 
   // Sends one update; "" or why it failed (the communicator is then aborted).
@@ -261,24 +324,66 @@ class nccl_publisher final : public publisher_transport {
     const auto hb = nccl_handle::header_encode(nccl_handle::header_of(j.h, j.id));
     auto ok = fabric_->write(header_.data, hb.data(), hb.size());
     if (ok) ok = member->broadcast(header_.data, hb.size(), 0);
-    if (ok) {
+    if (ok && j.slot) {
       ok = broadcast_slices(*member, j.slot->memory.data, j.h.bytes, j.h.bucket_bytes, j.h.buckets,
                             false, deadline);
+    } else if (ok) {
+      ok = broadcast_packed(*member, j, deadline);
     }
     if (ok) return {};
     member->abort(ok.error().message);
     return ok.error().message;
   }
 
+  // A lent update: each slice of the wire is packed from the caller's tensors into one of
+  // `buckets` staging buffers, in turn, and broadcast from there. The member runs copies and
+  // broadcasts in order, so a buffer is packed again only after its last broadcast went out.
+  result<void> broadcast_packed(group_member& member, const job& j, clock::time_point deadline) {
+    const std::uint64_t total[] = {j.h.bytes};
+    auto slices = nccl_plan::segment_slices(total, j.h.bucket_bytes, j.h.buckets);
+    if (!slices) return slices.error();
+    const auto bucket = std::min(j.h.bytes, j.h.bucket_bytes);
+    if (staging_.size() < j.h.buckets || staging_.front().nbytes < bucket) {
+      staging_.clear();
+      for (unsigned k = 0; k < j.h.buckets; ++k) {
+        auto b = fabric_->allocate(std::max<std::uint64_t>(bucket, 1));
+        if (!b) return b.error();
+        staging_.push_back(std::move(*b));
+      }
+    }
+    auto piece = j.lent.begin();
+    for (const auto& s : *slices) {
+      std::byte* into = staging_[s.stream].data;
+      const auto end = s.offset + s.nbytes;
+      while (piece != j.lent.end() && piece->at + piece->nbytes <= s.offset) ++piece;
+      for (auto p = piece; p != j.lent.end() && p->at < end; ++p) {
+        const auto from = std::max(p->at, s.offset);
+        const auto to = std::min(p->at + p->nbytes, end);
+        if (auto r = member.copy(into + (from - s.offset), p->data + (from - p->at), to - from);
+            !r) {
+          return r;
+        }
+      }
+      if (auto r = member.broadcast(into, s.nbytes, 0); !r) return r;
+      if (s.stream + 1 == j.h.buckets) {
+        if (auto r = member.wait(deadline); !r) return r;
+      }
+    }
+    return member.wait(deadline);
+  }
+
   const transport_settings settings_;
   const std::shared_ptr<group_fabric> fabric_;
   const std::string group_;
   const block header_;
+  std::vector<block> staging_;  ///< the sender's: lent updates' bucket buffers
 
   std::mutex mu_;
   std::condition_variable freed_;
   std::condition_variable work_;
   std::vector<std::unique_ptr<pub_slot>> slots_;
+  std::set<update_id> lending_;  ///< lent updates the sender may still read
+  std::condition_variable lent_done_;
   std::map<update_id, pending> pending_;
   std::deque<job> jobs_;
   std::uint64_t next_sequence_ = 1;

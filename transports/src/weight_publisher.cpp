@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -182,12 +183,62 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
   for (auto* s : used) {
     if (auto ok = s->synchronize(); !ok) return ok.error();
   }
+  hash_pieces(descs, method, [&](std::size_t tensor, std::uint64_t offset, std::uint64_t nbytes) {
+    const auto& d = descs[tensor];
+    auto* to = dest[d.segment].data() + d.offset + offset;
+    return tensors[tensor].cuda_device >= 0  // already copied
+               ? checksum_compute(to, nbytes)
+               : checksum_copy(to, tensors[tensor].data + offset, nbytes);
+  });
+  return {};
+}
+
+result<void> weight_publisher::checksums_in_place(std::span<const tensor_source> tensors,
+                                                  std::vector<tensor_descriptor>& descs,
+                                                  const checksum_method& method) {
+  // Device tensors: on their device, on its stream, after the work queued on each producing
+  // stream; the host tensors on the threads below.
+  std::map<int, std::vector<std::size_t>> on_device;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].cuda_device >= 0) on_device[tensors[i].cuda_device].push_back(i);
+  }
+  for (const auto& [device, which] : on_device) {
+    auto s = stream_on(device);
+    if (!s) return s.error();
+    std::set<void*> waited;
+    std::vector<gpu::device_range> ranges;
+    for (auto i : which) {
+      if (waited.insert(tensors[i].stream).second) {
+        if (auto ok = (*s)->wait_for(tensors[i].stream, device); !ok) return ok.error();
+      }
+      ranges.push_back({tensors[i].data, tensors[i].nbytes});
+    }
+    auto sums = gpu::checksums(ranges, method, (*s)->handle());
+    if (!sums) return sums.error();
+    for (std::size_t k = 0; k < which.size(); ++k) descs[which[k]].checksum = (*sums)[k];
+  }
+  if (on_device.size() == tensors.size()) return {};
+  // The device tensors' pieces hash to nothing here; their digests were set above.
+  std::vector<tensor_descriptor> host = descs;
+  hash_pieces(host, method, [&](std::size_t tensor, std::uint64_t offset, std::uint64_t nbytes) {
+    const auto& t = tensors[tensor];
+    return t.cuda_device >= 0 ? 0 : checksum_compute(t.data + offset, nbytes);
+  });
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].cuda_device < 0) descs[i].checksum = host[i].checksum;
+  }
+  return {};
+}
+
+template <class Digest>
+void weight_publisher::hash_pieces(std::vector<tensor_descriptor>& descs,
+                                   const checksum_method& method, Digest digest) {
   // Pieces: whole tensors, largest first, or every chunk of every tensor in order
-  // (xxh3-64-chunked, so that one large tensor is copied and hashed by all threads). Each piece
-  // is copied and hashed in one pass; threads take the next piece from a shared counter.
-  std::vector<std::uint64_t> sizes(tensors.size());
+  // (xxh3-64-chunked, so that one large tensor is hashed by all threads). Threads take the next
+  // piece from a shared counter; digest(tensor, offset, nbytes) hashes one (and may copy it).
+  std::vector<std::uint64_t> sizes(descs.size());
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < tensors.size(); ++i) total += sizes[i] = descs[i].nbytes;
+  for (std::size_t i = 0; i < descs.size(); ++i) total += sizes[i] = descs[i].nbytes;
   const checksum_pieces pieces(sizes, method);
   std::vector<std::size_t> largest_first;  // whole tensors only; chunks go in order
   if (method.algorithm == checksum_algorithm::xxh3_64) {
@@ -202,11 +253,7 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
     for (std::size_t n; (n = next.fetch_add(1)) < digests.size();) {
       const auto k = largest_first.empty() ? n : largest_first[n];
       const auto p = pieces.at(k);
-      const auto& d = descs[p.tensor];
-      auto* to = dest[d.segment].data() + d.offset + p.offset;
-      digests[k] = tensors[p.tensor].cuda_device >= 0  // already copied
-                       ? checksum_compute(to, p.nbytes)
-                       : checksum_copy(to, tensors[p.tensor].data + p.offset, p.nbytes);
+      digests[k] = digest(p.tensor, p.offset, p.nbytes);
     }
   };
   unsigned threads = config_.copy_threads;
@@ -215,9 +262,7 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
   for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
   work();
   for (auto& w : workers) w.join();
-  for (std::size_t i = 0; i < tensors.size(); ++i)
-    descs[i].checksum = pieces.fold(i, digests.data());
-  return {};
+  for (std::size_t i = 0; i < descs.size(); ++i) descs[i].checksum = pieces.fold(i, digests.data());
 }
 
 result<weight_update_manifest> weight_publisher::publish(
@@ -265,15 +310,33 @@ result<weight_update_manifest> weight_publisher::publish(
 
   std::vector<std::uint64_t> sizes;
   for (const auto& s : m.segments) sizes.push_back(s.nbytes);
-  auto dest = transport_->acquire(m.update_id, sizes, config_.slot_wait);
-  if (!dest) {  // the transport knows the update, not the rank: name both
-    return make_error(dest.error().code,
-                      dest.error().message + " (rank=" + std::to_string(m.source_rank) + ")");
-  }
-  if (auto copied = copy_all(tensors, m.tensors, *dest, m.checksum_method); !copied) {
-    transport_->release(m.update_id);
-    return make_error(copied.error().code,
-                      "publish failed: " + copied.error().message + " (" + update_context(m) + ")");
+  const bool lent = config_.lend_sources && transport_->can_lend();
+  if (lent) {
+    // The transport reads the tensors where they are: hash them there, then lend them.
+    if (auto ok = checksums_in_place(tensors, m.tensors, m.checksum_method); !ok) {
+      return make_error(ok.error().code,
+                        "publish failed: " + ok.error().message + " (" + update_context(m) + ")");
+    }
+    std::vector<lent_range> ranges;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      ranges.push_back({m.tensors[i].segment, m.tensors[i].offset, tensors[i].data,
+                        tensors[i].nbytes, tensors[i].cuda_device});
+    }
+    if (auto ok = transport_->lend(m.update_id, sizes, std::move(ranges)); !ok) {
+      return make_error(ok.error().code,
+                        ok.error().message + " (rank=" + std::to_string(m.source_rank) + ")");
+    }
+  } else {
+    auto dest = transport_->acquire(m.update_id, sizes, config_.slot_wait);
+    if (!dest) {  // the transport knows the update, not the rank: name both
+      return make_error(dest.error().code,
+                        dest.error().message + " (rank=" + std::to_string(m.source_rank) + ")");
+    }
+    if (auto copied = copy_all(tensors, m.tensors, *dest, m.checksum_method); !copied) {
+      transport_->release(m.update_id);
+      return make_error(copied.error().code, "publish failed: " + copied.error().message + " (" +
+                                                 update_context(m) + ")");
+    }
   }
   if (!expected_consumers.empty()) {
     if (auto ok = transport_->consumers_set(m.update_id, expected_consumers); !ok) {
@@ -307,7 +370,9 @@ result<weight_update_manifest> weight_publisher::publish(
   for (auto rank : expected_consumers) p.consumers[rank] = {};
   auto [it, inserted] = updates_.emplace(m.update_id, std::move(p));
   order_.push_back(m.update_id);
-  maybe_release_locked(it->second);  // no expected consumer: nothing will ever hold it
+  // No expected consumer: nothing will ever hold it. Lent tensors are still being sent, and
+  // releasing waits for that: the caller releases it (after lent_wait).
+  if (!lent || !expected_consumers.empty()) maybe_release_locked(it->second);
   // Forget the oldest finished updates so bookkeeping stays bounded.
   while (order_.size() > finished_history) {
     auto old = updates_.find(order_.front());
@@ -409,6 +474,14 @@ result<void> weight_publisher::on_released(const update_id& id, std::int32_t ran
 result<void> weight_publisher::on_failed(const update_id& id, std::int32_t rank,
                                          std::string reason) {
   return report(id, rank, consumer_outcome::failed, std::move(reason));
+}
+
+result<void> weight_publisher::lent_wait(const update_id& id, std::chrono::milliseconds wait) {
+  if (auto ok = transport_->lent_wait(id, wait); !ok) {
+    return make_error(ok.error().code,
+                      ok.error().message + " (" + update_context(id, config_.source_rank) + ")");
+  }
+  return {};
 }
 
 result<void> weight_publisher::release(const update_id& id) {

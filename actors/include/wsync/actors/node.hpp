@@ -147,6 +147,9 @@ struct trainer_options {
   std::string model_id;
   std::chrono::milliseconds outcome_timeout{60000};
   std::chrono::milliseconds heartbeat{200};
+  /// Where the transport can (nccl): send each version from the tensors themselves, with no copy
+  /// of it in transport memory (publish() still returns only once nothing reads them).
+  bool lend_sources = false;
 };
 
 /// How one version ended, as the coordinator saw it.

@@ -42,6 +42,17 @@ struct memory_location {
   friend bool operator==(const memory_location&, const memory_location&) = default;
 };
 
+/// Bytes of an update that stay in the caller's memory (publisher_transport::lend): `nbytes` at
+/// `data` (host memory, or CUDA device `cuda_device`) are the update's bytes at `offset` of
+/// segment `segment`.
+struct lent_range {
+  std::uint32_t segment = 0;
+  std::uint64_t offset = 0;
+  const std::byte* data = nullptr;
+  std::uint64_t nbytes = 0;
+  int cuda_device = -1;
+};
+
 /// Transport settings as text key/value pairs (from config files or flags); each transport
 /// refuses keys it does not know, naming them.
 using transport_options = std::map<std::string, std::string>;
@@ -66,6 +77,28 @@ class publisher_transport {
   /// all take part in every transfer (nccl) forms its group from them. Default: nothing to do.
   virtual result<void> consumers_set(const update_id& /*id*/,
                                      std::span<const std::int32_t> /*consumers*/) {
+    return {};
+  }
+
+  /// Whether lend() works here: the transport sends an update straight from the caller's
+  /// memory, with no copy of it in its own (nccl packs it into bucket buffers as it goes).
+  virtual bool can_lend() const { return false; }
+
+  /// In place of acquire(): the update's segments, of `segment_bytes`, are `ranges` of the
+  /// caller's memory (every byte a tensor holds; gaps are padding). The caller keeps those bytes
+  /// valid and unchanged until lent_wait(id) or release(id) returned; release() waits for the
+  /// transport to stop reading them. Device memory: what produces it has finished.
+  virtual result<void> lend(const update_id& id, std::span<const std::uint64_t> /*segment_bytes*/,
+                            std::vector<lent_range> /*ranges*/) {
+    return make_error(errc::invalid_argument,
+                      "this transport cannot send from the caller's "
+                      "memory (update_id=" +
+                          id + ")");
+  }
+
+  /// Waits until the transport no longer reads the memory lent for update `id` (its transfer
+  /// ended, well or not); errc::timeout after `wait`. Nothing to wait for: returns at once.
+  virtual result<void> lent_wait(const update_id& /*id*/, std::chrono::milliseconds /*wait*/) {
     return {};
   }
 

@@ -54,6 +54,11 @@ struct publisher_config {
   /// is then allowed while its earlier publication is still held: the coordinator accepts the
   /// retry once the aborted attempt was released, or refuses it if that version committed.
   bool coordinator_orders_versions = false;
+  /// true: where the transport can (publisher_transport::can_lend; nccl), it sends each update
+  /// straight from the caller's tensors instead of from a copy in its own memory, so the device
+  /// memory the transport holds stays bounded (nccl: buckets x bucket_bytes). The caller then
+  /// keeps every tensor valid and unchanged until lent_wait(update_id) or release returned.
+  bool lend_sources = false;
 };
 
 /// What the publisher knows of one consumer rank for one update.
@@ -106,6 +111,9 @@ class weight_publisher {
   /// released or failed, the transport memory is released.
   result<void> on_released(const update_id& id, std::int32_t rank);
   result<void> on_failed(const update_id& id, std::int32_t rank, std::string reason);
+  /// Waits until the transport stopped reading the tensors of `id` that lend_sources lent it
+  /// (its transfer ended); returns at once when nothing was lent.
+  result<void> lent_wait(const update_id& id, std::chrono::milliseconds wait);
   /// Releases the update's memory now, whatever consumers said (abort, deadline).
   result<void> release(const update_id& id);
 
@@ -119,6 +127,16 @@ class weight_publisher {
  private:
   result<void> report(const update_id& id, std::int32_t rank, consumer_outcome outcome,
                       std::string reason);
+  /// Computes each tensor's checksum where it lies (lend_sources), after the work queued on its
+  /// producing stream.
+  result<void> checksums_in_place(std::span<const tensor_source> tensors,
+                                  std::vector<tensor_descriptor>& descs,
+                                  const checksum_method& method);
+  /// Runs digest(tensor, offset, nbytes) over every checksum piece of `descs` on up to
+  /// copy_threads threads and sets each tensor's checksum from its pieces.
+  template <class Digest>
+  void hash_pieces(std::vector<tensor_descriptor>& descs, const checksum_method& method,
+                   Digest digest);
   result<void> copy_all(std::span<const tensor_source> tensors,
                         std::vector<tensor_descriptor>& descs,
                         const std::vector<std::span<std::byte>>& dest,
