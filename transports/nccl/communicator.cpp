@@ -18,6 +18,19 @@
 #endif
 
 namespace wsync::nccl {
+namespace {
+
+// A rank outside the group is the caller's mistake, whatever this build can run.
+result<void> rank_check(int nranks, int rank) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return make_error(errc::invalid_argument, "NCCL: rank " + std::to_string(rank) +
+                                                  " is not in a communicator of " +
+                                                  std::to_string(nranks));
+  }
+  return {};
+}
+
+}  // namespace
 
 #if WSYNC_HAVE_NCCL
 
@@ -209,11 +222,7 @@ result<unique_id> make_unique_id() {
 
 result<communicator> communicator::join(const unique_id& id, int nranks, int rank, int device,
                                         std::chrono::milliseconds timeout) {
-  if (nranks < 1 || rank < 0 || rank >= nranks) {
-    return make_error(errc::invalid_argument, "NCCL: rank " + std::to_string(rank) +
-                                                  " is not in a communicator of " +
-                                                  std::to_string(nranks));
-  }
+  if (auto r = rank_check(nranks, rank); !r) return r.error();
   if (auto r = ready(); !r) return r.error();
   const auto deadline = clock::now() + timeout;
   communicator c;
@@ -363,8 +372,9 @@ result<std::string> version() {
 result<unique_id> make_unique_id() {
   return no_nccl();
 }
-result<communicator> communicator::join(const unique_id&, int, int, int,
+result<communicator> communicator::join(const unique_id&, int nranks, int rank, int,
                                         std::chrono::milliseconds) {
+  if (auto r = rank_check(nranks, rank); !r) return r.error();
   return no_nccl();
 }
 communicator::communicator() : state_(std::make_unique<state>()) {}
