@@ -1,6 +1,6 @@
 // Fuzz target: every transport handle decoder, on what a consumer finds in a manifest's
-// transport_handle: shared-memory, file-mmap, cuda-ipc / cuda-vmm and ucx (plain, relayed and
-// striped).
+// transport_handle: shared-memory, file-mmap, cuda-ipc / cuda-vmm, nccl (and the header it
+// broadcasts ahead of an update) and ucx (plain, relayed and striped).
 //
 // Input: one byte choosing the manifest's segments (count and sizes), then texts separated by
 // NUL: the handle, a relay address, and further handles to stripe with the first. Decoders never
@@ -15,6 +15,7 @@
 #include "cuda/device_pool.hpp"
 #include "file_mmap/file_mmap_common.hpp"
 #include "fuzz_support.hpp"
+#include "nccl/handle.hpp"
 #include "shared_memory/shared_memory.hpp"
 #if WSYNC_HAVE_UCX
 #include "ucx/handle.hpp"
@@ -80,6 +81,32 @@ void device_pool_handles(const wsync::weight_update_manifest& m) {
   }
 }
 
+void nccl_handles(const wsync::weight_update_manifest& m) {
+  namespace nh = wsync::nccl_handle;
+  if (m.transport_handle.size() >= nh::header_bytes) {
+    nh::header_block b{};
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::byte(m.transport_handle[i]);
+    if (auto hd = nh::header_decode(b)) {
+      auto back = nh::header_decode(nh::header_encode(*hd));
+      wsync::fuzz::expect(back && *back == *hd, "a decoded nccl header survives its own encoding");
+    }
+  }
+  auto h = nh::parse(m);
+  if (!h) return;
+  std::uint64_t bytes = 0;
+  nh::wire_layout(m.segments, bytes);
+  wsync::fuzz::expect(h->bytes == bytes && !h->members.empty() && h->buckets >= 1,
+                      "an nccl handle covers the segments and names its members");
+  auto again = nh::parse([&] {
+    auto copy = m;
+    copy.transport_handle = nh::encode(*h);
+    return copy;
+  }());
+  wsync::fuzz::expect(again && again->id == h->id && again->members == h->members &&
+                          again->sequence == h->sequence && again->epoch == h->epoch,
+                      "a decoded nccl handle survives its own encoding");
+}
+
 #if WSYNC_HAVE_UCX
 void ucx_handles(const wsync::weight_update_manifest& m, const std::vector<std::string>& texts) {
   using namespace wsync::ucx_detail;
@@ -117,6 +144,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   shared_memory_handle(m);
   file_mmap_handle(m);
   device_pool_handles(m);
+  nccl_handles(m);
 #if WSYNC_HAVE_UCX
   ucx_handles(m, texts);
 #endif
