@@ -24,6 +24,7 @@ class host_fabric final : public nccl::group_fabric {
  public:
   std::atomic<std::uint64_t> allocated_bytes{0};
   std::atomic<int> joins{0};
+  std::atomic<int> members{0};  ///< joined and not yet destroyed
 
   memory_location memory() const override { return {}; }
 
@@ -67,7 +68,7 @@ class host_fabric final : public nccl::group_fabric {
                                            ": the other members did not join within " +
                                            std::to_string(timeout.count()) + " ms");
     }
-    return std::unique_ptr<nccl::group_member>(std::make_unique<member>(g, rank));
+    return std::unique_ptr<nccl::group_member>(std::make_unique<member>(g, rank, members));
   }
 
   result<nccl::block> allocate(std::uint64_t nbytes) override {
@@ -119,7 +120,13 @@ class host_fabric final : public nccl::group_fabric {
 
   class member final : public nccl::group_member {
    public:
-    member(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+    member(std::shared_ptr<group> g, int rank, std::atomic<int>& alive)
+        : g_(std::move(g)), rank_(rank), alive_(alive) {
+      ++alive_;
+    }
+    ~member() override { --alive_; }
+    member(const member&) = delete;
+    member& operator=(const member&) = delete;
 
     result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root) override {
       std::lock_guard lock(g_->mu);
@@ -191,6 +198,7 @@ class host_fabric final : public nccl::group_fabric {
    private:
     std::shared_ptr<group> g_;
     int rank_;
+    std::atomic<int>& alive_;
     std::size_t posted_ = 0;
   };
 

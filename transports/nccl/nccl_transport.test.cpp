@@ -310,10 +310,12 @@ TEST_F(nccl_transport_test, the_group_follows_the_consumers_each_update_names) {
       (void)publisher_->on_acknowledged(m->update_id, r);
       (void)publisher_->on_released(m->update_id, r);
     }
-    if (v == steps.size()) {  // rank 0 is not in the last group
+    if (v == steps.size()) {  // rank 0 is not in the last group, and lets go of the old one
+      EXPECT_EQ(fabric_->members.load(), 3);  // the publisher and rank 1 in 3, rank 0 in 2
       auto out = consumers_[0]->import_update(*m);
       ASSERT_FALSE(out);
       EXPECT_TRUE(contains(out.error().message, "rank 0 is not a member")) << out.error().message;
+      EXPECT_EQ(fabric_->members.load(), 2);
     }
   }
   EXPECT_EQ(fabric_->joins.load(), 2 + 3 + 2);  // three communicators

@@ -432,6 +432,7 @@ class nccl_consumer final : public consumer_transport {
     const std::string ctx = " (" + update_context(m.update_id, rank_) + ")";
     const auto place = std::find(h->members.begin(), h->members.end(), rank_);
     if (place == h->members.end()) {
+      forget_if_older(h->group, h->epoch);  // its publisher moved on without this rank
       return make_error(errc::invalid_argument,
                         "nccl: transport_handle.members: rank " + std::to_string(rank_) +
                             " is not a member of this update's group (members " +
@@ -488,6 +489,24 @@ class nccl_consumer final : public consumer_transport {
     }
     g->used = ++uses_;
     return g;
+  }
+
+  // Lets go of the communicator of publisher group `name` when it is of an epoch before
+  // `epoch` (and no import of it is running).
+  void forget_if_older(const std::string& name, std::uint64_t epoch) {
+    std::shared_ptr<group_state> g;
+    {
+      std::lock_guard lock(mu_);
+      auto it = groups_.find(name);
+      if (it == groups_.end()) return;
+      g = it->second;
+    }
+    {
+      std::unique_lock importing(g->importing, std::try_to_lock);
+      if (!importing || g->epoch >= epoch) return;
+    }
+    std::lock_guard lock(mu_);
+    if (auto it = groups_.find(name); it != groups_.end() && it->second == g) groups_.erase(it);
   }
 
   // Joins the handle's epoch when it is new, receives headers (dropping skipped updates) until
