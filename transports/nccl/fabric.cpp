@@ -1,8 +1,12 @@
 // cuda_fabric (wsync/transports/nccl_transport.hpp): the nccl transport's groups as NCCL
 // communicators on one CUDA device, its memory cudaMalloc'd there. Every collective of a member
-// runs on its communicator's stream, in the order it was queued.
+// runs on its communicator's stream, in the order it was queued; copies on a stream of their own
+// (nccl_member says how the two stay in order).
 
 #include "wsync/transports/nccl_transport.hpp"
+
+#include <algorithm>
+#include <vector>
 
 #if WSYNC_HAVE_NCCL
 #include "nccl/device_memory.hpp"
@@ -29,31 +33,106 @@ result<block> device_block(int device, std::uint64_t nbytes, const std::string& 
 
 namespace {
 
+// Broadcasts run on the communicator's stream; copies (the sender packing lent tensors into its
+// bucket buffers) on a copy stream of their own, so packing bucket k + 1 overlaps the broadcast
+// of bucket k. Events keep the order the interface promises: a broadcast waits for the copies
+// queued before it, and a copy into a buffer waits for the last broadcast that read it.
 class nccl_member final : public group_member {
  public:
   explicit nccl_member(communicator comm) : comm_(std::move(comm)) {}
-  result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root) override {
-    return comm_.broadcast(data, nbytes, root);
+  ~nccl_member() override {
+    for (auto& r : reads_) (void)cudaEventDestroy(r.done);
+    if (copied_) (void)cudaEventDestroy(copied_);
+    if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
   }
-  result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
-    if (nbytes == 0) return {};
+  nccl_member(const nccl_member&) = delete;
+  nccl_member& operator=(const nccl_member&) = delete;
+
+  result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root) override {
+    auto* stream = static_cast<cudaStream_t>(comm_.stream());
     (void)cudaSetDevice(comm_.device());
-    if (auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
-                                 static_cast<cudaStream_t>(comm_.stream()));
-        e != cudaSuccess) {
-      return make_error(errc::io_error, "nccl: cudaMemcpyAsync of " + std::to_string(nbytes) +
-                                            " bytes failed (" + cuda_text(e) + ")");
+    if (copies_queued_) {  // the broadcast waits for what was packed before it
+      auto e = cudaEventRecord(copied_, copy_stream_);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, copied_, 0);
+      if (e != cudaSuccess) return failure("ordering a broadcast after its copies", e);
+      copies_queued_ = false;
+    }
+    if (auto r = comm_.broadcast(data, nbytes, root); !r) return r;
+    if (!copy_stream_) return {};  // nothing is packed here: no buffer to guard
+    // Remember that this range is read until the broadcast is done; forget ranges whose
+    // broadcasts are done.
+    std::erase_if(reads_, [&](const read& r) {
+      if (r.data == data || cudaEventQuery(r.done) != cudaSuccess) return false;
+      (void)cudaEventDestroy(r.done);
+      return true;
+    });
+    auto it =
+        std::find_if(reads_.begin(), reads_.end(), [&](const read& r) { return r.data == data; });
+    if (it == reads_.end()) {
+      cudaEvent_t ev = nullptr;
+      if (auto e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) {
+        return failure("cudaEventCreateWithFlags", e);
+      }
+      it = reads_.insert(reads_.end(), {data, nbytes, ev});
+    }
+    it->nbytes = std::max(it->nbytes, nbytes);
+    if (auto e = cudaEventRecord(it->done, stream); e != cudaSuccess) {
+      return failure("cudaEventRecord after a broadcast", e);
     }
     return {};
   }
+
+  result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
+    if (nbytes == 0) return {};
+    (void)cudaSetDevice(comm_.device());
+    if (!copy_stream_) {
+      if (auto e = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking);
+          e != cudaSuccess) {
+        return failure("cudaStreamCreateWithFlags", e);
+      }
+      if (auto e = cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming); e != cudaSuccess) {
+        return failure("cudaEventCreateWithFlags", e);
+      }
+    }
+    for (const auto& r : reads_) {  // a buffer is written only after its last broadcast
+      if (dst < r.data + r.nbytes && r.data < dst + nbytes) {
+        if (auto e = cudaStreamWaitEvent(copy_stream_, r.done, 0); e != cudaSuccess) {
+          return failure("ordering a copy after a broadcast", e);
+        }
+      }
+    }
+    if (auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, copy_stream_);
+        e != cudaSuccess) {
+      return failure("cudaMemcpyAsync of " + std::to_string(nbytes) + " bytes", e);
+    }
+    copies_queued_ = true;
+    return {};
+  }
+
   result<void> wait(std::chrono::steady_clock::time_point deadline) override {
-    return comm_.wait(deadline);
+    return comm_.wait(deadline);  // every copy is followed by the broadcast that waits for it
   }
   void abort(const std::string& why) override { comm_.abort(why); }
   std::string broken() const override { return comm_.aborted(); }
 
  private:
+  struct read {
+    std::byte* data;
+    std::uint64_t nbytes;
+    cudaEvent_t done;
+  };
+
+  error failure(const std::string& what, cudaError_t e) {
+    return {errc::io_error, "nccl: " + what + " failed (" + cuda_text(e) + ")"};
+  }
+
   communicator comm_;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copied_ = nullptr;
+  bool copies_queued_ = false;
+  /// Once this member packs: the ranges broadcasts still read, each with the event recorded
+  /// after the last broadcast of it.
+  std::vector<read> reads_;
 };
 
 class cuda_nccl_fabric final : public group_fabric {
