@@ -69,6 +69,13 @@ int consumer_start(consumer_state& s) {
   if (!need_token(opt.coordinator.token)) return 2;
   if (!coordinator_from(s.coordinator, opt.coordinator)) return 2;
   if (!transport_settings_from(s.transport_settings, opt.transport_settings)) return 2;
+  if (opt.transport == "nccl" && opt.count > 1) {
+    std::cerr << "wsync: consumer: --transport nccl takes one rank per process, each on its own "
+                 "GPU (--transport-option device=N): NCCL refuses two ranks on one GPU (got "
+                 "--count "
+              << opt.count << ")\n";
+    return 2;
+  }
   if (s.enable_http) {
     s.http.rank.node = opt.node;
     return consumer_http_run(opt, s.http);

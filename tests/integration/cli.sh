@@ -84,4 +84,7 @@ grep -q "init_info.transport_options" <<<"$out" || fail "ignored transport optio
 help=$("$wsync" consumer --help) || fail "consumer --help exited non-zero"
 grep -q "polls DIR/CURRENT" <<<"$help" || fail "consumer --help does not explain file-mmap"
 grep -q "nccl: consumers=" <<<"$help" || fail "consumer --help does not explain nccl's options"
+out=$(WSYNC_TOKEN=t "$wsync" consumer --coordinator 127.0.0.1:1 --model m --transport nccl \
+  --count 2 2>&1) && fail "consumer took two nccl ranks in one process"
+grep -q "one rank per process" <<<"$out" || fail "two nccl ranks not explained: $out"
 echo "cli: pass"
