@@ -164,22 +164,24 @@ struct trainer_rank::impl {
         .receive(
             [&](const std::string& text) {
               auto j = json::parse(text, nullptr, false);
-              std::vector<std::int32_t> ranks;
-              for (const auto& r : j.is_array() ? j : json::array()) {
-                if (r.is_number_integer()) ranks.push_back(r.get<std::int32_t>());
-              }
               if (!j.is_array()) {
                 out = make_error(errc::io_error,
                                  who + ": the coordinator did not name the consumers: " +
                                      (j.is_object() ? j.value("error", text) : text));
-              } else if (ranks.empty()) {
+                return;
+              }
+              std::vector<std::int32_t> ranks;
+              for (const auto& r : j) {
+                if (r.is_number_integer()) ranks.push_back(r.get<std::int32_t>());
+              }
+              if (ranks.empty()) {
                 out = make_error(errc::invalid_argument,
                                  who + ": no live consumer rank of model_id=" + options.model_id +
                                      " speaks " + options.transport +
                                      ", which broadcasts to its consumers: nothing to publish to");
-              } else {
-                out = std::move(ranks);
+                return;
               }
+              out = std::move(ranks);
             },
             [&](caf::error& err) {
               out = make_error(errc::io_error, who +

@@ -19,18 +19,6 @@ constexpr transport_caps cluster_gpu{.cpu_memory = false,
                                      .zero_copy_import = false,
                                      .collective = true};
 
-// Where this build has no CUDA: building `name` answers why (gpu::ready()'s cause).
-[[maybe_unused]] transport_entry blocked_entry(std::string name, std::string summary,
-                                               transport_caps caps) {
-  auto make = [name](const transport_options&) -> result<std::unique_ptr<transport>> {
-    auto r = gpu::ready();
-    return make_error(errc::blocked,
-                      (r ? std::string("blocked: no CUDA in this build") : r.error().message) +
-                          " (transport " + name + ")");
-  };
-  return {std::move(name), std::move(summary), caps, std::move(make)};
-}
-
 // nccl: the transport where NCCL can run (a CUDA build, a device, a loadable libnccl.so.2),
 // blocked with the cause elsewhere.
 transport_entry nccl_entry() {
@@ -56,8 +44,12 @@ transport_entry device_entry(device_pool::sharing kind, std::string name, std::s
   };
   return {std::move(name), std::move(summary), same_node_gpu, std::move(make)};
 #else
+  // No CUDA in this build: building it answers why (gpu::ready()'s cause).
   (void)kind;
-  return blocked_entry(std::move(name), std::move(summary), same_node_gpu);
+  auto make = [name](const transport_options&) -> result<std::unique_ptr<transport>> {
+    return make_error(errc::blocked, gpu::ready().error().message + " (transport " + name + ")");
+  };
+  return {std::move(name), std::move(summary), same_node_gpu, std::move(make)};
 #endif
 }
 

@@ -72,7 +72,9 @@ result<handle> parse(const weight_update_manifest& m) {
   if (!decoded) return bad("id: " + decoded.error().message);
   h.id = *decoded;
   if (h.members.empty()) return bad("members is empty");
-  if (h.members.size() > 65535) return bad("members lists more than 65535 ranks");
+  if (h.members.size() > max_members) {
+    return bad("members lists more than " + std::to_string(max_members) + " ranks");
+  }
   std::set<std::int32_t> seen;
   for (auto r : h.members) {
     if (r < 0) return bad("members: rank " + std::to_string(r) + " is negative");

@@ -15,6 +15,9 @@
 
 namespace wsync::nccl_handle {
 
+/// The most consumers one group holds (its NCCL ranks 1..max_members).
+inline constexpr std::size_t max_members = 65535;
+
 /// One update's place in its publisher's broadcasts.
 struct handle {
   std::string group;                  ///< 16 hex digits, random per publisher

@@ -196,11 +196,20 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
 result<void> weight_publisher::checksums_in_place(std::span<const tensor_source> tensors,
                                                   std::vector<tensor_descriptor>& descs,
                                                   const checksum_method& method) {
-  // Device tensors: on their device, on its stream, after the work queued on each producing
-  // stream; the host tensors on the threads below.
+  // Host tensors on the threads (a device tensor's pieces hash to nothing there: its digest is
+  // set below); device tensors on their device, on its stream, after the work queued on each
+  // producing stream.
   std::map<int, std::vector<std::size_t>> on_device;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].cuda_device >= 0) on_device[tensors[i].cuda_device].push_back(i);
+  }
+  const bool any_host = std::any_of(tensors.begin(), tensors.end(),
+                                    [](const tensor_source& t) { return t.cuda_device < 0; });
+  if (any_host) {
+    hash_pieces(descs, method, [&](std::size_t tensor, std::uint64_t offset, std::uint64_t nbytes) {
+      const auto& t = tensors[tensor];
+      return t.cuda_device >= 0 ? 0 : checksum_compute(t.data + offset, nbytes);
+    });
   }
   for (const auto& [device, which] : on_device) {
     auto s = stream_on(device);
@@ -216,16 +225,6 @@ result<void> weight_publisher::checksums_in_place(std::span<const tensor_source>
     auto sums = gpu::checksums(ranges, method, (*s)->handle());
     if (!sums) return sums.error();
     for (std::size_t k = 0; k < which.size(); ++k) descs[which[k]].checksum = (*sums)[k];
-  }
-  if (on_device.size() == tensors.size()) return {};
-  // The device tensors' pieces hash to nothing here; their digests were set above.
-  std::vector<tensor_descriptor> host = descs;
-  hash_pieces(host, method, [&](std::size_t tensor, std::uint64_t offset, std::uint64_t nbytes) {
-    const auto& t = tensors[tensor];
-    return t.cuda_device >= 0 ? 0 : checksum_compute(t.data + offset, nbytes);
-  });
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].cuda_device < 0) descs[i].checksum = host[i].checksum;
   }
   return {};
 }
