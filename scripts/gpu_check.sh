@@ -4,7 +4,8 @@
 # binaries only, so a machine with a GPU but without the build dependencies can run it.
 #
 # usage: scripts/gpu_check.sh [BIN_DIR [OUT_DIR]]
-#   BIN_DIR  holds wsync and wsync_transports_test (default: their places in build/default)
+#   BIN_DIR  holds wsync, wsync_transports_test and wsync_runtime_test (default: their places in
+#            build/default)
 #   OUT_DIR  where the logs and rows go (default: .)
 set -u
 bin=${1:-}
@@ -13,6 +14,8 @@ wsync=${bin:+$bin/wsync}
 wsync=${wsync:-build/default/apps/wsync}
 tests=${bin:+$bin/wsync_transports_test}
 tests=${tests:-build/default/transports/wsync_transports_test}
+runtime_tests=${bin:+$bin/wsync_runtime_test}
+runtime_tests=${runtime_tests:-build/default/runtime/wsync_runtime_test}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || exit 2
 date -u +%FT%TZ
@@ -22,6 +25,11 @@ timeout 180 "$tests" --gtest_filter='gpu*:device*:*cuda*:chunk*:nccl*' >"$out/gp
 rc=$?
 grep -E '^\[  (PASSED|FAILED) |imports \(s\)|Failure|Which is' "$out/gpu_tests.log"
 echo "tests rc=$rc"
+echo "== the torn-read test with CUDA kernels reading the active weights"
+timeout 180 "$runtime_tests" --gtest_filter='*gpu_torn_read*' >"$out/gpu_torn_read.log" 2>&1
+rc=$?
+grep -E '^\[  (PASSED|FAILED) |Failure|Which is|digests that differ' "$out/gpu_torn_read.log"
+echo "torn-read rc=$rc"
 
 if command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (memcheck) over the checksum kernels"
