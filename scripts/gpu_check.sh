@@ -17,6 +17,18 @@ tests=${tests:-build/default/transports/wsync_transports_test}
 runtime_tests=${bin:+$bin/wsync_runtime_test}
 runtime_tests=${runtime_tests:-build/default/runtime/wsync_runtime_test}
 mkdir -p "$out"
+# A bundle from scripts/gpu_bundle.sh carries its libraries beside bin/.
+if [ -n "$bin" ] && [ -d "$bin/../lib" ]; then
+  export LD_LIBRARY_PATH="$(cd "$bin/../lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# NCCL: the system's, else the one a PyTorch install brings (nvidia-nccl wheels).
+if [ -z "${WSYNC_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
+  for py in python3 /usr/bin/python3; do
+    lib=$("$py" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null) || continue
+    [ -e "$lib" ] && export WSYNC_NCCL_LIBRARY=$lib && break
+  done
+fi
+echo "NCCL: ${WSYNC_NCCL_LIBRARY:-libnccl.so.2 from the library path}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || exit 2
 date -u +%FT%TZ
 
@@ -81,4 +93,6 @@ echo "== benchmark rows"
   for mode in cuda-ipc cuda-vmm; do
     timeout 90 "$wsync" bench --mode "$mode" --repeat 10 | tail -1
   done
+  # Needs two GPUs (NCCL refuses two ranks on one); on one GPU its row says blocked, and why.
+  timeout 120 "$wsync" bench --mode nccl --repeat 10 | tail -1
 } | tee "$out/rows.jsonl"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Gathers what scripts/gpu_check.sh runs into one folder that can travel to a machine with a GPU
+# but without this project's build dependencies (CAF, UCX, cpp-httplib, toml++): the three
+# binaries without their debug sections, and every shared library they load from outside the C
+# runtime. Builds the default preset first (with CUDA where the toolkit is found).
+#
+# usage: scripts/gpu_bundle.sh [OUT_DIR]     (default: build/gpu-bundle)
+# then, there: scripts/gpu_check.sh OUT_DIR/bin OUT_DIR_FOR_LOGS
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-build/gpu-bundle}
+scripts/build.sh default
+if [ ! -e build/default/transports/libwsync_gpu_kernels.a ]; then
+  echo "gpu_bundle: build/default was built without CUDA; install the CUDA toolkit and rebuild" >&2
+  exit 2
+fi
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+binaries=(build/default/apps/wsync build/default/transports/wsync_transports_test
+  build/default/runtime/wsync_runtime_test)
+for b in "${binaries[@]}"; do
+  strip --strip-debug -o "$out/bin/$(basename "$b")" "$b"
+done
+# The C runtime and the loader come from the machine there; everything else travels.
+ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+  grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+  while read -r lib; do cp -L "$lib" "$out/lib/"; done
+du -sh "$out"
