@@ -148,6 +148,16 @@ http_reply weight_transfer_service::impl::nccl_init(const json& info) {
   if (current == phase::started) {
     return fail(409, conflict("init_weight_transfer_engine", "finish the update first"));
   }
+  // One rank joins per server; a trainer that sizes its group by /get_world_size would wait
+  // for ranks that never come.
+  if (const auto served = config.world_size * config.data_parallel; served != 1) {
+    return fail(400,
+                "init_info.nccl_unique_id_b64: NCCL mode joins one rank per server, but "
+                "this server answers /get_world_size " +
+                    std::to_string(served) + " (--world-size " + std::to_string(config.world_size) +
+                    " x --data-parallel " + std::to_string(config.data_parallel) +
+                    "); serve NCCL mode with --world-size 1 --data-parallel 1");
+  }
   // Where NCCL cannot run, that is the answer (a test's own join runs anywhere).
   if (auto r = nccl::ready(); !r && !config.nccl_join) {
     return fail(400, "init_info.nccl_unique_id_b64: " + r.error().message);

@@ -258,6 +258,20 @@ TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_j
   expect_serving(two);
 }
 
+TEST_F(nccl_flow_test, a_server_that_reports_several_workers_refuses_nccl_mode) {
+  auto c = config();
+  c.world_size = 2;
+  c.data_parallel = 2;
+  weight_transfer_service wide(c);
+  auto r = wide.init(json{{"init_info", init_info()}}.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(error_of(r),
+            "init_info.nccl_unique_id_b64: NCCL mode joins one rank per server, but this server "
+            "answers /get_world_size 4 (--world-size 2 x --data-parallel 2); serve NCCL mode with "
+            "--world-size 1 --data-parallel 1");
+  EXPECT_EQ(trainer, nullptr);  // nothing joined
+}
+
 TEST_F(nccl_flow_test, nccl_mode_and_manifest_transports_do_not_mix) {
   ASSERT_EQ(init(init_info()).status, 200);
   auto r = init({{"transport", "shared-memory"}});

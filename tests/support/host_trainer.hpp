@@ -56,7 +56,8 @@ class host_trainer final : public nccl::broadcast_endpoint {
     return nccl::block{v->data(), nbytes, v};
   }
 
-  result<void> receive(std::span<std::byte> into) override {
+  result<void> receive(std::span<std::byte> into,
+                       std::chrono::steady_clock::time_point /*deadline*/) override {
     if (!aborted_.empty()) return make_error(errc::io_error, "aborted: " + aborted_);
     queue_.push_back([this, into]() -> result<void> {
       if (sends.empty()) {

@@ -297,7 +297,8 @@ result<void> communicator::warm_up(std::chrono::milliseconds timeout) {
   return wait(deadline);
 }
 
-result<void> communicator::broadcast(void* data, std::uint64_t nbytes, int root, void* stream) {
+result<void> communicator::broadcast(void* data, std::uint64_t nbytes, int root,
+                                     clock::time_point deadline, void* stream) {
   if (!state_) return make_error(errc::invalid_argument, "no NCCL communicator");
   auto& s = *state_;
   if (auto u = s.usable(); !u) return u;
@@ -310,7 +311,7 @@ result<void> communicator::broadcast(void* data, std::uint64_t nbytes, int root,
   const auto r = nccl_library().broadcast(data, data, nbytes, ncclUint8, root, s.comm, on);
   // Enqueuing may wait for the peers' connections (NCCL connects at the first collective).
   return s.call(
-      r, clock::now() + std::chrono::minutes(5),
+      r, deadline,
       "ncclBroadcast of " + std::to_string(nbytes) + " bytes from rank " + std::to_string(root));
 }
 
@@ -396,7 +397,8 @@ void* communicator::stream() const {
 result<void> communicator::warm_up(std::chrono::milliseconds) {
   return no_nccl();
 }
-result<void> communicator::broadcast(void*, std::uint64_t, int, void*) {
+result<void> communicator::broadcast(void*, std::uint64_t, int,
+                                     std::chrono::steady_clock::time_point, void*) {
   return no_nccl();
 }
 result<void> communicator::wait(std::chrono::steady_clock::time_point, void*) {

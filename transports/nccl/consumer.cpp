@@ -73,10 +73,15 @@ class nccl_consumer final : public consumer_transport {
   }
 
   void release(const update_id& id) override {
+    block dropped;  // freed after the lock (cudaFree may wait for the device)
     std::lock_guard lock(mu_);
     auto it = held_.find(id);
     if (it == held_.end()) return;
-    if (free_.size() < settings_.slots) free_.push_back(std::move(it->second));
+    if (free_.size() < settings_.slots) {
+      free_.push_back(std::move(it->second));
+    } else {
+      dropped = std::move(it->second);
+    }
     held_.erase(it);
   }
 
@@ -84,6 +89,8 @@ class nccl_consumer final : public consumer_transport {
   // The state of publisher group `name`, made on first use; the least recently used group goes
   // when there are too many (a publisher that restarted has a new group).
   result<std::shared_ptr<group_state>> group_for(const std::string& name) {
+    // An evicted group's communicator is finalized (up to seconds) after the lock, not under it.
+    std::shared_ptr<group_state> evicted;
     std::lock_guard lock(mu_);
     auto& g = groups_[name];
     if (!g) {
@@ -102,7 +109,8 @@ class nccl_consumer final : public consumer_transport {
             oldest = it;
           }
         }
-        groups_.erase(oldest);  // an import still running keeps its state alive
+        evicted = std::move(oldest->second);  // an import still running keeps it alive
+        groups_.erase(oldest);
       }
     }
     g->used = ++uses_;
@@ -176,7 +184,7 @@ class nccl_consumer final : public consumer_transport {
     const auto want = nccl_handle::header_of(h, id);
     for (;;) {
       nccl_handle::header_block hb{};
-      auto ok = member.broadcast(g.header.data, hb.size(), 0);
+      auto ok = member.broadcast(g.header.data, hb.size(), 0, deadline);
       if (ok) ok = member.wait(deadline);
       if (ok) ok = fabric_->read(hb.data(), g.header.data, hb.size());
       if (!ok) return fail(ok.error());

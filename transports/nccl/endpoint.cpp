@@ -27,8 +27,9 @@ class nccl_endpoint final : public broadcast_endpoint {
     return device_block(comm_.device(), nbytes, describe());
   }
 
-  result<void> receive(std::span<std::byte> into) override {
-    return comm_.broadcast(into.data(), into.size(), 0);
+  result<void> receive(std::span<std::byte> into,
+                       std::chrono::steady_clock::time_point deadline) override {
+    return comm_.broadcast(into.data(), into.size(), 0, deadline);
   }
 
   result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
@@ -37,8 +38,9 @@ class nccl_endpoint final : public broadcast_endpoint {
     auto* stream = static_cast<cudaStream_t>(comm_.stream());
     if (auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream);
         e != cudaSuccess) {
-      return make_error(errc::io_error,
-                        describe() + ": cudaMemcpyAsync failed (" + cuda_text(e) + ")");
+      const auto why = describe() + ": cudaMemcpyAsync failed (" + cuda_text(e) + ")";
+      comm_.abort(why);  // the receives queued before it must not land in freed memory
+      return make_error(errc::io_error, why);
     }
     return {};
   }

@@ -48,7 +48,8 @@ class nccl_member final : public group_member {
   nccl_member(const nccl_member&) = delete;
   nccl_member& operator=(const nccl_member&) = delete;
 
-  result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root) override {
+  result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root,
+                         std::chrono::steady_clock::time_point deadline) override {
     auto* stream = static_cast<cudaStream_t>(comm_.stream());
     (void)cudaSetDevice(comm_.device());
     if (copies_queued_) {  // the broadcast waits for what was packed before it
@@ -57,7 +58,10 @@ class nccl_member final : public group_member {
       if (e != cudaSuccess) return failure("ordering a broadcast after its copies", e);
       copies_queued_ = false;
     }
-    if (auto r = comm_.broadcast(data, nbytes, root); !r) return r;
+    if (auto r = comm_.broadcast(data, nbytes, root, deadline); !r) {
+      drain_copies();  // the communicator aborted itself
+      return r;
+    }
     if (!copy_stream_) return {};  // nothing is packed here: no buffer to guard
     // Remember that this range is read until the broadcast is done; forget ranges whose
     // broadcasts are done.
@@ -110,9 +114,16 @@ class nccl_member final : public group_member {
   }
 
   result<void> wait(std::chrono::steady_clock::time_point deadline) override {
-    return comm_.wait(deadline);  // every copy is followed by the broadcast that waits for it
+    // Every copy is followed by the broadcast that waits for it, so the communicator's stream
+    // covers the copies, except when it failed.
+    auto r = comm_.wait(deadline);
+    if (!r) drain_copies();  // the communicator aborted itself
+    return r;
   }
-  void abort(const std::string& why) override { comm_.abort(why); }
+  void abort(const std::string& why) override {
+    comm_.abort(why);
+    drain_copies();
+  }
   std::string broken() const override { return comm_.aborted(); }
 
  private:
@@ -121,6 +132,14 @@ class nccl_member final : public group_member {
     std::uint64_t nbytes;
     cudaEvent_t done;
   };
+
+  // Once the communicator is aborted (its kernels end, so the events copies wait on complete):
+  // waits for the queued copies, so none still reads a source the caller may then free.
+  void drain_copies() {
+    if (!copy_stream_) return;
+    (void)cudaSetDevice(comm_.device());
+    (void)cudaStreamSynchronize(copy_stream_);
+  }
 
   error failure(const std::string& what, cudaError_t e) {
     return {errc::io_error, "nccl: " + what + " failed (" + cuda_text(e) + ")"};

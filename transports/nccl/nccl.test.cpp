@@ -225,16 +225,17 @@ TEST(nccl_gpu, a_one_rank_group_joins_warms_up_and_broadcasts_in_buckets) {
   ASSERT_TRUE(buf->upload(bytes.data(), bytes.size()));
   auto slices = nccl_plan::segment_slices(segment, 2 * MiB, 2);
   ASSERT_TRUE(slices);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
   for (const auto& s : *slices) {
-    auto r = comm->broadcast(static_cast<char*>(buf->data()) + s.offset, s.nbytes, 0);
+    auto r = comm->broadcast(static_cast<char*>(buf->data()) + s.offset, s.nbytes, 0, deadline);
     ASSERT_TRUE(r) << r.error().message;
   }
-  ASSERT_TRUE(comm->wait(std::chrono::steady_clock::now() + 60s));
+  ASSERT_TRUE(comm->wait(deadline));
   std::vector<unsigned char> back(bytes.size());
   ASSERT_TRUE(buf->download(back.data(), back.size()));
   EXPECT_EQ(back, bytes);  // the root's bytes are its own
   comm->abort("test abort");
-  auto after = comm->broadcast(buf->data(), 16, 0);
+  auto after = comm->broadcast(buf->data(), 16, 0, deadline);
   ASSERT_FALSE(after);
   EXPECT_NE(after.error().message.find("test abort"), std::string::npos);
 }

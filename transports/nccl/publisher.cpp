@@ -270,7 +270,7 @@ class nccl_publisher final : public publisher_transport {
     }
     const auto hb = nccl_handle::header_encode(nccl_handle::header_of(j.h, j.id));
     auto ok = fabric_->write(header_.data, hb.data(), hb.size());
-    if (ok) ok = member->broadcast(header_.data, hb.size(), 0);
+    if (ok) ok = member->broadcast(header_.data, hb.size(), 0, deadline);
     if (ok && j.slot) {
       ok = broadcast_slices(*member, j.h, deadline,
                             [&](const nccl_plan::slice& s) -> result<std::byte*> {

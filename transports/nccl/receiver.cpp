@@ -30,7 +30,9 @@ result<received_tensors> receive_tensors(broadcast_endpoint& endpoint,
 
   if (!how.packed) {
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (auto r = endpoint.receive({base + out.offsets[i], specs[i].nbytes}); !r) return r.error();
+      if (auto r = endpoint.receive({base + out.offsets[i], specs[i].nbytes}, deadline); !r) {
+        return r.error();
+      }
     }
   } else {
     auto groups = nccl_plan::vllm_packed_groups(sizes, how.buffer_bytes);
@@ -43,7 +45,7 @@ result<received_tensors> receive_tensors(broadcast_endpoint& endpoint,
     if (!staging) return staging.error();
     out.staging_bytes = largest;
     for (const auto& g : *groups) {
-      if (auto r = endpoint.receive({staging->data, g.nbytes}); !r) return r.error();
+      if (auto r = endpoint.receive({staging->data, g.nbytes}, deadline); !r) return r.error();
       std::uint64_t at = 0;
       for (std::size_t i = g.first; i < g.first + g.count; ++i) {
         if (auto r = endpoint.copy(base + out.offsets[i], staging->data + at, specs[i].nbytes);

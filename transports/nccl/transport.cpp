@@ -18,7 +18,7 @@ result<void> detail::broadcast_slices(group_member& member, const nccl_handle::h
   for (const auto& s : *slices) {
     auto at = place(s);
     if (!at) return at.error();
-    if (auto r = member.broadcast(*at, s.nbytes, 0); !r) return r;
+    if (auto r = member.broadcast(*at, s.nbytes, 0, deadline); !r) return r;
     if (s.stream + 1 == h.buckets) {
       if (auto r = member.wait(deadline); !r) return r;
     }

@@ -69,8 +69,11 @@ class communicator {
   result<void> warm_up(std::chrono::milliseconds timeout);
 
   /// Queues a broadcast of `nbytes` at `data` (device memory of device()) from rank `root` on
-  /// `stream`: the root sends its bytes, every other member receives into its own.
-  result<void> broadcast(void* data, std::uint64_t nbytes, int root, void* stream = nullptr);
+  /// `stream`: the root sends its bytes, every other member receives into its own. Queuing may
+  /// wait (NCCL connects to the peers at the first collective); at `deadline` the communicator
+  /// is aborted and the call fails with errc::timeout.
+  result<void> broadcast(void* data, std::uint64_t nbytes, int root,
+                         std::chrono::steady_clock::time_point deadline, void* stream = nullptr);
 
   /// Waits until everything queued on `stream` is done, watching the communicator for a peer's
   /// failure. At `deadline`, or on a failure, the communicator is aborted and the call fails

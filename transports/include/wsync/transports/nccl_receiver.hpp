@@ -52,9 +52,13 @@ class broadcast_endpoint {
   /// Where allocate()'s memory lives.
   virtual memory_location memory() const = 0;
   virtual result<block> allocate(std::uint64_t nbytes) = 0;
-  /// Queues receiving rank 0's next broadcast, which must be exactly into.size() bytes.
-  virtual result<void> receive(std::span<std::byte> into) = 0;
-  /// Queues a copy inside memory(), after everything queued before it.
+  /// Queues receiving rank 0's next broadcast, which must be exactly into.size() bytes; queuing
+  /// still waiting at `deadline` aborts the group.
+  virtual result<void> receive(std::span<std::byte> into,
+                               std::chrono::steady_clock::time_point deadline) = 0;
+  /// Queues a copy inside memory(), after everything queued before it. A copy that cannot be
+  /// queued aborts the group (the receives queued before it would otherwise land in memory the
+  /// caller then frees).
   virtual result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) = 0;
   /// Waits for everything queued. At `deadline`, or when a member fails, the group is aborted:
   /// the call fails and so does every later one.

@@ -35,15 +35,18 @@ class group_member {
  public:
   virtual ~group_member() = default;
   /// Queues a broadcast of `nbytes` at `data` (the fabric's memory) from rank `root`: the root
-  /// sends, every other member receives into its own `data`.
-  virtual result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root) = 0;
+  /// sends, every other member receives into its own `data`. Queuing that is still waiting (for
+  /// the peers' connections) at `deadline` aborts the group.
+  virtual result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root,
+                                 std::chrono::steady_clock::time_point deadline) = 0;
   /// Queues a copy of `nbytes` from `src` (host memory, or device memory this device can read)
   /// to `dst` (the fabric's memory), after everything queued before it.
   virtual result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) = 0;
   /// Waits for everything queued. At `deadline`, or when a member failed, the group is aborted
   /// and the call fails naming why; every later call fails the same way.
   virtual result<void> wait(std::chrono::steady_clock::time_point deadline) = 0;
-  /// Aborts the group (ncclCommAbort): queued work ends here and fails at the peers.
+  /// Aborts the group (ncclCommAbort): queued work ends here and fails at the peers. When it
+  /// returns, no queued copy still reads its source.
   virtual void abort(const std::string& why) = 0;
   /// Empty while usable; why not once aborted.
   virtual std::string broken() const = 0;
