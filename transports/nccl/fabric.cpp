@@ -154,9 +154,18 @@ class nccl_member final : public group_member {
   std::vector<read> reads_;
 };
 
+// Headers move between host and device on a stream of the fabric's own that does not
+// synchronise with the legacy default stream: a trainer's or an engine's kernels queued there
+// (torch's default stream) never hold up a broadcast.
 class cuda_nccl_fabric final : public group_fabric {
  public:
-  explicit cuda_nccl_fabric(int device) : device_(device) {}
+  cuda_nccl_fabric(int device, cudaStream_t io) : device_(device), io_(io) {}
+  ~cuda_nccl_fabric() override {
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamDestroy(io_);
+  }
+  cuda_nccl_fabric(const cuda_nccl_fabric&) = delete;
+  cuda_nccl_fabric& operator=(const cuda_nccl_fabric&) = delete;
 
   memory_location memory() const override { return {device_}; }
 
@@ -175,10 +184,9 @@ class cuda_nccl_fabric final : public group_fabric {
 
   result<void> write(std::byte* dst, const void* src, std::uint64_t nbytes) override {
     (void)cudaSetDevice(device_);
-    // From pageable memory cudaMemcpy may return before the DMA lands; the communicator's
-    // stream does not wait on the legacy stream, so wait for it here.
-    auto e = cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
+    // Done when the stream is: then every stream launched after sees the bytes.
+    auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, io_);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(io_);
     if (e != cudaSuccess) {
       return make_error(errc::io_error, "nccl: copying to cuda:" + std::to_string(device_) +
                                             " failed (" + cuda_text(e) + ")");
@@ -188,7 +196,9 @@ class cuda_nccl_fabric final : public group_fabric {
 
   result<void> read(void* dst, const std::byte* src, std::uint64_t nbytes) override {
     (void)cudaSetDevice(device_);
-    if (auto e = cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToHost); e != cudaSuccess) {
+    auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, io_);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(io_);
+    if (e != cudaSuccess) {
       return make_error(errc::io_error, "nccl: copying from cuda:" + std::to_string(device_) +
                                             " failed (" + cuda_text(e) + ")");
     }
@@ -197,6 +207,7 @@ class cuda_nccl_fabric final : public group_fabric {
 
  private:
   int device_;
+  cudaStream_t io_;
 };
 
 }  // namespace
@@ -209,7 +220,14 @@ result<std::shared_ptr<group_fabric>> cuda_fabric(int device) {
     return make_error(errc::blocked, "blocked: nccl: no CUDA device " + std::to_string(device) +
                                          " (this machine has " + std::to_string(devices) + ")");
   }
-  return std::shared_ptr<group_fabric>(std::make_shared<cuda_nccl_fabric>(device));
+  (void)cudaSetDevice(device);
+  cudaStream_t io = nullptr;
+  if (auto e = cudaStreamCreateWithFlags(&io, cudaStreamNonBlocking); e != cudaSuccess) {
+    return make_error(errc::io_error,
+                      "nccl: cudaStreamCreateWithFlags on cuda:" + std::to_string(device) +
+                          " failed (" + cuda_text(e) + ")");
+  }
+  return std::shared_ptr<group_fabric>(std::make_shared<cuda_nccl_fabric>(device, io));
 }
 
 #else
