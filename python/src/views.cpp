@@ -6,6 +6,8 @@
 #include <mutex>
 #include <vector>
 
+#include "wsync/transports/forwarding.hpp"
+
 namespace wsync::py {
 namespace {
 
@@ -20,43 +22,21 @@ registry& leases() {
   return *r;
 }
 
-class lease_aware_consumer final : public consumer_transport {
+// Every call passes through; a release waits for the update's views.
+class lease_aware_consumer final : public forwarding_consumer {
  public:
-  explicit lease_aware_consumer(std::unique_ptr<consumer_transport> inner)
-      : inner_(std::move(inner)) {}
-  result<std::vector<std::span<const std::byte>>> import_segments(
-      const weight_update_manifest& manifest) override {
-    return inner_->import_segments(manifest);
-  }
+  using forwarding_consumer::forwarding_consumer;
   void release(const update_id& id) override {
     release_when_unviewed(id, [inner = inner_, id] { inner->release(id); });
   }
-  void rank_set(std::int32_t rank) override { inner_->rank_set(rank); }
-  std::string relay_address() const override { return inner_->relay_address(); }
-
- private:
-  std::shared_ptr<consumer_transport> inner_;  // shared: a deferred release may outlive us
 };
 
-class lease_aware_publisher final : public publisher_transport {
+class lease_aware_publisher final : public forwarding_publisher {
  public:
-  explicit lease_aware_publisher(std::unique_ptr<publisher_transport> inner)
-      : inner_(std::move(inner)) {}
-  result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
-                                                    std::span<const std::uint64_t> segment_bytes,
-                                                    std::chrono::milliseconds wait) override {
-    return inner_->acquire(id, segment_bytes, wait);
-  }
-  result<std::string> expose(const update_id& id) override { return inner_->expose(id); }
-  result<void> announce(const weight_update_manifest& manifest) override {
-    return inner_->announce(manifest);
-  }
+  using forwarding_publisher::forwarding_publisher;
   void release(const update_id& id) override {
     release_when_unviewed(id, [inner = inner_, id] { inner->release(id); });
   }
-
- private:
-  std::shared_ptr<publisher_transport> inner_;
 };
 
 }  // namespace

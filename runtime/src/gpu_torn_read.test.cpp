@@ -20,6 +20,7 @@
 #include "wsync/runtime/generation_gate.hpp"
 #include "wsync/runtime/install_adapter.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/forwarding.hpp"
 #include "wsync/transports/gpu.hpp"
 #include "wsync/transports/registry.hpp"
 
@@ -85,23 +86,16 @@ class device_view_runtime final : public install_adapter {
 
 // Tells the publisher about a release the moment it happens, as a prompt control plane would, so
 // the publisher may rewrite the slot at once.
-class releasing_transport final : public consumer_transport {
+class releasing_transport final : public forwarding_consumer {
  public:
   releasing_transport(std::unique_ptr<consumer_transport> inner, weight_publisher& publisher)
-      : inner_(std::move(inner)), publisher_(publisher) {}
-  memory_location memory() const override { return inner_->memory(); }
-  result<std::vector<std::span<const std::byte>>> import_segments(
-      const weight_update_manifest& m) override {
-    return inner_->import_segments(m);
-  }
+      : forwarding_consumer(std::move(inner)), publisher_(publisher) {}
   void release(const update_id& id) override {
     inner_->release(id);
     EXPECT_TRUE(publisher_.on_released(id, 0));
   }
-  result<void> intact(const update_id& id) const override { return inner_->intact(id); }
 
  private:
-  std::unique_ptr<consumer_transport> inner_;
   weight_publisher& publisher_;
 };
 

@@ -14,6 +14,7 @@
 #include "pattern_tensors.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
+#include "wsync/transports/forwarding.hpp"
 #include "wsync/transports/registry.hpp"
 
 namespace wsync {
@@ -26,21 +27,16 @@ struct torn_case {
 
 // Tells the publisher about a consumer release the moment it happens, as a prompt control plane
 // would, so the publisher may rewrite the slot right away.
-class releasing_transport final : public consumer_transport {
+class releasing_transport final : public forwarding_consumer {
  public:
   releasing_transport(std::unique_ptr<consumer_transport> inner, weight_publisher& publisher)
-      : inner_(std::move(inner)), publisher_(publisher) {}
-  result<std::vector<std::span<const std::byte>>> import_segments(
-      const weight_update_manifest& m) override {
-    return inner_->import_segments(m);
-  }
+      : forwarding_consumer(std::move(inner)), publisher_(publisher) {}
   void release(const update_id& id) override {
     inner_->release(id);
     EXPECT_TRUE(publisher_.on_released(id, 0));
   }
 
  private:
-  std::unique_ptr<consumer_transport> inner_;
   weight_publisher& publisher_;
 };
 
