@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "wsync/manifest/log.hpp"
+#include "wsync/transports/gpu.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 
 namespace wsync::py {
@@ -47,7 +48,11 @@ std::vector<tensor_source> sources_from(const pyb::list& tensors) {
   out.reserve(tensors.size());
   for (const auto& item : tensors) {
     auto t = item.cast<pyb::tuple>();
-    if (t.size() != 5) raise(errc::invalid_argument, "tensor tuple must have 5 fields");
+    // (name, dtype, shape, address, nbytes[, cuda_device, cudaStream_t]): a CUDA tensor adds
+    // where it lives and the stream that produces it (0: the legacy default stream).
+    if (t.size() != 5 && t.size() != 7) {
+      raise(errc::invalid_argument, "tensor tuple must have 5 or 7 fields");
+    }
     tensor_source s;
     s.name = t[0].cast<std::string>();
     auto dtype_text = t[1].cast<std::string>();
@@ -60,15 +65,30 @@ std::vector<tensor_source> sources_from(const pyb::list& tensors) {
     s.shape = t[2].cast<std::vector<std::int64_t>>();
     s.data = reinterpret_cast<const std::byte*>(t[3].cast<std::uintptr_t>());
     s.nbytes = t[4].cast<std::uint64_t>();
+    if (t.size() == 7) {
+      s.cuda_device = t[5].cast<int>();
+      if (s.cuda_device < 0) {
+        raise(errc::invalid_argument, "tensor " + s.name + ": field cuda_device: " +
+                                          std::to_string(s.cuda_device) + " is not a device");
+      }
+      s.stream = reinterpret_cast<void*>(t[6].cast<std::uintptr_t>());
+    }
     out.push_back(std::move(s));
   }
   return out;
 }
 
-pyb::list segments_to_py(const update_id& id, const std::vector<std::span<const std::byte>>& segs) {
+pyb::list segments_to_py(const update_id& id, const std::vector<std::span<const std::byte>>& segs,
+                         memory_location where) {
   auto lease = std::make_shared<view_lease>(id);
   pyb::list out;
-  for (const auto& s : segs) out.append(segment{s.data(), s.size(), lease});
+  for (const auto& s : segs) {
+    if (where.host()) {
+      out.append(segment{s.data(), s.size(), lease});
+    } else {
+      out.append(device_segment{s.data(), s.size(), where.cuda_device, lease});
+    }
+  }
   return out;
 }
 
@@ -142,12 +162,42 @@ std::string python_failure(const char* what, pyb::error_already_set& e) {
 
 namespace {
 
-// One copy the installer asked for: manifest tensor bytes into its own (spare) memory.
+// One copy the installer asked for: manifest tensor bytes into its own (spare) memory, in host
+// memory (dest_device -1) or on a CUDA device.
 struct copy_job {
   std::byte* dest = nullptr;
   std::size_t shard = 0, segment = 0;
   std::uint64_t offset = 0, nbytes = 0;
+  int dest_device = -1;
 };
+
+// Copies from or to device memory: on a stream of the device that holds the destination (else
+// the source's), queued after the work already on that device's legacy default stream (torch's
+// default: kernels of the previous generation may still read the spare being overwritten), and
+// waited for.
+result<void> run_device_copies(std::span<const imported_update* const> shards,
+                               const std::vector<const copy_job*>& jobs) {
+  std::map<int, gpu::stream> streams;
+  for (const auto* j : jobs) {
+    const auto& from = *shards[j->shard];
+    const int device = j->dest_device >= 0 ? j->dest_device : from.memory.cuda_device;
+    auto it = streams.find(device);
+    if (it == streams.end()) {
+      auto s = gpu::stream::make(device);
+      if (!s) return s.error();
+      if (auto ok = s->wait_for(nullptr, device); !ok) return ok.error();
+      it = streams.emplace(device, std::move(*s)).first;
+    }
+    if (auto ok = it->second.copy(j->dest, from.segments[j->segment].data() + j->offset, j->nbytes);
+        !ok) {
+      return ok.error();
+    }
+  }
+  for (auto& [device, s] : streams) {
+    if (auto ok = s.synchronize(); !ok) return ok.error();
+  }
+  return {};
+}
 
 // Runs the copies without the GIL, split over two threads when there is much to copy.
 result<void> run_copies(std::span<const imported_update* const> shards,
@@ -163,13 +213,24 @@ result<void> run_copies(std::span<const imported_update* const> shards,
     }
     total += j.nbytes;
   }
+  std::vector<const copy_job*> on_device;
+  std::vector<const copy_job*> on_host;
+  for (const auto& j : jobs) {
+    (j.dest_device >= 0 || !shards[j.shard]->memory.host() ? on_device : on_host).push_back(&j);
+  }
+  if (!on_device.empty()) {
+    if (auto ok = run_device_copies(shards, on_device); !ok) {
+      return make_error(errc::install_failed, "install failed: " + ok.error().message + " (" +
+                                                  update_context(shards.front()->manifest) + ")");
+    }
+  }
   auto copy = [&](std::size_t first, std::size_t step) {
-    for (std::size_t i = first; i < jobs.size(); i += step) {
-      const auto& j = jobs[i];
+    for (std::size_t i = first; i < on_host.size(); i += step) {
+      const auto& j = *on_host[i];
       std::memcpy(j.dest, shards[j.shard]->segments[j.segment].data() + j.offset, j.nbytes);
     }
   };
-  if (total < (std::uint64_t{64} << 20) || jobs.size() < 2) {
+  if (total < (std::uint64_t{64} << 20) || on_host.size() < 2) {
     copy(0, 1);
   } else {
     std::thread other(copy, 1, 2);
@@ -183,14 +244,6 @@ result<void> run_copies(std::span<const imported_update* const> shards,
 
 result<void> python_adapter::stage(std::span<const imported_update* const> shards) {
   const auto& id = shards.front()->manifest.update_id;
-  for (const auto* u : shards) {  // Python reads the views as host buffers
-    if (!u->memory.host()) {
-      return make_error(errc::install_failed,
-                        "install failed: memory: the update is in " + u->memory.text() +
-                            " memory and the Python installer reads host memory (" +
-                            update_context(u->manifest) + ")");
-    }
-  }
   std::vector<copy_job> jobs;
   {
     pyb::gil_scoped_acquire gil;
@@ -198,8 +251,8 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
     try {
       pyb::list parts;
       for (const auto* u : shards) {
-        parts.append(pyb::make_tuple(pyb::cast(u->manifest),
-                                     segments_to_py(u->manifest.update_id, u->segments)));
+        parts.append(pyb::make_tuple(
+            pyb::cast(u->manifest), segments_to_py(u->manifest.update_id, u->segments, u->memory)));
       }
       pyb::object asked = target_.attr("stage")(id, parts);
       staged = true;
@@ -207,8 +260,11 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
         for (const auto& item : asked) {
           auto t = item.cast<pyb::tuple>();
           copy_job j{reinterpret_cast<std::byte*>(t[0].cast<std::uintptr_t>()),
-                     t[1].cast<std::size_t>(), t[2].cast<std::size_t>(), t[3].cast<std::uint64_t>(),
-                     t[4].cast<std::uint64_t>()};
+                     t[1].cast<std::size_t>(),
+                     t[2].cast<std::size_t>(),
+                     t[3].cast<std::uint64_t>(),
+                     t[4].cast<std::uint64_t>(),
+                     t.size() > 5 ? t[5].cast<int>() : -1};
           if (j.nbytes > 0) jobs.push_back(j);
         }
       }

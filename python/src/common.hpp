@@ -52,12 +52,15 @@ pyb::dict report_to_py(const rollout_report& r);
 /// Registers the translator (module init).
 void errors_bind(pyb::module_& m);
 
-/// Python's tensor tuples (name, dtype name, shape, data pointer, nbytes) as publish sources.
-/// The tensors must be contiguous (wsync/_torch.py makes them so) and stay alive during the call.
+/// Python's tensor tuples (name, dtype name, shape, data pointer, nbytes[, CUDA device, CUDA
+/// stream]) as publish sources. The tensors must be contiguous (wsync/_torch.py makes them so)
+/// and stay alive during the call.
 std::vector<tensor_source> sources_from(const pyb::list& tensors);
 
-/// The imported segments of one update as Python `Segment` objects, all holding one lease.
-pyb::list segments_to_py(const update_id& id, const std::vector<std::span<const std::byte>>& segs);
+/// The imported segments of one update, all holding one lease: `Segment` objects (buffer
+/// protocol) for host memory, `DeviceSegment` objects (__cuda_array_interface__) for a device's.
+pyb::list segments_to_py(const update_id& id, const std::vector<std::span<const std::byte>>& segs,
+                         memory_location where);
 
 /// The generation gate plus the longest any reader waited at it (the install pause).
 struct gate_meter {

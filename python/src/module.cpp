@@ -84,17 +84,8 @@ class consumer_half {
     pyb::gil_scoped_release unlocked;
     std::lock_guard op(ops_);
     const imported_update* u = unwrap(consumer_.import_update(m));
-    if (!u->memory.host()) {
-      // Python reads these views as host buffers: device memory would crash it. Give it back.
-      std::string why = "import: the update is in " + u->memory.text() +
-                        " memory and this API reads host memory (" +
-                        update_context(m.update_id, consumer_.rank()) + ")";
-      (void)consumer_.reject(m.update_id, why);
-      (void)consumer_.release(m.update_id);
-      raise(errc::invalid_argument, why);
-    }
     pyb::gil_scoped_acquire gil;
-    return segments_to_py(m.update_id, u->segments);
+    return segments_to_py(m.update_id, u->segments, u->memory);
   }
   void verify(const update_id& id) {
     pyb::gil_scoped_release unlocked;
@@ -243,6 +234,30 @@ void halves_bind(pyb::module_& m) {
           "address", [](const segment& s) { return reinterpret_cast<std::uintptr_t>(s.data); })
       .def_property_readonly("nbytes", [](const segment& s) { return s.nbytes; })
       .def("__len__", [](const segment& s) { return s.nbytes; });
+
+  pyb::class_<device_segment>(
+      m, "DeviceSegment",
+      "Imported bytes in CUDA device memory (read-only); keeps its update's memory while it "
+      "lives. torch.as_tensor(s, device=f'cuda:{s.device}') views it without a copy.")
+      .def_property_readonly("__cuda_array_interface__",
+                             [](const device_segment& s) {
+                               pyb::dict d;
+                               d["shape"] = pyb::make_tuple(s.nbytes);
+                               d["typestr"] = "|u1";
+                               d["data"] =
+                                   pyb::make_tuple(reinterpret_cast<std::uintptr_t>(s.data), true);
+                               d["strides"] = pyb::none();
+                               // Imports are ready on the legacy default stream (1).
+                               d["stream"] = 1;
+                               d["version"] = 3;
+                               return d;
+                             })
+      .def_property_readonly(
+          "address",
+          [](const device_segment& s) { return reinterpret_cast<std::uintptr_t>(s.data); })
+      .def_property_readonly("nbytes", [](const device_segment& s) { return s.nbytes; })
+      .def_property_readonly("device", [](const device_segment& s) { return s.device; })
+      .def("__len__", [](const device_segment& s) { return s.nbytes; });
 
   pyb::class_<publisher_half>(m, "Publisher")
       .def(pyb::init([](const std::string& transport, const transport_options& options,

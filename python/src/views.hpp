@@ -49,4 +49,14 @@ struct segment {
   std::shared_ptr<view_lease> lease;
 };
 
+/// One imported segment in CUDA device memory: no buffer protocol (Python must not read it as
+/// host bytes); torch views it through __cuda_array_interface__, which holds the object, and so
+/// the lease, as long as any tensor made from it.
+struct device_segment {
+  const std::byte* data = nullptr;
+  std::uint64_t nbytes = 0;
+  int device = 0;
+  std::shared_ptr<view_lease> lease;
+};
+
 }  // namespace wsync::py

@@ -247,6 +247,21 @@ def test_gpu_transports_say_why_they_cannot_run():
         with pytest.raises(wsync.BlockedError, match=f"^blocked: .*{name}"):
             wsync.make_weight_bridge(name).publish({"w": torch.ones(2)}, weight_version=1)
     with pytest.raises(wsync.InvalidArgumentError,
-                       match="tensor w: field device: meta tensors need a CUDA transport"):
+                       match="tensor w: field device: meta: wsync publishes CPU and CUDA tensors"):
         wsync.SharedMemoryTensorBridge().publish({"w": torch.empty(2, device="meta")},
                                                  weight_version=1)
+
+
+def test_cuda_tensor_tuples_reach_the_core():
+    """A CUDA tensor travels as (name, dtype, shape, address, nbytes, device, stream); where
+    the core cannot copy from a device, it says why."""
+    half = wsync.SharedMemoryTensorBridge()._publisher_half()
+    host = torch.ones(4)
+    if not torch.cuda.is_available():
+        with pytest.raises(wsync.BlockedError,
+                           match="publish failed: blocked: (no CUDA device|built without CUDA)"):
+            half.publish([("w", "f32", [4], host.data_ptr(), 16, 0, 0)], 1, [], {})
+    with pytest.raises(wsync.InvalidArgumentError, match="tensor w: field cuda_device: -2"):
+        half.publish([("w", "f32", [4], host.data_ptr(), 16, -2, 0)], 1, [], {})
+    with pytest.raises(wsync.InvalidArgumentError, match="must have 5 or 7 fields"):
+        half.publish([("w", "f32", [4], host.data_ptr(), 16, 0)], 1, [], {})

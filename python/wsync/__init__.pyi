@@ -146,7 +146,8 @@ class WeightBridge:
                  verify_threads: int = ..., checksum_chunk_bytes: int = ...) -> None: ...
     def publish(self, source: _Source, weight_version: int,
                 metadata: Optional[Mapping[str, Any]] = ...) -> Manifest:
-        """Publishes one complete version of CPU tensors; the bytes stay until release()."""
+        """Publishes one complete version of CPU or CUDA tensors; the bytes stay until
+        release()."""
     def import_update(self, manifest: Manifest, verify: bool = ...) -> Dict[str, torch.Tensor]:
         """Read-only tensors viewing the imported memory (no copy), in manifest order."""
     def acknowledge(self, update_id: str) -> None:

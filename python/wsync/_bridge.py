@@ -89,8 +89,10 @@ class WeightBridge:
 
         Args:
             source: an ``nn.Module`` (its ``state_dict()``), a state dict, or an iterable of
-                ``(name, tensor)``; CPU tensors of any dtype wsync carries (f64, f32, f16, bf16,
-                fp8, i64..i8, u8, bool). Non-contiguous tensors are copied contiguous first.
+                ``(name, tensor)``; CPU or CUDA tensors of any dtype wsync carries (f64, f32,
+                f16, bf16, fp8, i64..i8, u8, bool). Non-contiguous tensors are copied contiguous
+                first. CUDA tensors are read on their device after the work queued on its
+                current stream.
             weight_version: must grow with every publish ("weight_version must increase
                 monotonically" otherwise); the last version may be published again (a retry,
                 with a new update_id) once its publication was released.
@@ -205,7 +207,8 @@ def make_weight_bridge(name: str, **kwargs: Any) -> WeightBridge:
     ``"file-mmap"``, ``"ucx"``). Unknown names raise UnknownTransportError listing what this
     build has; the CUDA transports (``"cuda-ipc"``, ``"cuda-vmm"``, ``"nccl"``) are listed and
     raise BlockedError with the cause at the first publish or import where this machine cannot
-    run them (this API passes CPU tensors only)."""
+    run them. CPU and CUDA tensors go to every transport; cuda-ipc and cuda-vmm import as CUDA
+    tensors."""
     return WeightBridge(_ALIASES.get(name, name), **kwargs)
 
 

@@ -61,11 +61,10 @@ class ModuleInstaller:
         self.model = model
         self.targets: Dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
         for name, t in self.targets.items():
-            if t.device.type != "cpu":
+            if t.device.type not in ("cpu", "cuda"):
                 raise InvalidArgumentError(
-                    f"model: tensor {name}: field device: {t.device}; this build of wsync "
-                    "installs into CPU modules only (no CUDA transport); install into a CPU "
-                    "copy and move it, or use a CPU model")
+                    f"model: tensor {name}: field device: {t.device}; wsync installs into CPU "
+                    "and CUDA tensors")
         # One slot per distinct tensor: tied names share it.
         self._slot_of: Dict[str, int] = {}
         self._slot_tensor: List[torch.Tensor] = []
@@ -118,11 +117,13 @@ class ModuleInstaller:
                 found[info.name] = (info.dtype, info.shape)
                 where[info.name] = (k, info.segment, info.offset, info.nbytes)
         self.check(update_id, found)
-        # Spares are plain row-major CPU tensors (the copies are byte copies): a slot whose
-        # previous tensor had another layout (channels_last, a transposed view) gets a fresh one.
+        # Spares are plain row-major tensors on each slot's device (the copies are byte copies):
+        # a slot whose previous tensor had another layout (channels_last, a transposed view) gets
+        # a fresh one.
         spare = self._spare or [None] * len(self._slot_tensor)
         spare = [s if s is not None and s.is_contiguous() else
-                 torch.empty(t.shape, dtype=t.dtype) for s, t in zip(spare, self._slot_tensor)]
+                 torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                 for s, t in zip(spare, self._slot_tensor)]
         jobs = []
         done = set()
         for name, slot in self._slot_of.items():
@@ -135,7 +136,8 @@ class ModuleInstaller:
                 raise InstallFailedError(f"install: tensor {name}: field nbytes: {nbytes} "
                                          f"does not match its shape and dtype ({update_id})")
             if nbytes:
-                jobs.append((dest.data_ptr(), shard, segment, offset, nbytes))
+                jobs.append((dest.data_ptr(), shard, segment, offset, nbytes,
+                             _torch.cuda_index(dest)))
         self._spare = None
         self._staged[update_id] = spare
         return jobs

@@ -1,9 +1,10 @@
 """Torch tensors in and out of wsync: dtype names, publish sources, zero-copy views.
 
 Views: ``torch.frombuffer`` over the imported segment (read-only bytes, a ``Segment`` object that
-holds its update's memory), then a slice, a dtype view and a shape view per tensor. Torch keeps
-the ``Segment`` alive as long as any tensor made from it, so the bytes stay mapped until the last
-view goes (see :mod:`wsync._bridge` for what that means for ``release``).
+holds its update's memory; in CUDA memory a ``DeviceSegment``, viewed through
+``__cuda_array_interface__``), then a slice, a dtype view and a shape view per tensor. Torch keeps
+the segment object alive as long as any tensor made from it, so the bytes stay mapped until the
+last view goes (see :mod:`wsync._bridge` for what that means for ``release``).
 """
 
 import warnings
@@ -80,25 +81,30 @@ def named_tensors(source: Any) -> List[Tuple[str, torch.Tensor]]:
 def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
     """The extension's tensor tuples and the tensors that back them (keep those alive).
 
-    Non-contiguous tensors are made contiguous (one copy each); CPU only: the Python API does not
-    pass CUDA tensors to the CUDA transports yet, so a device tensor is refused rather than copied
-    behind the caller's back.
+    Non-contiguous tensors are made contiguous (one copy each). CUDA tensors travel as device
+    pointers with their device and the current stream of that device: the publisher's copies
+    (device-to-device into a CUDA transport's slots, device-to-host into a host transport's
+    segments) wait for the work queued on that stream, and the publish returns once they are
+    done. Other devices (mps, xla, meta) are refused.
     """
     tuples = []
     keep = []
     for name, t in pairs:
-        if t.device.type != "cpu":
+        if t.device.type not in ("cpu", "cuda"):
             raise InvalidArgumentError(
-                f"tensor {name}: field device: {t.device} tensors need a CUDA transport, which "
-                "wsync's Python API does not offer yet (cuda-ipc and cuda-vmm are in the C++ "
-                "API); pass CPU tensors (t.cpu())"
+                f"tensor {name}: field device: {t.device}: wsync publishes CPU and CUDA tensors; "
+                "move it to one of those first"
             )
         wire = wire_dtype(name, t)
         t = t.detach()
         if not t.is_contiguous():
-            t = t.contiguous()
+            t = t.contiguous()  # on a CUDA tensor: queued on the current stream, waited for below
         keep.append(t)
-        tuples.append((name, wire, list(t.shape), t.data_ptr(), t.numel() * t.element_size()))
+        fields = (name, wire, list(t.shape), t.data_ptr(), t.numel() * t.element_size())
+        if t.device.type == "cuda":
+            device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+            fields += (device, torch.cuda.current_stream(device).cuda_stream)
+        tuples.append(fields)
     return tuples, keep
 
 
@@ -109,20 +115,42 @@ def _contiguous_strides(shape) -> list:
     return strides
 
 
+def cuda_index(t: torch.Tensor) -> int:
+    """The CUDA device index of `t`, or -1 for a CPU tensor."""
+    if t.device.type != "cuda":
+        return -1
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _segment_base(s: Any) -> torch.Tensor:
+    """One segment as a flat uint8 tensor, without a copy: host bytes through the buffer
+    protocol, device bytes through __cuda_array_interface__ (torch holds the segment object,
+    and with it the update's memory, while the tensor lives)."""
+    if isinstance(s, _wsync.DeviceSegment):
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError(
+                f"import: the update is in cuda:{s.device} memory and this torch has no CUDA")
+        return torch.as_tensor(s, device=f"cuda:{s.device}")
+    return torch.frombuffer(s, dtype=torch.uint8)
+
+
 def views_of(manifest: Any, segments: list, out: Dict[str, torch.Tensor]) -> None:
-    """Adds the manifest's tensors to `out` as views of `segments` (no copy).
+    """Adds the manifest's tensors to `out` as views of `segments` (no copy), on the CPU or on
+    the CUDA device the update lives on.
 
     Each segment is viewed once per dtype it holds; each tensor is then one as_strided of that
     view (tensors are 256-byte aligned, so every offset is a whole number of elements)."""
     with warnings.catch_warnings():
         # The segments are read-only on purpose; torch warns that it has no read-only tensors.
         warnings.simplefilter("ignore", UserWarning)
-        bases = [torch.frombuffer(s, dtype=torch.uint8) if len(s) else None for s in segments]
+        bases = [_segment_base(s) if len(s) else None for s in segments]
+    device = next((f"cuda:{s.device}" for s in segments if isinstance(s, _wsync.DeviceSegment)),
+                  "cpu")
     typed: Dict[tuple, torch.Tensor] = {}
     for name, wire, shape, strides, segment, offset, nbytes in manifest.view_plan():
         dt = _WSYNC_TO_TORCH[wire]
         if nbytes == 0:
-            out[name] = torch.empty(shape, dtype=dt)
+            out[name] = torch.empty(shape, dtype=dt, device=device)
             continue
         base = typed.get((segment, dt))
         if base is None:

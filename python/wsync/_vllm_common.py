@@ -127,8 +127,9 @@ class WsyncTrainerInitInfo:
         model_id: the manifests' model id (non-empty).
         first_version: the first ``weight_version`` sent; each ``send_weights`` adds one.
         metadata: put into every manifest (text values; others as JSON text).
-        copy_to_cpu: copy device tensors to host memory before publishing (a build without
-            CUDA transports refuses device tensors); the copies live until the publish ends.
+        copy_to_cpu: copy device tensors to host memory before publishing, with torch (where
+            wsync cannot copy from the device: a build without CUDA answers blocked); the
+            copies live until the publish ends.
     """
 
     rank: int

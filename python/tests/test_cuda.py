@@ -1,0 +1,87 @@
+"""CUDA tensors through the Python API: published from the device into host and device
+transports, imported as device views, installed into a module on the GPU.
+wsync-test-requires: cuda (run.py skips the file where torch sees no CUDA device)."""
+
+import pytest
+import torch
+
+import wsync
+
+
+def cuda_state(seed: int, device: str = "cuda:0") -> dict:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(300, 64, generator=g).to(device, torch.bfloat16),
+        "layer.weight": torch.randn(64, 64, generator=g).to(device),
+        "layer.bias": torch.randn(64, generator=g).to(device),
+        "steps": torch.tensor([seed], dtype=torch.int64, device=device),
+        "empty": torch.zeros(0, 4, device=device),
+    }
+
+
+def bridge_or_skip(name: str):
+    """A bridge over `name`, or a skip naming why this build or machine cannot run it."""
+    bridge = wsync.make_weight_bridge(name)
+    try:
+        probe = bridge.publish({"probe": torch.ones(1, device="cuda:0")}, weight_version=1)
+    except wsync.BlockedError as e:
+        pytest.skip(str(e))
+    bridge.release(probe.update_id)
+    return bridge
+
+
+def test_cuda_tensors_publish_into_host_memory_and_back():
+    pub = bridge_or_skip("shared-memory")
+    con = wsync.SharedMemoryTensorBridge()
+    state = cuda_state(1)
+    # A non-contiguous CUDA tensor, made by a kernel on the current stream just before.
+    state["layer.weight"] = state["layer.weight"].t()
+    m = pub.publish(state, weight_version=2)
+    got = con.import_update(m)
+    assert [t.device.type for t in got.values()] == ["cpu"] * len(state)
+    for name, t in state.items():
+        assert torch.equal(got[name], t.cpu()), name
+    del got
+    con.release(m.update_id)
+    pub.release(m.update_id)
+
+
+@pytest.mark.parametrize("transport", ["cuda-ipc", "cuda-vmm"])
+def test_device_transports_give_device_views(transport):
+    pub = bridge_or_skip(transport)
+    con = wsync.make_weight_bridge(transport)
+    state = cuda_state(2)
+    m = pub.publish(state, weight_version=2)
+    got = con.import_update(m)  # verified on the GPU
+    for name, t in state.items():
+        assert got[name].device == torch.device("cuda:0"), name
+        assert torch.equal(got[name], t), name
+    # Views, not copies: two tensors of one segment are a fixed distance apart.
+    a, b = got["layer.weight"], got["layer.bias"]
+    assert b.data_ptr() != a.data_ptr()
+    con.acknowledge(m.update_id)
+    del got, a, b
+    con.release(m.update_id)
+    pub.release(m.update_id)
+
+
+@pytest.mark.parametrize("transport", ["shared-memory", "cuda-ipc"])
+def test_a_module_on_the_gpu_installs_each_version(transport):
+    pub = bridge_or_skip(transport)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32)).cuda()
+    rollout = wsync.RolloutExecutor(wsync.make_weight_bridge(transport), model=model)
+    for version in (2, 3):
+        trainer = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32)).cuda()
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(version)
+        m = pub.publish(trainer, weight_version=version)
+        rollout.update_weights(m)
+        pub.release(m.update_id)  # the installer copied it
+        for name, t in trainer.state_dict().items():
+            live = model.state_dict()[name]
+            assert live.device == t.device, name
+            assert torch.equal(live, t), (version, name)
+        # A forward pass on the installed weights runs on the GPU.
+        assert model(torch.ones(1, 16, device="cuda:0")).shape == (1, 32)
+    rollout.release_weights()
