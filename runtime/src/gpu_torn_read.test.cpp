@@ -17,10 +17,10 @@
 #include <thread>
 
 #include "pattern_tensors.hpp"
+#include "releasing_transport.hpp"
 #include "wsync/runtime/generation_gate.hpp"
 #include "wsync/runtime/install_adapter.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
-#include "wsync/transports/forwarding.hpp"
 #include "wsync/transports/gpu.hpp"
 #include "wsync/transports/registry.hpp"
 
@@ -84,21 +84,6 @@ class device_view_runtime final : public install_adapter {
   std::unique_ptr<weights> staged_;
 };
 
-// Tells the publisher about a release the moment it happens, as a prompt control plane would, so
-// the publisher may rewrite the slot at once.
-class releasing_transport final : public forwarding_consumer {
- public:
-  releasing_transport(std::unique_ptr<consumer_transport> inner, weight_publisher& publisher)
-      : forwarding_consumer(std::move(inner)), publisher_(publisher) {}
-  void release(const update_id& id) override {
-    inner_->release(id);
-    EXPECT_TRUE(publisher_.on_released(id, 0));
-  }
-
- private:
-  weight_publisher& publisher_;
-};
-
 class gpu_torn_read : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -120,7 +105,7 @@ TEST_P(gpu_torn_read, kernels_reading_the_active_weights_never_see_a_rewritten_s
   cfg.slot_wait = std::chrono::seconds(30);
   cfg.checksum = {checksum_algorithm::xxh3_64_chunked, std::uint64_t{64} << 10};
   weight_publisher publisher(std::move(*p), std::string((*t)->name()), cfg);
-  weight_consumer consumer(std::make_unique<releasing_transport>(std::move(*c), publisher),
+  weight_consumer consumer(std::make_unique<test::releasing_transport>(std::move(*c), publisher),
                            consumer_config{0, 1});
   device_view_runtime rt;
   rollout_executor ex(consumer, rt, rt.gate());

@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "pattern_tensors.hpp"
+#include "releasing_transport.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
-#include "wsync/transports/forwarding.hpp"
 #include "wsync/transports/registry.hpp"
 
 namespace wsync {
@@ -23,21 +23,6 @@ namespace {
 struct torn_case {
   const char* transport;
   reference_runtime::install_mode mode;
-};
-
-// Tells the publisher about a consumer release the moment it happens, as a prompt control plane
-// would, so the publisher may rewrite the slot right away.
-class releasing_transport final : public forwarding_consumer {
- public:
-  releasing_transport(std::unique_ptr<consumer_transport> inner, weight_publisher& publisher)
-      : forwarding_consumer(std::move(inner)), publisher_(publisher) {}
-  void release(const update_id& id) override {
-    inner_->release(id);
-    EXPECT_TRUE(publisher_.on_released(id, 0));
-  }
-
- private:
-  weight_publisher& publisher_;
 };
 
 class torn_read : public ::testing::TestWithParam<torn_case> {};
@@ -56,7 +41,7 @@ TEST_P(torn_read, readers_never_see_a_mixed_model) {
   cfg.model_id = "torn";
   cfg.slot_wait = std::chrono::seconds(30);
   weight_publisher publisher(std::move(*p), std::string((*t)->name()), cfg);
-  weight_consumer consumer(std::make_unique<releasing_transport>(std::move(*c), publisher),
+  weight_consumer consumer(std::make_unique<test::releasing_transport>(std::move(*c), publisher),
                            consumer_config{0, 1});
   reference_runtime rt(GetParam().mode);
   rollout_executor ex(consumer, rt, rt.gate());
