@@ -1,5 +1,6 @@
-// A consumer rank: joins the coordinator, runs the rollout executor on every update it is
-// sent, and reports importing / acknowledged / rejected / released.
+// A consumer endpoint: joins the coordinator for its ranks, hands every update it is sent to
+// their workers (consumer_rank.hpp), which run the rollout executor, and reports importing /
+// acknowledged / rejected / released, batched per node when it leads or joins a node leader.
 
 #include <algorithm>
 #include <atomic>
@@ -12,202 +13,18 @@
 #include <thread>
 #include <utility>
 
+#include "consumer_rank.hpp"
 #include "guard.hpp"
-#include "protocol.hpp"
 #include "runtime_support.hpp"
-#include "wsync/actors/node.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
-#include "wsync/runtime/reference_runtime.hpp"
-#include "wsync/runtime/rollout_executor.hpp"
 #include "wsync/transports/registry.hpp"
-
-namespace wsync {
-
-/// An update as a consumer endpoint parsed it, once for all the ranks it hands it to (parsing
-/// the manifests was most of a rank's fixed cost per update). Never leaves the process.
-struct parsed_update {
-  std::string token, key, received_from;
-  std::string identity;  ///< the key and every shard's update id: a retry has new ids
-  std::vector<weight_update_manifest> shards;
-  std::string error;  ///< a manifest that did not parse: every rank rejects it with this
-};
-using parsed_update_ptr = std::shared_ptr<const parsed_update>;
-
-}  // namespace wsync
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(wsync::parsed_update_ptr)
 
 namespace wsync {
 namespace {
 
 using namespace proto;
-
-// The rollout side of one rank. Its rank worker installs and keeps key_of; the endpoint reads
-// what it holds when it (re)joins, hence the lock. It installs through its own reference runtime
-// (`wsync consumer`) or through an adapter and gate the embedding program brings (rollout_rank).
-struct rollout_side {
-  std::string relay_address;  ///< where other consumers pull from this rank (first: taken
-                              ///< from the transport before the consumer owns it)
-  weight_consumer consumer;
-  std::unique_ptr<reference_runtime> own_runtime;  ///< null when the program brings an adapter
-  rollout_executor executor;
-  std::atomic<bool> joined{false};
-  std::atomic<bool> refused{false};  ///< the coordinator refused the rank (bad token, ...)
-
-  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify)
-      : rollout_side(std::move(t), rank, verify, std::make_unique<reference_runtime>()) {}
-  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
-               install_adapter& adapter, generation_gate& gate)
-      : relay_address(t->relay_address()),
-        consumer(std::move(t), consumer_config{rank, 2}),
-        executor(consumer, adapter, gate, executor_config{verify}) {}
-
-  std::uint64_t active_version() const { return executor.active_weight_version().value_or(0); }
-
-  /// Update keys whose memory the rank still holds.
-  std::vector<std::string> held() const {
-    std::lock_guard lock(mu_);
-    std::set<std::string> keys;
-    for (const auto& [id, key] : key_of_) keys.insert(key);
-    return {keys.begin(), keys.end()};
-  }
-  /// Forgets the shards of `ids` and returns the keys they belonged to.
-  std::set<std::string> forget(const std::vector<update_id>& ids) {
-    std::lock_guard lock(mu_);
-    std::set<std::string> keys;
-    for (const auto& id : ids) {
-      if (auto it = key_of_.find(id); it != key_of_.end()) {
-        keys.insert(it->second);
-        key_of_.erase(it);
-      }
-    }
-    return keys;
-  }
-  void remember(const std::vector<update_id>& ids, const std::string& key) {
-    std::lock_guard lock(mu_);
-    for (const auto& id : ids) key_of_[id] = key;
-  }
-
- private:
-  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
-               std::unique_ptr<reference_runtime> runtime)
-      : rollout_side(std::move(t), rank, verify, *runtime, runtime->gate()) {
-    own_runtime = std::move(runtime);
-  }
-  mutable std::mutex mu_;
-  std::map<update_id, std::string> key_of_;  ///< shard id -> update key, for release reports
-};
-
-// Reports the rank workers leave for their endpoint: the only thing the two kinds of actor
-// share besides the rollout sides. A worker pokes the endpoint when it finds the box empty, so
-// the reports that pile up meanwhile travel together.
-struct report_outbox {
-  std::mutex mu;
-  std::vector<rank_report> reports;
-  caf::actor_addr endpoint;  ///< weak: the endpoint owns the box, not the other way round
-
-  void put(std::vector<rank_report> more) {
-    caf::actor poke;
-    {
-      std::lock_guard lock(mu);
-      if (reports.empty()) poke = caf::actor_cast<caf::actor>(endpoint);
-      for (auto& r : more) reports.push_back(std::move(r));
-    }
-    if (poke) caf::anon_send(poke, flush_atom::value);
-  }
-  std::vector<rank_report> take() {
-    std::lock_guard lock(mu);
-    return std::exchange(reports, {});
-  }
-};
-
-// Where a rank's shards came from when a peer gave them (the status table's received_from);
-// empty when every shard came from where the update said.
-std::string import_source(const rollout_side& side, const std::vector<update_id>& shards) {
-  std::set<std::string> sources;
-  for (const auto& id : shards) {
-    if (auto from = side.consumer.import_source(id); !from.empty()) sources.insert(from);
-  }
-  std::string out;
-  for (const auto& s : sources) out += (out.empty() ? "" : ",") + s;
-  return out;
-}
-
-// One consumer rank's worker: installs each update its endpoint hands it, on its own actor, so
-// the ranks of a process import in parallel on the scheduler's threads. Installing is blocking
-// CPU work, but a consumer process runs nothing else on the scheduler, and networking
-// (heartbeats included) has the middleman's own thread. A detached actor here made
-// ~actor_system wait forever when the coordinator died first (CAF 0.17 keeps a reference to an
-// actor whose handle went to a dead node).
-caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side> side,
-                          rank_hello hello, std::shared_ptr<report_outbox> box,
-                          consumer_observer* observer) {
-  const std::int32_t rank = hello.rank;
-  return {
-      [=](update_atom, const parsed_update_ptr& u) {
-        if (!u || u->token != hello.token) return;  // only its endpoint knows it, and checked it
-        std::vector<rank_report> out;
-        auto report = [&](const std::string& key, const std::string& state, std::string reason,
-                          double seconds = 0, std::string from = "") {
-          out.push_back(rank_report{hello.token, key, rank, state, std::move(reason),
-                                    side->active_version(), seconds, std::move(from)});
-        };
-        if (!u->error.empty()) {
-          report(u->key, "rejected", u->error);
-          box->put(std::move(out));
-          return;
-        }
-        auto r = side->executor.update_weights(u->shards);
-        if (observer) {
-          std::uint64_t bytes = 0;
-          for (const auto& m : u->shards) bytes += m.total_bytes;
-          observer->update_done(rank, u->key, r, bytes);
-        }
-        // The update this one replaced is let go before the answer, so the publisher can reuse
-        // its memory by the time it hears the outcome.
-        for (const auto& key : side->forget(r.released)) report(key, "released", "");
-        // Every report leaves when the import is over, so "importing" would tell the coordinator
-        // nothing on its own: an acknowledgement carries the hop itself (a third fewer reports).
-        auto from = import_source(*side, r.shard_ids);
-        if (from.empty()) from = u->received_from;
-        if (r.acknowledged) {
-          side->remember(r.shard_ids, u->key);
-          report(u->key, "acknowledged", "", r.timings.total, std::move(from));
-        } else if (r.failure && r.failure->code == errc::unknown_update) {
-          // The bytes are gone (publisher exited or rewrote the slot, and no peer had them):
-          // nothing is wrong with the version, there is just nothing to install.
-          report(u->key, "importing", std::move(from));
-          report(u->key, "waiting",
-                 "waiting for the next version: " + u->key + " is no longer held on this node (" +
-                     r.failure->message + ")",
-                 r.timings.total);
-        } else {
-          report(u->key, "importing", std::move(from));
-          report(u->key, "rejected", r.failure ? r.failure->message : "unknown failure",
-                 r.timings.total);
-          // The executor gave back what it imported of a rejected update. When the import itself
-          // failed, the rank says it let go all the same (else the coordinator counts it as a
-          // holder, and a retry of the version waits for it forever) — unless it still serves
-          // that version from an earlier delivery (a catch-up of its active version): then it
-          // does hold the memory, and the publishers must not reuse it.
-          const auto held = side->held();
-          if (!r.released_self && std::find(held.begin(), held.end(), u->key) == held.end()) {
-            report(u->key, "released", "");
-          }
-        }
-        if (r.released_self) report(u->key, "released", "");
-        box->put(std::move(out));
-      },
-  };
-}
-
-// A consumer rank as its endpoint knows it.
-struct rank_slot {
-  std::shared_ptr<rollout_side> side;
-  rank_hello hello;
-  caf::actor worker;
-};
+using namespace consumer_detail;
 
 // How long an endpoint holds reports back while some of its ranks still import an update, so
 // that a node's answers reach the coordinator in one batch; a slow rank delays its peers' news

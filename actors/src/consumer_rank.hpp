@@ -1,0 +1,130 @@
+#pragma once
+// A consumer rank's side of consumer_actor.cpp: its rollout side (consumer, executor, runtime),
+// the outbox its reports wait in for the endpoint, and the worker actor that installs each
+// update the endpoint hands it. The endpoint (consumer_actor.cpp) joins the coordinator, fans
+// updates out to its workers and batches their reports. Heavy (CAF): actor code only.
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "protocol.hpp"
+#include "wsync/actors/node.hpp"
+#include "wsync/runtime/reference_runtime.hpp"
+#include "wsync/runtime/rollout_executor.hpp"
+
+namespace wsync {
+
+/// An update as a consumer endpoint parsed it, once for all the ranks it hands it to (parsing
+/// the manifests was most of a rank's fixed cost per update). Never leaves the process.
+struct parsed_update {
+  std::string token, key, received_from;
+  std::string identity;  ///< the key and every shard's update id: a retry has new ids
+  std::vector<weight_update_manifest> shards;
+  std::string error;  ///< a manifest that did not parse: every rank rejects it with this
+};
+using parsed_update_ptr = std::shared_ptr<const parsed_update>;
+
+}  // namespace wsync
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(wsync::parsed_update_ptr)
+
+namespace wsync::consumer_detail {
+
+// The rollout side of one rank. Its rank worker installs and keeps key_of; the endpoint reads
+// what it holds when it (re)joins, hence the lock. It installs through its own reference runtime
+// (`wsync consumer`) or through an adapter and gate the embedding program brings (rollout_rank).
+struct rollout_side {
+  std::string relay_address;  ///< where other consumers pull from this rank (first: taken
+                              ///< from the transport before the consumer owns it)
+  weight_consumer consumer;
+  std::unique_ptr<reference_runtime> own_runtime;  ///< null when the program brings an adapter
+  rollout_executor executor;
+  std::atomic<bool> joined{false};
+  std::atomic<bool> refused{false};  ///< the coordinator refused the rank (bad token, ...)
+
+  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify)
+      : rollout_side(std::move(t), rank, verify, std::make_unique<reference_runtime>()) {}
+  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
+               install_adapter& adapter, generation_gate& gate)
+      : relay_address(t->relay_address()),
+        consumer(std::move(t), consumer_config{rank, 2}),
+        executor(consumer, adapter, gate, executor_config{verify}) {}
+
+  std::uint64_t active_version() const { return executor.active_weight_version().value_or(0); }
+
+  /// Update keys whose memory the rank still holds.
+  std::vector<std::string> held() const {
+    std::lock_guard lock(mu_);
+    std::set<std::string> keys;
+    for (const auto& [id, key] : key_of_) keys.insert(key);
+    return {keys.begin(), keys.end()};
+  }
+  /// Forgets the shards of `ids` and returns the keys they belonged to.
+  std::set<std::string> forget(const std::vector<update_id>& ids) {
+    std::lock_guard lock(mu_);
+    std::set<std::string> keys;
+    for (const auto& id : ids) {
+      if (auto it = key_of_.find(id); it != key_of_.end()) {
+        keys.insert(it->second);
+        key_of_.erase(it);
+      }
+    }
+    return keys;
+  }
+  void remember(const std::vector<update_id>& ids, const std::string& key) {
+    std::lock_guard lock(mu_);
+    for (const auto& id : ids) key_of_[id] = key;
+  }
+
+ private:
+  rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
+               std::unique_ptr<reference_runtime> runtime)
+      : rollout_side(std::move(t), rank, verify, *runtime, runtime->gate()) {
+    own_runtime = std::move(runtime);
+  }
+  mutable std::mutex mu_;
+  std::map<update_id, std::string> key_of_;  ///< shard id -> update key, for release reports
+};
+
+// Reports the rank workers leave for their endpoint: the only thing the two kinds of actor
+// share besides the rollout sides. A worker pokes the endpoint when it finds the box empty, so
+// the reports that pile up meanwhile travel together.
+struct report_outbox {
+  std::mutex mu;
+  std::vector<proto::rank_report> reports;
+  caf::actor_addr endpoint;  ///< weak: the endpoint owns the box, not the other way round
+
+  void put(std::vector<proto::rank_report> more) {
+    caf::actor poke;
+    {
+      std::lock_guard lock(mu);
+      if (reports.empty()) poke = caf::actor_cast<caf::actor>(endpoint);
+      for (auto& r : more) reports.push_back(std::move(r));
+    }
+    if (poke) caf::anon_send(poke, proto::flush_atom::value);
+  }
+  std::vector<proto::rank_report> take() {
+    std::lock_guard lock(mu);
+    return std::exchange(reports, {});
+  }
+};
+
+// A consumer rank as its endpoint knows it.
+struct rank_slot {
+  std::shared_ptr<rollout_side> side;
+  proto::rank_hello hello;
+  caf::actor worker;
+};
+
+/// The worker of one rank: installs each update its endpoint hands it and leaves the reports in
+/// `box`.
+caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side> side,
+                          proto::rank_hello hello, std::shared_ptr<report_outbox> box,
+                          consumer_observer* observer);
+
+}  // namespace wsync::consumer_detail
