@@ -1,0 +1,427 @@
+// The coordinator's steps (coordinator_state.hpp): what its handlers do with the book's
+// effects, node leadership, reports and the status document.
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "coordinator_state.hpp"
+#include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/log.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync::coordinator_detail {
+
+using json = nlohmann::json;
+// Every dump below replaces invalid UTF-8 (a reason quoting bytes a peer sent) instead of
+// throwing inside an actor.
+
+json outcome_json(const update_record& u) {
+  json ranks = json::array();
+  for (const auto& [rank, p] : u.consumers) {
+    ranks.push_back({{"rank", rank},
+                     {"state", rank_state_name(p.state)},
+                     {"acknowledged", p.acknowledged},
+                     {"reason", p.reason},
+                     {"received_from", p.received_from},
+                     {"data_s", p.data_s}});
+  }
+  double commit_s =
+      u.finished ? std::chrono::duration<double>(*u.finished - u.created).count() : 0.0;
+  return {{"key", u.key},
+          {"weight_version", u.weight_version},
+          {"commit_s", commit_s},
+          {"phase", update_phase_name(u.phase)},
+          {"reason", u.reason},
+          {"attempt", u.attempt},
+          {"ranks", std::move(ranks)}};
+}
+
+// What a refused publish answers: the message and its error code, so a trainer raises the right
+// error class (the Python module does).
+std::string refusal_text(const std::string& why, errc code) {
+  return json{{"error", why}, {"code", errc_name(code)}}.dump(-1, ' ', false,
+                                                              json::error_handler_t::replace);
+}
+
+// Sends once to each endpoint of `ranks` still connected (a rank that left has none any more;
+// ranks sharing an endpoint share the message).
+template <class Endpoints, class... Ts>
+void send_to(coordinator_pointer self, const Endpoints& endpoints,
+             const std::vector<std::int32_t>& ranks, const Ts&... xs) {
+  std::set<caf::actor_addr> sent;
+  for (auto rank : ranks) {
+    auto it = endpoints.find(rank);
+    if (it != endpoints.end() && sent.insert(it->second.address()).second) {
+      self->send(it->second, xs...);
+    }
+  }
+}
+
+// Each consumer's part of the plan for a distributed update, from the router; empty (everyone
+// from the publishers) without one or when it fails.
+std::map<std::int32_t, routed_update> route(coordinator_state& st, const book_effect& e) {
+  if (!st.router) return {};
+  std::vector<route_member> consumers, publishers;
+  for (auto rank : e.ranks) {
+    if (auto it = st.book.consumers().find(rank); it != st.book.consumers().end()) {
+      consumers.push_back({rank, it->second.node, it->second.address});
+    }
+  }
+  for (const auto& m : e.manifests) {
+    auto it = st.book.publishers().find(m.source_rank);
+    // A publisher that left since publishing still has its node's name in no table: its shard
+    // comes from its own "node".
+    publishers.push_back({m.source_rank,
+                          it != st.book.publishers().end()
+                              ? it->second.node
+                              : "publisher-" + std::to_string(m.source_rank),
+                          ""});
+  }
+  auto routes = st.router(e.manifests, consumers, publishers);
+  if (!routes) {
+    log_warn("coordinator: update " + e.key +
+             " goes from the publishers to every rank: " + routes.error().message);
+    return {};
+  }
+  return std::move(*routes);
+}
+
+// A catch-up from a rank that still holds the version, for transports whose consumers relay
+// what they hold (ucx): its publisher may be gone. The handle keeps the publisher as the
+// fallback. Prefers a holder on the joining rank's node; none (or a transport that cannot
+// relay, like shared memory, whose consumers pass descriptors instead): nothing.
+std::optional<routed_update> catch_up_route(coordinator_state& st, const book_effect& e,
+                                            std::int32_t rank) {
+  const auto* u = st.book.find(e.key);
+  auto me = st.book.consumers().find(rank);
+  if (!u || me == st.book.consumers().end()) return std::nullopt;
+  const rank_info* best = nullptr;
+  for (const auto& [r, p] : u->consumers) {
+    if (r == rank || p.state != rank_state::acknowledged) continue;  // released: not held
+    auto holder = st.book.consumers().find(r);
+    if (holder == st.book.consumers().end() || holder->second.address.empty()) continue;
+    if (!best || (holder->second.node == me->second.node && best->node != me->second.node)) {
+      best = &holder->second;
+    }
+  }
+  if (!best) return std::nullopt;
+  routed_update out;
+  for (const auto& m : e.manifests) {
+    auto t = make_transport(m.transport);
+    if (!t) return std::nullopt;
+    auto handle = (*t)->handle_via_relay(m.transport_handle, best->address);
+    if (!handle) return std::nullopt;
+    out.manifests.push_back(m);
+    out.manifests.back().transport_handle = std::move(*handle);
+  }
+  out.received_from = "rank:" + std::to_string(best->rank) +
+                      (best->node == me->second.node ? " (shared memory)" : " (network)");
+  return out;
+}
+
+// Sends an update to the ranks of `e`: one message per endpoint and route, so a process holding
+// many ranks (a node's rollout process) gets it once, with the list of its ranks.
+void distribute(coordinator_pointer self, const book_effect& e, bool resend = false) {
+  auto& st = self->state;
+  update_available direct{st.token, e.key, {}, "", {}, resend};
+  for (const auto& m : e.manifests) {
+    direct.manifests.push_back(manifest_to_json(m));
+    direct.received_from +=
+        (direct.received_from.empty() ? "publisher:" : ",") + std::to_string(m.source_rank);
+  }
+  auto routes = e.catch_up ? std::map<std::int32_t, routed_update>{} : route(st, e);
+  if (e.catch_up) {
+    for (auto rank : e.ranks) {
+      if (auto r = catch_up_route(st, e, rank)) routes[rank] = std::move(*r);
+    }
+  }
+  // By endpoint (the node's leader for the ranks it carries), then by route ("" for straight
+  // from the publishers).
+  std::map<caf::actor_addr, std::pair<consumer_actor, std::map<std::string, update_available>>> out;
+  for (auto rank : e.ranks) {
+    auto endpoint = st.consumers.find(rank);
+    if (endpoint == st.consumers.end()) continue;  // it left
+    consumer_actor to = endpoint->second;
+    if (auto c = st.carriers.find(rank); c != st.carriers.end()) to = c->second.handle;
+    auto& [handle, messages] = out[to.address()];
+    handle = to;
+    auto it = routes.find(rank);
+    if (it == routes.end()) {
+      auto& msg = messages.try_emplace("", direct).first->second;
+      msg.ranks.push_back(rank);
+      continue;
+    }
+    update_available mine{st.token, e.key, {}, it->second.received_from, {}, resend};
+    for (const auto& m : it->second.manifests) mine.manifests.push_back(manifest_to_json(m));
+    std::string route_id = mine.received_from;
+    for (const auto& text : mine.manifests) route_id += "\n" + text;
+    auto& msg = messages.try_emplace(route_id, std::move(mine)).first->second;
+    msg.ranks.push_back(rank);
+  }
+  for (auto& [addr, sends] : out) {
+    for (auto& [route_id, msg] : sends.second) {
+      ++st.messages.updates_sent;
+      self->send(sends.first, update_atom::value, std::move(msg));
+    }
+  }
+}
+
+void run_effects(coordinator_pointer self, const std::vector<book_effect>& effects) {
+  auto& st = self->state;
+  for (const auto& e : effects) {
+    switch (e.what) {
+      case book_effect::kind::distribute:
+        distribute(self, e);
+        break;
+      case book_effect::kind::drop:
+        send_to(self, st.consumers, e.ranks, drop_atom::value, st.token, e.key);
+        break;
+      case book_effect::kind::outcome: {
+        const auto* u = st.book.find(e.key);
+        if (!u) break;
+        if (u->phase == update_phase::committed) ++st.committed;
+        log_info("update " + e.key + " " + std::string(update_phase_name(u->phase)) +
+                 (u->reason.empty() ? "" : ": " + u->reason));
+        auto text = outcome_json(*u).dump(-1, ' ', false, json::error_handler_t::replace);
+        for (auto& rp : st.waiting[e.key]) rp.deliver(st.token, text);
+        st.waiting.erase(e.key);
+        break;
+      }
+      case book_effect::kind::release_publisher: {
+        send_to(self, st.publishers, e.ranks, release_atom::value, st.token, e.key);
+        // A retry of this version waited for exactly this: the old attempt is gone.
+        auto d = st.deferred.find(e.key);
+        if (d == st.deferred.end()) break;
+        auto retries = std::move(d->second);
+        st.deferred.erase(d);
+        for (auto& [m, rp] : retries) accept_publish(self, m, rp);
+        break;
+      }
+    }
+  }
+}
+
+void accept_publish(coordinator_pointer self, const weight_update_manifest& m,
+                    coordinator_state::outcome_promise rp) {
+  auto& st = self->state;
+  auto effects = st.book.publish(m, coord_clock::now());
+  if (!effects) {
+    rp.deliver(st.token, refusal_text(effects.error().message, effects.error().code));
+    return;
+  }
+  st.waiting[update_key(m.model_id, m.weight_version)].push_back(rp);
+  run_effects(self, *effects);
+}
+
+// A consumer let go of `key` (or left); release it at the publishers once nobody holds it.
+void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank) {
+  auto& st = self->state;
+  auto it = st.orphan_holds.find(key);
+  if (it == st.orphan_holds.end() || it->second.erase(rank) == 0 || !it->second.empty()) return;
+  st.orphan_holds.erase(it);
+  auto model = key.substr(0, key.rfind('@'));
+  for (const auto& [r, info] : st.book.publishers()) {
+    if (info.model_id != model) continue;
+    if (auto p = st.publishers.find(r); p != st.publishers.end()) {
+      self->send(p->second, release_atom::value, st.token, key);
+    }
+  }
+}
+
+// The lowest rank of a joined endpoint (every endpoint has one: an empty one is erased).
+std::int32_t first_rank(const member& m) {
+  return *m.ranks.begin();
+}
+
+// Names a leader for `node` when it has none — the consumer endpoint with the lowest rank among
+// those that offer a port — and tells the node's other endpoints where to attach. `newcomer`: an
+// endpoint that just joined a node with a leader; only it is told.
+void lead_node(coordinator_pointer self, const std::string& node,
+               std::optional<caf::actor_addr> newcomer) {
+  auto& st = self->state;
+  auto lead = st.leaders.find(node);
+  if (lead == st.leaders.end()) {
+    const std::pair<const caf::actor_addr, member>* best = nullptr;
+    for (const auto& kv : st.members) {
+      const auto& m = kv.second;
+      if (m.role != rank_role::consumer || m.node != node || m.node_port == 0) continue;
+      if (!best || first_rank(m) < first_rank(best->second)) best = &kv;
+    }
+    if (!best) return;
+    std::random_device rd;
+    const std::uint64_t epoch = (std::uint64_t{rd()} << 32) | rd() | 1;  // never 0
+    auto handle = st.consumers[first_rank(best->second)];
+    lead = st.leaders.emplace(node, node_lead{best->first, handle, epoch}).first;
+    self->send(handle, lead_atom::value, st.token, std::uint16_t{0}, epoch);
+    log_info("coordinator: node " + node + " is led by the endpoint of consumer rank " +
+             std::to_string(first_rank(best->second)));
+    newcomer.reset();  // a new leader: everyone attaches
+  }
+  const auto port = st.members[lead->second.addr].node_port;
+  for (const auto& [addr, m] : st.members) {
+    if (m.role != rank_role::consumer || m.node != node || addr == lead->second.addr) continue;
+    if (newcomer && addr != *newcomer) continue;
+    self->send(st.consumers[first_rank(m)], lead_atom::value, st.token, port, lead->second.epoch);
+  }
+}
+
+// Forgets what endpoint `addr` (just gone: `m` was its entry) carried or was carried as: the ranks
+// it carried as its node's leader are added to `orphaned`. True when it led its node.
+bool endpoint_gone(coordinator_state& st, const caf::actor_addr& addr, const member& m,
+                   std::vector<std::int32_t>& orphaned) {
+  if (m.role != rank_role::consumer) return false;  // a publisher's ranks are other ranks
+  for (auto c = st.carriers.begin(); c != st.carriers.end();) {
+    if (c->second.leader == addr) {
+      orphaned.push_back(c->first);
+      c = st.carriers.erase(c);
+    } else {
+      c = m.ranks.count(c->first) ? st.carriers.erase(c) : std::next(c);
+    }
+  }
+  auto lead = st.leaders.find(m.node);
+  if (lead == st.leaders.end() || lead->second.addr != addr) return false;
+  st.leaders.erase(lead);
+  return true;
+}
+
+// Whether `sender` leads the node of consumer rank `rank`: a leader reports for its node.
+bool leads_rank(const coordinator_state& st, const caf::actor_addr& sender, std::int32_t rank) {
+  auto info = st.book.consumers().find(rank);
+  if (info == st.book.consumers().end()) return false;
+  auto lead = st.leaders.find(info->second.node);
+  return lead != st.leaders.end() && lead->second.addr == sender;
+}
+
+// `ranks` lost the leader that carried them: what they have not answered of the updates in
+// flight goes to them again, straight (their leader may have died holding it, or their answers).
+// A rank that already has it ignores the resend (update_available::resend).
+void resend_unanswered(coordinator_pointer self, const std::vector<std::int32_t>& ranks) {
+  auto& st = self->state;
+  std::set<std::string> models;
+  for (auto rank : ranks) {
+    if (auto it = st.book.consumers().find(rank); it != st.book.consumers().end()) {
+      models.insert(it->second.model_id);
+    }
+  }
+  for (const auto& model : models) {
+    for (const auto* u : st.book.updates(model)) {
+      if (u->phase != update_phase::distributing) continue;
+      book_effect e{book_effect::kind::distribute, u->key, {}, {}, false};
+      for (auto rank : ranks) {
+        auto p = u->consumers.find(rank);
+        if (p != u->consumers.end() &&
+            (p->second.state == rank_state::pending || p->second.state == rank_state::importing)) {
+          e.ranks.push_back(rank);
+        }
+      }
+      if (e.ranks.empty()) continue;
+      for (const auto& [source, m] : u->shards) e.manifests.push_back(m);
+      distribute(self, e, true);
+    }
+  }
+}
+
+std::string status_json(coordinator_state& st) {
+  json ranks = json::array();
+  std::uint64_t committed_version = 0;
+  bool all_ok = true;
+  for (const auto& [rank, info] : st.book.publishers()) {
+    ranks.push_back({{"rank", rank},
+                     {"node", info.node},
+                     {"role", "publisher"},
+                     {"state", "joined"},
+                     {"active_weight_version", nullptr},
+                     {"received_from", nullptr}});
+  }
+  json updates = json::array();
+  std::set<std::string> models;
+  for (const auto& [rank, info] : st.book.consumers()) models.insert(info.model_id);
+  for (const auto& [rank, info] : st.book.publishers()) models.insert(info.model_id);
+  std::map<std::int32_t, const rank_progress*> latest;  // consumer -> newest entry
+  for (const auto& model : models) {
+    if (const auto* c = st.book.latest_committed(model)) {
+      committed_version = std::max(committed_version, c->weight_version);
+    }
+    for (const auto* u : st.book.updates(model)) {
+      updates.push_back(outcome_json(*u));
+      for (const auto& [rank, p] : u->consumers) latest[rank] = &p;
+    }
+  }
+  std::map<caf::actor_addr, std::int32_t> leader_rank;  // a leader as the table names it
+  for (const auto& [node, lead] : st.leaders) {
+    if (auto m = st.members.find(lead.addr); m != st.members.end()) {
+      leader_rank[lead.addr] = first_rank(m->second);
+    }
+  }
+  for (const auto& [rank, info] : st.book.consumers()) {
+    const auto* p = latest.count(rank) ? latest[rank] : nullptr;
+    json via = nullptr;
+    if (auto c = st.carriers.find(rank);
+        c != st.carriers.end() && leader_rank.count(c->second.leader)) {
+      via = "rank:" + std::to_string(leader_rank[c->second.leader]);
+    }
+    std::string state = p ? std::string(rank_state_name(p->state)) : "joined";
+    if (p && p->state != rank_state::acknowledged && p->state != rank_state::released) {
+      all_ok = false;
+    }
+    ranks.push_back({{"rank", rank},
+                     {"node", info.node},
+                     {"role", "consumer"},
+                     {"state", state},
+                     {"active_weight_version", st.active_version[rank]},
+                     {"received_from", p ? json(p->received_from) : json(nullptr)},
+                     {"reason", p && !p->reason.empty() ? json(p->reason) : json(nullptr)},
+                     {"via", std::move(via)}});
+  }
+  for (const auto& [rank, v] : st.active_version) all_ok = all_ok && v == committed_version;
+  return json{{"status", all_ok && st.committed > 0 ? "pass" : "fail"},
+              {"versions", st.committed},
+              {"committed_version", committed_version},
+              {"ranks", std::move(ranks)},
+              {"updates", std::move(updates)},
+              {"messages",
+               {{"updates_sent", st.messages.updates_sent},
+                {"report_messages", st.messages.report_messages},
+                {"reports", st.messages.reports}}}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// One consumer rank's report, from an endpoint that joined it.
+void take_report(coordinator_pointer self, const rank_report& r) {
+  auto& st = self->state;
+  auto& book = st.book;
+  auto now = coord_clock::now();
+  result<std::vector<book_effect>> effects = std::vector<book_effect>{};
+  if (r.state == "importing") {
+    effects = book.importing(r.key, r.rank, r.reason, now);
+  } else if (r.state == "acknowledged") {
+    st.active_version[r.rank] = r.active_weight_version;
+    effects = book.acknowledged(r.key, r.rank, now, r.seconds, r.received_from);
+  } else if (r.state == "rejected") {
+    effects = book.rejected(r.key, r.rank, r.reason, now);
+  } else if (r.state == "waiting") {
+    effects = book.waiting(r.key, r.rank, r.reason, now);
+  } else if (r.state == "released") {
+    if (!book.find(r.key) && st.orphan_holds.count(r.key)) {
+      orphan_release(self, r.key, r.rank);
+      return;
+    }
+    effects = book.released(r.key, r.rank, now);
+  } else {
+    effects = make_error(errc::invalid_argument, "report refused: state: \"" + r.state +
+                                                     "\" is unknown (update=" + r.key +
+                                                     " rank=" + std::to_string(r.rank) + ")");
+  }
+  if (!effects) {
+    log_warn("coordinator: " + effects.error().message);
+    return;
+  }
+  run_effects(self, *effects);
+}
+
+const member* sender_member(coordinator_pointer self) {
+  auto it = self->state.members.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+  return it == self->state.members.end() ? nullptr : &it->second;
+}
+
+}  // namespace wsync::coordinator_detail
