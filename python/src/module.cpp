@@ -15,6 +15,7 @@
 #include "wsync/manifest/validate.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
 #include "wsync/sources/shard.hpp"
+#include "wsync/transports/gpu.hpp"
 #include "wsync/transports/registry.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 
@@ -366,6 +367,13 @@ PYBIND11_MODULE(_wsync, m) {
         return out;
       },
       "Every wire dtype name wsync carries.");
+  m.def(
+      "gpu_ready",
+      [] {
+        auto r = wsync::gpu::ready();
+        return r ? std::string() : r.error().message;
+      },
+      "\"\" when this module can drive a CUDA device; otherwise why not (\"blocked: ...\").");
   m.def("releases_pending", &releases_pending,
         "Update ids whose release waits for views still alive in this process.");
 }

@@ -155,3 +155,21 @@ def test_ctrl_c_while_staging_rejects_the_update_and_reaches_the_caller():
     assert rollout.active_weight_version == 3
     pub.release(m.update_id)
     rollout.release_weights()
+
+
+def test_where_the_module_cannot_drive_the_gpu_torch_copies_the_bytes():
+    """A module built without CUDA says so, and the installer then copies into GPU modules with
+    torch (copy_bytes), byte for byte from the segment."""
+    from wsync import _torch, _wsync
+
+    why = _wsync.gpu_ready()
+    if not torch.cuda.is_available():
+        assert why.startswith("blocked: "), why
+    src = torch.arange(10, dtype=torch.float32)
+    segment = bytearray(256) + bytearray(src.numpy().tobytes())
+    dest = torch.empty(2, 5)
+    _torch.copy_bytes(dest, segment, 256, 40)
+    assert torch.equal(dest.reshape(-1), src)
+    flags = torch.empty(3, dtype=torch.bool)
+    _torch.copy_bytes(flags, bytearray(b"\x00\x01\x01"), 0, 3)
+    assert flags.tolist() == [False, True, True]

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from wsync import _torch
+from wsync import _torch, _wsync
 from wsync._errors import InstallFailedError, InvalidArgumentError
 
 
@@ -135,9 +135,14 @@ class ModuleInstaller:
             if nbytes != dest.numel() * dest.element_size():
                 raise InstallFailedError(f"install: tensor {name}: field nbytes: {nbytes} "
                                          f"does not match its shape and dtype ({update_id})")
-            if nbytes:
-                jobs.append((dest.data_ptr(), shard, segment, offset, nbytes,
-                             _torch.cuda_index(dest)))
+            if not nbytes:
+                continue
+            device = _torch.cuda_index(dest)
+            if device >= 0 and _wsync.gpu_ready():
+                # This module cannot drive the GPU (built without CUDA): torch copies instead.
+                _torch.copy_bytes(dest, shards[shard][1][segment], offset, nbytes)
+            else:
+                jobs.append((dest.data_ptr(), shard, segment, offset, nbytes, device))
         self._spare = None
         self._staged[update_id] = spare
         return jobs

@@ -122,6 +122,15 @@ def cuda_index(t: torch.Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
+def copy_bytes(dest: torch.Tensor, segment: Any, offset: int, nbytes: int) -> None:
+    """Copies `nbytes` of a host segment, from `offset`, into contiguous `dest` (CPU or CUDA)
+    with torch: after the work queued on torch's current stream, done when this returns."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only bytes, read only
+        src = torch.frombuffer(segment, dtype=torch.uint8, count=nbytes, offset=offset)
+    dest.reshape(-1).view(torch.uint8).copy_(src)
+
+
 def _segment_base(s: Any) -> torch.Tensor:
     """One segment as a flat uint8 tensor, without a copy: host bytes through the buffer
     protocol, device bytes through __cuda_array_interface__ (torch holds the segment object,
