@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Gathers what scripts/gpu_check.sh runs into one folder that can travel to a machine with a GPU
 # but without this project's build dependencies (CAF, UCX, cpp-httplib, toml++): the three
-# binaries without their debug sections, and every shared library they load from outside the C
-# runtime. Builds the default preset first (with CUDA where the toolkit is found).
+# binaries and the Python package (its extension built for this machine's /usr/bin/python3)
+# without their debug sections, and every shared library they load from outside the C runtime.
+# Builds the default preset first (with CUDA where the toolkit is found).
 #
 # usage: scripts/gpu_bundle.sh [OUT_DIR]     (default: build/gpu-bundle)
 # then, there: scripts/gpu_check.sh OUT_DIR/bin OUT_DIR_FOR_LOGS
@@ -20,6 +21,12 @@ binaries=(build/default/apps/wsync build/default/transports/wsync_transports_tes
   build/default/runtime/wsync_runtime_test)
 for b in "${binaries[@]}"; do
   strip --strip-debug -o "$out/bin/$(basename "$b")" "$b"
+done
+mkdir -p "$out/python"
+cp -r build/default/python/wsync "$out/python/"
+for so in "$out"/python/wsync/_wsync*.so; do
+  [ -e "$so" ] && strip --strip-debug "$so"
+  binaries+=("$so")
 done
 # The C runtime and the loader come from the machine there; everything else travels.
 ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |

@@ -43,6 +43,19 @@ rc=$?
 grep -E '^\[  (PASSED|FAILED) |Failure|Which is|digests that differ' "$out/gpu_torn_read.log"
 echo "torn-read rc=$rc"
 
+echo "== Python with CUDA tensors (python/tests/test_cuda.py)"
+pkg=${bin:+$bin/../python}
+pkg=${pkg:-build/default/python}
+if PYTHONPATH=$pkg python3 -c 'import torch, wsync; assert torch.cuda.is_available()' \
+  >"$out/python_cuda.log" 2>&1; then
+  PYTHONPATH=$pkg timeout 180 python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py \
+    >>"$out/python_cuda.log" 2>&1
+  echo "python rc=$? ($(tail -n 1 "$out/python_cuda.log"))"
+else
+  echo "python: skipped: $(tail -n 1 "$out/python_cuda.log") (the extension is built for this"
+  echo "        build machine's /usr/bin/python3; another Python version cannot import it)"
+fi
+
 if command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (memcheck) over the checksum kernels"
   timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" --gtest_filter='gpu_test.*' \
