@@ -3,6 +3,7 @@
 #include "common.hpp"
 
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "wsync/manifest/log.hpp"
@@ -172,31 +173,39 @@ struct copy_job {
 };
 
 // Copies from or to device memory: on a stream of the device that holds the destination (else
-// the source's), queued after the work already on that device's legacy default stream (torch's
-// default: kernels of the previous generation may still read the spare being overwritten), and
-// waited for.
+// the source's), queued after the work already on the legacy default stream (torch's default) of
+// that device, where kernels of the previous generation may still read the spare being
+// overwritten, and of the source's device, where the import is ready. Waited for, failures
+// included (the caller then frees the spares).
 result<void> run_device_copies(std::span<const imported_update* const> shards,
                                const std::vector<const copy_job*>& jobs) {
   std::map<int, gpu::stream> streams;
+  std::set<std::pair<int, int>> waited;  // (stream's device, device waited for)
+  auto finish = [&](result<void> r) {
+    for (auto& [device, s] : streams) {
+      if (auto ok = s.synchronize(); !ok && r) r = ok.error();
+    }
+    return r;
+  };
   for (const auto* j : jobs) {
     const auto& from = *shards[j->shard];
     const int device = j->dest_device >= 0 ? j->dest_device : from.memory.cuda_device;
     auto it = streams.find(device);
     if (it == streams.end()) {
       auto s = gpu::stream::make(device);
-      if (!s) return s.error();
-      if (auto ok = s->wait_for(nullptr, device); !ok) return ok.error();
+      if (!s) return finish(s.error());
       it = streams.emplace(device, std::move(*s)).first;
+    }
+    for (int producer : {device, from.memory.cuda_device}) {
+      if (producer < 0 || !waited.emplace(device, producer).second) continue;
+      if (auto ok = it->second.wait_for(nullptr, producer); !ok) return finish(ok.error());
     }
     if (auto ok = it->second.copy(j->dest, from.segments[j->segment].data() + j->offset, j->nbytes);
         !ok) {
-      return ok.error();
+      return finish(ok.error());
     }
   }
-  for (auto& [device, s] : streams) {
-    if (auto ok = s.synchronize(); !ok) return ok.error();
-  }
-  return {};
+  return finish({});
 }
 
 // Runs the copies without the GIL, split over two threads when there is much to copy.

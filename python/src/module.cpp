@@ -245,8 +245,9 @@ void halves_bind(pyb::module_& m) {
                                pyb::dict d;
                                d["shape"] = pyb::make_tuple(s.nbytes);
                                d["typestr"] = "|u1";
+                               // Read-only by convention: torch refuses the flag set.
                                d["data"] =
-                                   pyb::make_tuple(reinterpret_cast<std::uintptr_t>(s.data), true);
+                                   pyb::make_tuple(reinterpret_cast<std::uintptr_t>(s.data), false);
                                d["strides"] = pyb::none();
                                // Imports are ready on the legacy default stream (1).
                                d["stream"] = 1;

@@ -104,8 +104,9 @@ class WeightBridge:
         if not pairs:
             raise InvalidArgumentError("publish: field tensors: nothing to publish")
         tuples, keep = _torch.publish_sources(pairs)
-        m = self._publisher_half().publish(tuples, int(weight_version), [],
-                                           encode_metadata(metadata))
+        with _torch.device_kept():
+            m = self._publisher_half().publish(tuples, int(weight_version), [],
+                                               encode_metadata(metadata))
         del keep
         return m
 
@@ -123,16 +124,25 @@ class WeightBridge:
         a difference raises ChecksumMismatchError ("tensor checksum mismatch") and the update is
         rejected. The tensors keep the memory alive (see the module's note on lifetime)."""
         c = self._consumer_half()
-        segments = c.import_update(manifest)
+        with _torch.device_kept():
+            segments = c.import_update(manifest)
         if verify:
             try:
-                c.verify(manifest.update_id)
+                with _torch.device_kept():
+                    c.verify(manifest.update_id)
             except Exception:  # rejected already by the core; give the bytes back
                 del segments
                 c.release(manifest.update_id)
                 raise
         out: Dict[str, torch.Tensor] = {}
-        _torch.views_of(manifest, segments, out)
+        try:
+            _torch.views_of(manifest, segments, out)
+        except Exception as e:  # no views (a torch without CUDA): reject, give the bytes back
+            out.clear()
+            del segments
+            c.reject(manifest.update_id, str(e))
+            c.release(manifest.update_id)
+            raise
         return out
 
     def acknowledge(self, update_id: str) -> None:
@@ -256,7 +266,8 @@ class RolloutExecutor(_Gate):
         returns the active tensors by name. Raises the failure's WeightSyncError subclass (the
         previous version stays active)."""
         shards = [manifest] if isinstance(manifest, Manifest) else list(manifest)
-        r = self._handle.update_weights(shards)
+        with _torch.device_kept():
+            r = self._handle.update_weights(shards)
         self.last_report = r
         if not r["acknowledged"]:
             raise error_for(r["error_code"] or "install_failed", r["error"] or "install failed")

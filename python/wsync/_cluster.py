@@ -219,6 +219,12 @@ class TrainerRank:
         `weight_version` and waits for the version's outcome (committed, or aborted with the
         reason and the per-rank table). Raises WeightSyncError only when the publish itself
         failed (e.g. VersionNotMonotonicError)."""
+        return self._publish_prepared(self._prepare(model, weight_version, metadata))
+
+    def _prepare(self, model: Any, weight_version: Optional[int],
+                 metadata: Optional[Mapping[str, Any]]) -> Any:
+        """The C++ publish of this rank's shard, ready to call: built on the caller's thread, so
+        CUDA tensors are read after the work queued on the caller's current stream."""
         if weight_version is None:
             raise InvalidArgumentError("publish: field weight_version: required")
         source = self.model if model is None else model
@@ -232,6 +238,10 @@ class TrainerRank:
             # publish runs, even when Ctrl-C left this frame early.
             return handle.publish(tuples, version, meta) if keep is not None else None
 
+        return call
+
+    @staticmethod
+    def _publish_prepared(call: Any) -> UpdateOutcome:
         raw = _interruptible(call)
         if raw["error"] and not raw["outcome_json"]:
             raise error_for(raw["error_code"] or "io_error", raw["error"])
@@ -242,9 +252,10 @@ class TrainerRank:
                       ) -> "concurrent.futures.Future[UpdateOutcome]":
         """:meth:`publish` in a background thread (one at a time, in call order); the tensors
         must not change until the future is done."""
+        call = self._prepare(model, weight_version, metadata)  # here: the caller's stream
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wsync-pub")
-        return self._pool.submit(self.publish, model, weight_version, metadata)
+        return self._pool.submit(self._publish_prepared, call)
 
     def close(self) -> None:
         """Leaves the cluster."""

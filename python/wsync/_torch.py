@@ -7,8 +7,9 @@ the segment object alive as long as any tensor made from it, so the bytes stay m
 last view goes (see :mod:`wsync._bridge` for what that means for ``release``).
 """
 
+import contextlib
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Tuple
 
 import torch
 
@@ -113,6 +114,22 @@ def _contiguous_strides(shape) -> list:
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = strides[i + 1] * max(int(shape[i + 1]), 1)
     return strides
+
+
+@contextlib.contextmanager
+def device_kept() -> Iterator[None]:
+    """Gives the calling thread torch's current CUDA device back after a call into the core,
+    which makes current each device it works on (a copy from cuda:1 into a slot on cuda:0
+    leaves cuda:0 current). Nothing to keep while torch has not touched CUDA."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        yield
+        return
+    before = torch.cuda.current_device()
+    try:
+        yield
+    finally:
+        if torch.cuda.current_device() != before:
+            torch.cuda.set_device(before)
 
 
 def cuda_index(t: torch.Tensor) -> int:

@@ -142,6 +142,9 @@ result<void> stream::wait_for(void* producer, int producer_device) {
     return cuda_failure("cudaEventCreateWithFlags", e);
   }
   auto e = cudaEventRecord(ev, static_cast<cudaStream_t>(producer));
+  // Back on this stream's device: the wait is queued there, and the work the caller queues next
+  // (a kernel on the current device) belongs there too.
+  if (e == cudaSuccess) e = cudaSetDevice(device_);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), ev, 0);
   cudaEventDestroy(ev);  // released once the wait is satisfied
   if (e != cudaSuccess) return cuda_failure("waiting for the producer's stream", e);

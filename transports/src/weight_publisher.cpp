@@ -119,6 +119,12 @@ result<void> weight_publisher::copy_to_device(std::span<const tensor_source> ten
                                               const checksum_method& method) {
   auto s = stream_on(transport_->memory().cuda_device);
   if (!s) return s.error();
+  // A failure once copies are queued waits for them: the caller then reuses the slot and may
+  // free the sources.
+  auto fail = [&](error e) -> error {
+    (void)(*s)->synchronize();
+    return e;
+  };
   // The copies wait for the work queued on each producing stream; the host does not.
   std::set<std::pair<int, void*>> waited;
   for (const auto& t : tensors) {
@@ -136,7 +142,7 @@ result<void> weight_publisher::copy_to_device(std::span<const tensor_source> ten
                    tensors[i].nbytes};
     }
     auto sums = gpu::copy_with_checksums(copies, method.chunk_bytes, (*s)->handle());
-    if (!sums) return sums.error();
+    if (!sums) return fail(sums.error());
     for (std::size_t i = 0; i < tensors.size(); ++i) descs[i].checksum = (*sums)[i];
     return {};
   }
@@ -145,14 +151,14 @@ result<void> weight_publisher::copy_to_device(std::span<const tensor_source> ten
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     auto* to = dest[descs[i].segment].data() + descs[i].offset;
     if (auto ok = (*s)->copy(to, tensors[i].data, tensors[i].nbytes); !ok) {
-      return make_error(ok.error().code, ok.error().message + " for tensors[" + std::to_string(i) +
-                                             "] \"" + tensors[i].name + "\"");
+      return fail({ok.error().code, ok.error().message + " for tensors[" + std::to_string(i) +
+                                        "] \"" + tensors[i].name + "\""});
     }
     ranges[i] = {to, tensors[i].nbytes};
   }
   // On the same stream, after the copies; waits for the digests.
   auto sums = gpu::checksums(ranges, method, (*s)->handle());
-  if (!sums) return sums.error();
+  if (!sums) return fail(sums.error());
   for (std::size_t i = 0; i < tensors.size(); ++i) descs[i].checksum = (*sums)[i];
   return {};
 }
@@ -166,18 +172,24 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
   // after the work queued on each producing stream), the threads below hash them.
   std::set<gpu::stream*> used;
   std::set<std::pair<int, void*>> waited;
+  // A failure once copies are queued waits for them: the caller then reuses the segments and
+  // may free the sources.
+  auto fail = [&](error e) -> error {
+    for (auto* s : used) (void)s->synchronize();
+    return e;
+  };
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     if (t.cuda_device < 0) continue;
     auto s = stream_on(t.cuda_device);
-    if (!s) return s.error();
+    if (!s) return fail(s.error());
     used.insert(*s);
     if (waited.emplace(t.cuda_device, t.stream).second) {
-      if (auto ok = (*s)->wait_for(t.stream, t.cuda_device); !ok) return ok.error();
+      if (auto ok = (*s)->wait_for(t.stream, t.cuda_device); !ok) return fail(ok.error());
     }
     if (auto ok = (*s)->copy(dest[descs[i].segment].data() + descs[i].offset, t.data, t.nbytes);
         !ok) {
-      return ok.error();
+      return fail(ok.error());
     }
   }
   for (auto* s : used) {

@@ -66,6 +66,7 @@ class stream {
   int device() const { return device_; }
   /// Later work on this stream waits for what `producer` (a cudaStream_t on `producer_device`;
   /// nullptr: that device's legacy default stream) has queued so far; the host does not wait.
+  /// Leaves this stream's device current.
   result<void> wait_for(void* producer, int producer_device);
   /// Queues a copy of `bytes` from `src` to `dst`, each in host or device memory.
   result<void> copy(void* dst, const void* src, std::uint64_t bytes);
