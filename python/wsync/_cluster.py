@@ -251,7 +251,9 @@ class TrainerRank:
                       metadata: Optional[Mapping[str, Any]] = None
                       ) -> "concurrent.futures.Future[UpdateOutcome]":
         """:meth:`publish` in a background thread (one at a time, in call order); the tensors
-        must not change until the future is done."""
+        must not change until the future is done. They are taken here, on the caller's thread
+        (CUDA tensors: after the work queued on its current stream), so a bad argument raises
+        here rather than through the future."""
         call = self._prepare(model, weight_version, metadata)  # here: the caller's stream
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wsync-pub")
