@@ -6,7 +6,9 @@
 // blocks until every collective the member queued completed. A missed deadline, a failed join
 // or an abort breaks the whole group, as ncclCommAbort makes the peers' collectives fail.
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -36,7 +38,8 @@ class host_fabric final : public nccl::group_fabric {
   }
 
   result<std::unique_ptr<nccl::group_member>> join(const nccl::unique_id& id, int world, int rank,
-                                                   std::chrono::milliseconds timeout) override {
+                                                   std::chrono::milliseconds timeout,
+                                                   const std::atomic<bool>* cancel) override {
     ++joins;
     std::shared_ptr<group> g;
     {
@@ -56,19 +59,23 @@ class host_fabric final : public nccl::group_fabric {
                         "host group: rank " + std::to_string(rank) + " joined twice");
     }
     g->cv.notify_all();
-    const bool all = g->cv.wait_for(lock, timeout, [&] {
+    const auto got = g->wait(lock, std::chrono::steady_clock::now() + timeout, cancel, [&] {
       return !g->aborted.empty() || static_cast<int>(g->joined.size()) == g->world;
     });
     if (!g->aborted.empty()) {
       return make_error(errc::io_error, "host group: aborted while joining: " + g->aborted);
     }
-    if (!all) {
+    if (got == waited::cancelled) {
+      g->abort_locked("rank " + std::to_string(rank) + ": cancelled while joining");
+      return make_error(errc::io_error, "host group: " + g->aborted);
+    }
+    if (got == waited::timed_out) {
       g->abort_locked("rank " + std::to_string(rank) + ": the other members did not join");
       return make_error(errc::timeout, "host group rank " + std::to_string(rank) +
                                            ": the other members did not join within " +
                                            std::to_string(timeout.count()) + " ms");
     }
-    return std::unique_ptr<nccl::group_member>(std::make_unique<member>(g, rank, members));
+    return std::unique_ptr<nccl::group_member>(std::make_unique<member>(g, rank, members, cancel));
   }
 
   result<nccl::block> allocate(std::uint64_t nbytes) override {
@@ -104,6 +111,8 @@ class host_fabric final : public nccl::group_fabric {
     bool done = false;
   };
 
+  enum class waited { done, timed_out, cancelled };
+
   struct group {
     explicit group(int w) : world(w) {}
     std::mutex mu;
@@ -116,12 +125,27 @@ class host_fabric final : public nccl::group_fabric {
       if (aborted.empty()) aborted = why;
       cv.notify_all();
     }
+    // Waits for `done` until `deadline`, looking at `*cancel` (set by another thread, which
+    // does not notify) every few milliseconds.
+    template <class Pred>
+    waited wait(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                const std::atomic<bool>* cancel, Pred done) {
+      while (!done()) {
+        if (cancel && cancel->load()) return waited::cancelled;
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) return waited::timed_out;
+        cv.wait_for(lock, std::min<std::chrono::steady_clock::duration>(
+                              deadline - now, std::chrono::milliseconds(5)));
+      }
+      return waited::done;
+    }
   };
 
   class member final : public nccl::group_member {
    public:
-    member(std::shared_ptr<group> g, int rank, std::atomic<int>& alive)
-        : g_(std::move(g)), rank_(rank), alive_(alive) {
+    member(std::shared_ptr<group> g, int rank, std::atomic<int>& alive,
+           const std::atomic<bool>* cancel)
+        : g_(std::move(g)), rank_(rank), alive_(alive), cancel_(cancel) {
       ++alive_;
     }
     ~member() override { --alive_; }
@@ -174,12 +198,16 @@ class host_fabric final : public nccl::group_fabric {
         }
         return true;
       };
-      const bool done =
-          g_->cv.wait_until(lock, deadline, [&] { return !g_->aborted.empty() || all_done(); });
+      const auto got =
+          g_->wait(lock, deadline, cancel_, [&] { return !g_->aborted.empty() || all_done(); });
       if (!g_->aborted.empty()) {
         return make_error(errc::io_error, "a member failed: " + g_->aborted);
       }
-      if (!done) {
+      if (got == waited::cancelled) {
+        g_->abort_locked("rank " + std::to_string(rank_) + ": cancelled: the transport is closing");
+        return make_error(errc::io_error, g_->aborted);
+      }
+      if (got == waited::timed_out) {
         g_->abort_locked("rank " + std::to_string(rank_) +
                          ": the collectives did not complete by the deadline");
         return make_error(errc::timeout, g_->aborted);
@@ -201,6 +229,7 @@ class host_fabric final : public nccl::group_fabric {
     std::shared_ptr<group> g_;
     int rank_;
     std::atomic<int>& alive_;
+    const std::atomic<bool>* cancel_;
     std::size_t posted_ = 0;
   };
 

@@ -110,6 +110,9 @@ struct communicator::state {
   int size = 0;
   int device = -1;
   std::string aborted;
+  const std::atomic<bool>* cancel = nullptr;  ///< set by another thread: stop waiting
+
+  bool cancelled() const { return cancel && cancel->load(std::memory_order_relaxed); }
 
   ~state() {
     if (comm) {
@@ -177,6 +180,9 @@ struct communicator::state {
       if (clock::now() > deadline) {
         return fail(errc::timeout, who() + ": " + what + " did not complete by its deadline");
       }
+      if (cancelled()) {
+        return fail(errc::io_error, who() + ": " + what + " cancelled: the transport is closing");
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
@@ -221,12 +227,14 @@ result<unique_id> make_unique_id() {
 }
 
 result<communicator> communicator::join(const unique_id& id, int nranks, int rank, int device,
-                                        std::chrono::milliseconds timeout) {
+                                        std::chrono::milliseconds timeout,
+                                        const std::atomic<bool>* cancel) {
   if (auto r = rank_check(nranks, rank); !r) return r.error();
   if (auto r = ready(); !r) return r.error();
   const auto deadline = clock::now() + timeout;
   communicator c;
   auto& s = *c.state_;
+  s.cancel = cancel;
   s.rank = rank;
   s.size = nranks;
   s.device = device;
@@ -336,6 +344,9 @@ result<void> communicator::wait(std::chrono::steady_clock::time_point deadline, 
       return s.fail(errc::timeout,
                     s.who() + ": the collectives did not complete by the deadline; aborted");
     }
+    if (s.cancelled()) {
+      return s.fail(errc::io_error, s.who() + ": cancelled: the transport is closing; aborted");
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
@@ -374,7 +385,7 @@ result<unique_id> make_unique_id() {
   return no_nccl();
 }
 result<communicator> communicator::join(const unique_id&, int nranks, int rank, int,
-                                        std::chrono::milliseconds) {
+                                        std::chrono::milliseconds, const std::atomic<bool>*) {
   if (auto r = rank_check(nranks, rank); !r) return r.error();
   return no_nccl();
 }

@@ -151,7 +151,7 @@ class nccl_consumer final : public consumer_transport {
       g.epoch = h.epoch;
       g.next_sequence = 0;
       const int world = static_cast<int>(h.members.size()) + 1;
-      auto joined = fabric_->join(h.id, world, nccl_rank, settings_.timeout);
+      auto joined = fabric_->join(h.id, world, nccl_rank, settings_.timeout, nullptr);
       if (!joined) {
         g.join_failed = joined.error();
         return make_error(joined.error().code, "nccl: joining the publisher's group (epoch " +

@@ -172,8 +172,9 @@ class cuda_nccl_fabric final : public group_fabric {
   result<unique_id> make_id() override { return make_unique_id(); }
 
   result<std::unique_ptr<group_member>> join(const unique_id& id, int world, int rank,
-                                             std::chrono::milliseconds timeout) override {
-    auto comm = communicator::join(id, world, rank, device_, timeout);
+                                             std::chrono::milliseconds timeout,
+                                             const std::atomic<bool>* cancel) override {
+    auto comm = communicator::join(id, world, rank, device_, timeout, cancel);
     if (!comm) return comm.error();
     return std::unique_ptr<group_member>(std::make_unique<nccl_member>(std::move(*comm)));
   }

@@ -414,6 +414,19 @@ TEST_F(nccl_transport_test, a_member_that_never_comes_aborts_the_group_then_a_ne
   EXPECT_TRUE(contains(late.error().message, "was abandoned")) << late.error().message;
 }
 
+TEST_F(nccl_transport_test, closing_the_publisher_ends_a_broadcast_its_members_never_join) {
+  start({{"timeout_ms", "600000"}});  // ten minutes: closing must not wait for it
+  auto m = publish(1);
+  ASSERT_TRUE(m) << m.error().message;
+  // No consumer imports: the sender waits in the join for members that never come.
+  while (fabric_->joins.load() < 1) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  publisher_.reset();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  // Not a speed check: the bound is a hundredth of the deadline it would otherwise wait out.
+  EXPECT_LT(took, 6s);
+}
+
 TEST_F(nccl_transport_test, a_group_broken_under_an_import_fails_it_with_the_reason) {
   start({{"timeout_ms", "5000"}});
   auto m1 = publish(1);

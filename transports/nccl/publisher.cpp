@@ -3,6 +3,7 @@
 // after another in expose order, from a pooled slot or from the caller's lent tensors.
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -44,6 +45,8 @@ class nccl_publisher final : public publisher_transport {
         sender_([this] { run(); }) {}
 
   ~nccl_publisher() override {
+    // A broadcast in flight (peers that never come, or stopped) ends now, not at its deadline.
+    closing_ = true;
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
@@ -260,7 +263,7 @@ class nccl_publisher final : public publisher_transport {
     const int world = static_cast<int>(j.h.members.size()) + 1;
     if (!member || member_epoch != j.h.epoch) {
       member.reset();
-      auto joined = fabric_->join(j.h.id, world, 0, settings_.timeout);
+      auto joined = fabric_->join(j.h.id, world, 0, settings_.timeout, &closing_);
       if (!joined) {
         return "joining the group of " + std::to_string(world) + " (epoch " +
                std::to_string(j.h.epoch) + ") failed: " + joined.error().message;
@@ -336,7 +339,8 @@ class nccl_publisher final : public publisher_transport {
   std::uint64_t broken_upto_ = 0;      ///< every epoch up to this one was aborted
   std::string broken_why_;
   bool stopping_ = false;
-  std::thread sender_;  // last: starts once everything above is built
+  std::atomic<bool> closing_{false};  ///< read by the sender's waits, without the lock
+  std::thread sender_;                // last: starts once everything above is built
 };
 
 }  // namespace

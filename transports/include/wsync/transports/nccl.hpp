@@ -7,6 +7,7 @@
 // (ncclCommAbort) instead of hanging.
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -46,9 +47,12 @@ class communicator {
  public:
   /// Joins the communicator of `id` as `rank` of `nranks` on CUDA device `device`. Every member
   /// must join at about the same time; at `timeout` the join is aborted and fails with
-  /// errc::timeout.
+  /// errc::timeout. Once `*cancel` (when given; it must outlive the communicator) is set, from
+  /// any thread, the join and every later wait end: the communicator is aborted and the call
+  /// fails with errc::io_error ("cancelled").
   static result<communicator> join(const unique_id& id, int nranks, int rank, int device,
-                                   std::chrono::milliseconds timeout);
+                                   std::chrono::milliseconds timeout,
+                                   const std::atomic<bool>* cancel = nullptr);
 
   communicator();
   communicator(communicator&& other) noexcept;

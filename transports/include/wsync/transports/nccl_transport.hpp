@@ -61,9 +61,12 @@ class group_fabric {
   /// A new group's id, made by its rank 0.
   virtual result<unique_id> make_id() = 0;
   /// Joins the group of `id` as `rank` of `world`; fails at `timeout` when not every member
-  /// came.
+  /// came. Once `*cancel` (when not null; it outlives the member) is set, from any thread, the
+  /// join and every later wait of the member end promptly: the group is aborted and the call
+  /// fails naming that.
   virtual result<std::unique_ptr<group_member>> join(const unique_id& id, int world, int rank,
-                                                     std::chrono::milliseconds timeout) = 0;
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::atomic<bool>* cancel) = 0;
   virtual result<block> allocate(std::uint64_t nbytes) = 0;
   /// Copies host bytes into memory(); done (visible to every stream) when it returns.
   virtual result<void> write(std::byte* dst, const void* src, std::uint64_t nbytes) = 0;
