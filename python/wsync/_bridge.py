@@ -11,7 +11,7 @@ bytes read-only (a write faults); local-clone hands out the publisher's copy, wh
 corrupt.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import torch
@@ -19,7 +19,7 @@ import torch
 from wsync import _torch
 from wsync import _wsync
 from wsync._errors import (IllegalTransitionError, InvalidArgumentError, UnknownUpdateError,
-                           error_for)
+                           WeightSyncError, error_for)
 from wsync._install import ModuleInstaller, ViewInstaller
 from wsync._text import encode_metadata, options_text
 
@@ -140,8 +140,10 @@ class WeightBridge:
         except Exception as e:  # no views (a torch without CUDA): reject, give the bytes back
             out.clear()
             del segments
-            c.reject(manifest.update_id, str(e))
-            c.release(manifest.update_id)
+            with suppress(WeightSyncError), _torch.device_kept():  # the first error is the one
+                c.reject(manifest.update_id, str(e))
+            with suppress(WeightSyncError), _torch.device_kept():
+                c.release(manifest.update_id)
             raise
         return out
 
@@ -174,12 +176,14 @@ class WeightBridge:
         done = False
         if self._consumer is not None:
             try:
-                self._consumer.release(update_id)
+                with _torch.device_kept():
+                    self._consumer.release(update_id)
                 done = True
             except UnknownUpdateError:
                 pass
         if self._publisher is not None and update_id in self._publisher.held():
-            self._publisher.release(update_id)
+            with _torch.device_kept():
+                self._publisher.release(update_id)
             done = True
         if not done:
             raise UnknownUpdateError(f"release: unknown update (update_id={update_id} "
@@ -189,7 +193,8 @@ class WeightBridge:
         """Releases everything this bridge still holds."""
         if self._publisher is not None:
             for uid in self._publisher.held():
-                self._publisher.release(uid)
+                with _torch.device_kept():
+                    self._publisher.release(uid)
         self._publisher = None
         self._consumer = None
 
@@ -285,7 +290,8 @@ class RolloutExecutor(_Gate):
         ids."""
         if isinstance(self.installer, ViewInstaller):
             self.installer.active = {}
-        return self._handle.release_active()
+        with _torch.device_kept():
+            return self._handle.release_active()
 
     def longest_wait(self) -> float:
         """The longest a generation step waited at the gate so far (seconds)."""

@@ -121,15 +121,17 @@ def device_kept() -> Iterator[None]:
     """Gives the calling thread torch's current CUDA device back after a call into the core,
     which makes current each device it works on (a copy from cuda:1 into a slot on cuda:0
     leaves cuda:0 current). Nothing to keep while torch has not touched CUDA."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+    if not (torch.cuda.is_initialized() and torch.cuda.is_available()):
         yield
         return
     before = torch.cuda.current_device()
     try:
         yield
     finally:
-        if torch.cuda.current_device() != before:
-            torch.cuda.set_device(before)
+        # After a sticky CUDA error these raise too; the core's own error is the one to see.
+        with contextlib.suppress(RuntimeError):
+            if torch.cuda.current_device() != before:
+                torch.cuda.set_device(before)
 
 
 def cuda_index(t: torch.Tensor) -> int:

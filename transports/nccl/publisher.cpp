@@ -45,8 +45,7 @@ class nccl_publisher final : public publisher_transport {
         sender_([this] { run(); }) {}
 
   ~nccl_publisher() override {
-    // A broadcast in flight (peers that never come, or stopped) ends now, not at its deadline.
-    closing_ = true;
+    closing();
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
@@ -56,6 +55,10 @@ class nccl_publisher final : public publisher_transport {
   }
 
   memory_location memory() const override { return fabric_->memory(); }
+
+  // A join or broadcast in flight (peers that never come, or stopped) ends now, not at its
+  // deadline: its waits watch closing_. A lent update's release then returns soon after.
+  void closing() override { closing_ = true; }
 
   result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
                                                     std::span<const std::uint64_t> segment_bytes,

@@ -41,6 +41,7 @@ class marked_publisher final : public publisher_transport {
     return make_error(errc::io_error, "announce reached");
   }
   void release(const update_id& id) override { calls.push_back("release " + id); }
+  void closing() override { calls.push_back("closing"); }
 };
 
 class marked_consumer final : public consumer_transport {
@@ -77,8 +78,10 @@ TEST(forwarding_publisher, passes_every_call_and_its_answer) {
   m.update_id = "u";
   EXPECT_EQ(f.announce(m).error().message, "announce reached");
   f.release("u");
-  EXPECT_EQ(inner->calls, (std::vector<std::string>{"acquire u 2", "consumers_set u 3", "lend u 1",
-                                                    "lent_wait u", "announce u", "release u"}));
+  f.closing();
+  EXPECT_EQ(inner->calls,
+            (std::vector<std::string>{"acquire u 2", "consumers_set u 3", "lend u 1", "lent_wait u",
+                                      "announce u", "release u", "closing"}));
 }
 
 TEST(forwarding_consumer, passes_every_call_and_its_answer) {

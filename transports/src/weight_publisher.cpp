@@ -96,6 +96,7 @@ weight_publisher::weight_publisher(std::unique_ptr<publisher_transport> transpor
 }
 
 weight_publisher::~weight_publisher() {
+  transport_->closing();  // a transfer in flight ends now: the releases below need not wait
   std::lock_guard lock(mutex_);
   for (auto& [id, p] : updates_) {
     if (!p.memory_released) transport_->release(id);
@@ -192,9 +193,11 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
       return fail(ok.error());
     }
   }
+  result<void> synced;  // every stream, the first failure kept
   for (auto* s : used) {
-    if (auto ok = s->synchronize(); !ok) return ok.error();
+    if (auto ok = s->synchronize(); !ok && synced) synced = ok.error();
   }
+  if (!synced) return synced;
   hash_pieces(descs, method, [&](std::size_t tensor, std::uint64_t offset, std::uint64_t nbytes) {
     const auto& d = descs[tensor];
     auto* to = dest[d.segment].data() + d.offset + offset;

@@ -40,6 +40,7 @@ class forwarding_publisher : public publisher_transport {
     return inner_->announce(manifest);
   }
   void release(const update_id& id) override { inner_->release(id); }
+  void closing() override { inner_->closing(); }
 
  protected:
   /// Shared, so that work a wrapper defers (a release) may outlive the wrapper.

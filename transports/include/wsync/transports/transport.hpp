@@ -114,6 +114,11 @@ class publisher_transport {
   /// Gives the update's memory back; called exactly once per acquired update, after every
   /// consumer released it or when publishing failed. Unknown ids are ignored.
   virtual void release(const update_id& id) = 0;
+
+  /// The owner is closing: the releases of everything still held follow, then destruction. A
+  /// transfer still in flight may end now, failed, rather than at its deadline (nccl aborts a
+  /// broadcast whose members never came). Default: nothing to do.
+  virtual void closing() {}
 };
 
 /// Consumer half: imported views stay valid until release().
