@@ -232,6 +232,11 @@ result<communicator> communicator::join(const unique_id& id, int nranks, int ran
   if (auto r = rank_check(nranks, rank); !r) return r.error();
   if (auto r = ready(); !r) return r.error();
   const auto deadline = clock::now() + timeout;
+  if (cancel && cancel->load()) {
+    return make_error(errc::io_error, "NCCL rank " + std::to_string(rank) + " of " +
+                                          std::to_string(nranks) +
+                                          ": joining cancelled: the transport is closing");
+  }
   communicator c;
   auto& s = *c.state_;
   s.cancel = cancel;
