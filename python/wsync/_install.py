@@ -65,6 +65,10 @@ class ModuleInstaller:
                 raise InvalidArgumentError(
                     f"model: tensor {name}: field device: {t.device}; wsync installs into CPU "
                     "and CUDA tensors")
+        # Where this module cannot drive the GPU (built without CUDA), torch copies into CUDA
+        # tensors instead; asked once, it does not change while the process runs.
+        self._torch_copies = (any(t.device.type == "cuda" for t in self.targets.values())
+                              and bool(_wsync.gpu_ready()))
         # One slot per distinct tensor: tied names share it.
         self._slot_of: Dict[str, int] = {}
         self._slot_tensor: List[torch.Tensor] = []
@@ -138,8 +142,7 @@ class ModuleInstaller:
             if not nbytes:
                 continue
             device = _torch.cuda_index(dest)
-            if device >= 0 and _wsync.gpu_ready():
-                # This module cannot drive the GPU (built without CUDA): torch copies instead.
+            if device >= 0 and self._torch_copies:
                 _torch.copy_bytes(dest, shards[shard][1][segment], offset, nbytes)
             else:
                 jobs.append((dest.data_ptr(), shard, segment, offset, nbytes, device))

@@ -184,29 +184,28 @@ class cuda_nccl_fabric final : public group_fabric {
   }
 
   result<void> write(std::byte* dst, const void* src, std::uint64_t nbytes) override {
-    (void)cudaSetDevice(device_);
-    // Done when the stream is: then every stream launched after sees the bytes.
-    auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, io_);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(io_);
-    if (e != cudaSuccess) {
-      return make_error(errc::io_error, "nccl: copying to cuda:" + std::to_string(device_) +
-                                            " failed (" + cuda_text(e) + ")");
-    }
-    return {};
+    return copy(dst, src, nbytes, cudaMemcpyHostToDevice, "to");
   }
 
   result<void> read(void* dst, const std::byte* src, std::uint64_t nbytes) override {
+    return copy(dst, src, nbytes, cudaMemcpyDeviceToHost, "from");
+  }
+
+ private:
+  // Done when the stream is: then every stream launched after sees the bytes.
+  result<void> copy(void* dst, const void* src, std::uint64_t nbytes, cudaMemcpyKind kind,
+                    const char* direction) {
     (void)cudaSetDevice(device_);
-    auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, io_);
+    auto e = cudaMemcpyAsync(dst, src, nbytes, kind, io_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(io_);
     if (e != cudaSuccess) {
-      return make_error(errc::io_error, "nccl: copying from cuda:" + std::to_string(device_) +
-                                            " failed (" + cuda_text(e) + ")");
+      return make_error(errc::io_error, std::string("nccl: copying ") + direction +
+                                            " cuda:" + std::to_string(device_) + " failed (" +
+                                            cuda_text(e) + ")");
     }
     return {};
   }
 
- private:
   int device_;
   cudaStream_t io_;
 };
