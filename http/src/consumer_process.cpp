@@ -25,10 +25,10 @@ class http_follower final : public consumer_observer {
     service_.record_update(rank, key, report, bytes);
   }
   void stopping() override {
-    // No new generation may start on a runtime that is about to go; held ones finish, then
-    // the gateway's threads are joined.
+    // No generation may run on a runtime that is about to go: those in flight or held by a
+    // pause end, then the gateway's threads are joined.
     service_.detach_ranks();
-    service_.resume();
+    service_.stop_generating();
     gateway_.stop();
   }
 
@@ -63,6 +63,7 @@ int standalone_consumer_run(const standalone_options& options) {
            options.http.host + ":" + std::to_string(*port) +
            (options.http.token.empty() ? "" : " (bearer token required)"));
   wait_for_signal();
+  service.stop_generating();  // a generation held by a pause would keep stop() waiting
   gateway.stop();
   return 0;
 }

@@ -4,14 +4,21 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "wsync/manifest/log.hpp"
 
 namespace wsync {
+
+constexpr std::size_t max_body_bytes = std::size_t{64} << 20;  // manifests, not tensor bytes
 
 struct http_gateway::impl {
   impl(weight_transfer_service& s, http_options o) : service(s), options(std::move(o)) {}
@@ -19,7 +26,9 @@ struct http_gateway::impl {
   http_options options;
   httplib::Server server;
   std::thread thread;
-  int listen_fd = -1;  // the socket the server listens on, once bound
+  int listen_fd = -1;                // the socket the server listens on, once bound
+  std::set<std::string> post_paths;  // the routes that read their body themselves (capped)
+  std::atomic<int> generating{0};    // /generate calls being served
 };
 
 namespace {
@@ -29,34 +38,72 @@ void answer(httplib::Response& res, const http_reply& r) {
   res.set_content(r.body, "application/json");
 }
 
-// The body of a POST, or "" when the client sent none. vLLM's clients and docs POST /pause,
-// /resume, /start and /finish bare (curl -X POST sends no Content-Length); httplib would answer
-// 400 before routing, so POST routes read their body themselves.
-std::string body_of(const httplib::Request& q, const httplib::ContentReader& read) {
+// {"error": why} as JSON, whatever `why` holds (a path a client sent may hold quotes).
+std::string error_json(const std::string& why) {
+  return nlohmann::json{{"error", why}}.dump(-1, ' ', false,
+                                             nlohmann::json::error_handler_t::replace);
+}
+
+// The body of a POST, "" when the client sent none, or nullopt when it could not be read whole
+// or passed max_body_bytes. vLLM's clients and docs POST /pause, /resume, /start and /finish
+// bare (curl -X POST sends no Content-Length); httplib would answer 400 before routing, so POST
+// routes read their body themselves. httplib's own limit does not hold for a chunked body: ours
+// does.
+std::optional<std::string> body_of(const httplib::Request& q, const httplib::ContentReader& read) {
   std::string body;
   if (q.has_header("Content-Length") || q.get_header_value("Transfer-Encoding") == "chunked") {
-    read([&](const char* data, std::size_t n) {
+    const bool whole = read([&](const char* data, std::size_t n) {
+      if (n > max_body_bytes - body.size()) return false;
       body.append(data, n);
       return true;
     });
+    if (!whole) return std::nullopt;
   }
   return body;
+}
+
+http_reply unread_body(const httplib::Request& q) {
+  return {413, error_json("request: the body of POST " + q.path +
+                          " could not be read whole, or it exceeds " +
+                          std::to_string(max_body_bytes >> 20) + " MiB; nothing was done")};
 }
 
 using req = const httplib::Request&;
 using res = httplib::Response&;
 using reader = const httplib::ContentReader&;
 
-// POST routes answer handle(request, body).
+// POST routes answer handle(request, body); a body not read whole is answered 413 unhandled.
 template <class Handle>
-void post(httplib::Server& server, const char* path, Handle handle) {
-  server.Post(path,
-              [handle](req q, res r, reader read) { answer(r, handle(q, body_of(q, read))); });
+void post(http_gateway::impl& g, const char* path, Handle handle) {
+  g.post_paths.insert(path);
+  g.server.Post(path, [handle](req q, res r, reader read) {
+    auto body = body_of(q, read);
+    answer(r, body ? handle(q, *body) : unread_body(q));
+  });
+}
+
+// How many /generate calls may run at once: each one held by a pause keeps a pool thread, and
+// /resume must still find one.
+int generation_limit(int threads) {
+  return std::max(1, threads - std::min(8, threads / 2));
 }
 
 // Every surface: wsync's /status, /metrics, /generate and /health.
-void add_common_routes(httplib::Server& server, weight_transfer_service& s) {
-  post(server, "/generate", [&s](req, const std::string& b) { return s.generate(b); });
+void add_common_routes(http_gateway::impl& g) {
+  auto& s = g.service;
+  const int limit = generation_limit(g.options.threads);
+  post(g, "/generate", [&s, &g, limit](req, const std::string& b) -> http_reply {
+    if (g.generating.fetch_add(1) >= limit) {
+      g.generating.fetch_sub(1);
+      return {503, error_json("generate: " + std::to_string(limit) +
+                              " generations are being served, the most this server takes (the "
+                              "rest of its threads answer control calls such as /resume)")};
+    }
+    auto r = s.generate(b);
+    g.generating.fetch_sub(1);
+    return r;
+  });
+  auto& server = g.server;
   server.Get("/status", [&s](req, res r) { answer(r, s.status()); });
   server.Get("/metrics",
              [&s](req, res r) { r.set_content(s.metrics(), "text/plain; version=0.0.4"); });
@@ -64,42 +111,55 @@ void add_common_routes(httplib::Server& server, weight_transfer_service& s) {
 }
 
 // vLLM's paths and shapes: the four phases, pause and resume, the weight version and checker.
-void add_vllm_routes(httplib::Server& server, weight_transfer_service& s) {
-  post(server, "/init_weight_transfer_engine",
-       [&s](req, const std::string& b) { return s.init(b); });
-  post(server, "/start_weight_update", [&s](req, const std::string& b) { return s.start(b); });
-  post(server, "/update_weights", [&s](req, const std::string& b) { return s.update(b); });
-  post(server, "/finish_weight_update", [&s](req, const std::string& b) { return s.finish(b); });
-  post(server, "/pause", [&s](req q, const std::string&) {
+void add_vllm_routes(http_gateway::impl& g) {
+  auto& s = g.service;
+  auto& server = g.server;
+  post(g, "/init_weight_transfer_engine", [&s](req, const std::string& b) { return s.init(b); });
+  post(g, "/start_weight_update", [&s](req, const std::string& b) { return s.start(b); });
+  post(g, "/update_weights", [&s](req, const std::string& b) { return s.update(b); });
+  post(g, "/finish_weight_update", [&s](req, const std::string& b) { return s.finish(b); });
+  post(g, "/pause", [&s](req q, const std::string&) {
+    // vLLM's older form: ?wait_for_inflight_requests=true means what mode=wait means.
+    if (!q.has_param("mode") && q.has_param("wait_for_inflight_requests")) {
+      auto wait = q.get_param_value("wait_for_inflight_requests");
+      std::transform(wait.begin(), wait.end(), wait.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      if (wait == "true" || wait == "1" || wait == "yes" || wait == "on") return s.pause("wait");
+      if (wait != "false" && wait != "0" && wait != "no" && wait != "off") {
+        return http_reply{400, error_json("wait_for_inflight_requests: \"" +
+                                          q.get_param_value("wait_for_inflight_requests") +
+                                          "\" is not a boolean")};
+      }
+    }
     return s.pause(q.has_param("mode") ? q.get_param_value("mode") : "");
   });
-  post(server, "/resume", [&s](req, const std::string&) { return s.resume(); });
+  post(g, "/resume", [&s](req, const std::string&) { return s.resume(); });
   server.Get("/is_paused", [&s](req, res r) { answer(r, s.is_paused()); });
   server.Get("/get_world_size", [&s](req q, res r) {
     answer(r, s.world_size(q.has_param("include_dp") ? q.get_param_value("include_dp") : ""));
   });
-  post(server, "/update_weight_version",
+  post(g, "/update_weight_version",
        [&s](req, const std::string& b) { return s.update_weight_version(b); });
   server.Get("/weight_info", [&s](req, res r) { answer(r, s.weight_info()); });
-  post(server, "/weight_checker", [&s](req, const std::string& b) { return s.weight_checker(b); });
+  post(g, "/weight_checker", [&s](req, const std::string& b) { return s.weight_checker(b); });
 }
 
 // SGLang's paths and shapes (sglang.cpp).
-void add_sglang_routes(httplib::Server& server, weight_transfer_service& s, bool with_vllm) {
-  post(server, "/init_weights_update_group",
+void add_sglang_routes(http_gateway::impl& g, bool with_vllm) {
+  auto& s = g.service;
+  post(g, "/init_weights_update_group",
        [&s](req, const std::string& b) { return s.sglang_init_group(b); });
-  post(server, "/destroy_weights_update_group",
+  post(g, "/destroy_weights_update_group",
        [&s](req, const std::string& b) { return s.sglang_destroy_group(b); });
-  post(server, "/update_weights_from_distributed",
+  post(g, "/update_weights_from_distributed",
        [&s](req, const std::string& b) { return s.sglang_update(b); });
-  post(server, "/pause_generation", [&s](req, const std::string& b) { return s.sglang_pause(b); });
-  post(server, "/continue_generation",
-       [&s](req, const std::string& b) { return s.sglang_continue(b); });
+  post(g, "/pause_generation", [&s](req, const std::string& b) { return s.sglang_pause(b); });
+  post(g, "/continue_generation", [&s](req, const std::string& b) { return s.sglang_continue(b); });
   for (const char* path : {"/get_weight_version", "/model_info", "/get_model_info"}) {
-    server.Get(path, [&s](req, res r) { answer(r, s.sglang_model_info()); });
+    g.server.Get(path, [&s](req, res r) { answer(r, s.sglang_model_info()); });
   }
   if (!with_vllm) {  // one route and shape for both surfaces
-    post(server, "/update_weight_version",
+    post(g, "/update_weight_version",
          [&s](req, const std::string& b) { return s.update_weight_version(b); });
   }
 }
@@ -113,7 +173,7 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
   server.new_task_queue = [threads] {
     return new httplib::ThreadPool(threads);
   };
-  server.set_payload_max_length(std::size_t{64} << 20);  // manifests, not tensor bytes
+  server.set_payload_max_length(max_body_bytes);
   // Debian's libcpp-httplib listens with a backlog of 5: bursts of clients (vLLM ranks polling
   // /metrics, a test's 32 threads) overflow it and see reset connections. Keep the socket so
   // start() can raise the backlog (listen() again on a listening socket only changes it).
@@ -121,29 +181,37 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
     httplib::default_socket_options(sock);
     impl_->listen_fd = sock;
   });
-  if (!impl_->options.token.empty()) {
-    const std::string expected = "Bearer " + impl_->options.token;
-    server.set_pre_routing_handler([expected](const httplib::Request& q, httplib::Response& r) {
-      if (q.get_header_value("Authorization") == expected)
-        return httplib::Server::HandlerResponse::Unhandled;
+  // Before httplib reads a body: the bearer token, then chunked bodies, which httplib would read
+  // without a limit anywhere but on the POST routes (they read, and cap, their own).
+  const std::string expected = impl_->options.token.empty() ? "" : "Bearer " + impl_->options.token;
+  server.set_pre_routing_handler([this, expected](const httplib::Request& q, httplib::Response& r) {
+    if (!expected.empty() && q.get_header_value("Authorization") != expected) {
       r.status = 401;
       r.set_header("WWW-Authenticate", "Bearer");
-      r.set_content(R"({"error":"authorization: missing or wrong bearer token"})",
+      r.set_content(error_json("authorization: missing or wrong bearer token"), "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (q.get_header_value("Transfer-Encoding") == "chunked" &&
+        !(q.method == "POST" && impl_->post_paths.count(q.path) != 0)) {
+      r.status = 411;
+      r.set_content(error_json("request: a chunked body is read only by the POST routes; " +
+                               q.method + " " + q.path + " takes none"),
                     "application/json");
       return httplib::Server::HandlerResponse::Handled;
-    });
-  }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   server.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (!r.body.empty()) return;  // a route answered with its own error
     std::string why = r.status == 404   ? "path: no route " + q.path
                       : r.status == 405 ? "method: " + q.method + " is not allowed on " + q.path
                                         : "request: HTTP " + std::to_string(r.status);
-    r.set_content("{\"error\":\"" + why + "\"}", "application/json");
+    r.set_content(error_json(why), "application/json");
   });
   const std::string& api = impl_->options.api;
-  add_common_routes(server, impl_->service);
-  if (api == "vllm" || api == "both") add_vllm_routes(server, impl_->service);
-  if (api == "sglang" || api == "both") add_sglang_routes(server, impl_->service, api == "both");
+  add_common_routes(*impl_);
+  if (api == "vllm" || api == "both") add_vllm_routes(*impl_);
+  if (api == "sglang" || api == "both") add_sglang_routes(*impl_, api == "both");
 }
 
 http_gateway::~http_gateway() {

@@ -204,6 +204,134 @@ TEST_F(http_gateway_test, thirty_two_clients_hammer_status_and_metrics_during_up
   EXPECT_EQ(get_json("/status")["active_weight_version"], 6);
 }
 
+// vLLM's older /pause form: wait_for_inflight_requests=true drains as mode=wait does.
+TEST_F(http_gateway_test, pause_with_wait_for_inflight_requests_drains_live_generations) {
+  ASSERT_EQ(install(1), 200);
+  auto g = generate(40, 2);
+  wait_in_flight(1);
+  EXPECT_EQ(post_status("/pause?wait_for_inflight_requests=true"), 200);
+  auto drained = g.get();
+  EXPECT_EQ(drained["status"], "completed");
+  EXPECT_EQ(drained["steps_done"], 40);
+  EXPECT_EQ(post_status("/resume"), 200);
+  auto bad = post("/pause?wait_for_inflight_requests=maybe");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"],
+            "wait_for_inflight_requests: \"maybe\" is not a boolean");
+  EXPECT_EQ(get_json("/is_paused")["is_paused"], false);
+}
+
+// Bodies that cannot be read whole, chunked bodies where none is read, and paths a client made
+// up: each gets a JSON error, and none changes the update in progress.
+TEST_F(http_gateway_test, bodies_past_the_limit_and_odd_paths_get_json_errors_and_change_nothing) {
+  ASSERT_EQ(install(1), 200);
+  ASSERT_EQ(post_status("/start_weight_update"), 200);
+  auto c = client();
+  const std::string big((std::size_t{64} << 20) + 1, ' ');
+  auto r = c.Post("/finish_weight_update", big, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_EQ(get_json("/status")["phase"], "started");  // not committed as a bare POST
+
+  std::size_t sent = 0;
+  r = c.Post(
+      "/finish_weight_update",
+      [&](std::size_t, httplib::DataSink& sink) {
+        if (sent >= (std::size_t{96} << 20)) {
+          sink.done();
+          return true;
+        }
+        static const std::string block(std::size_t{1} << 20, ' ');
+        sent += block.size();
+        return sink.write(block.data(), block.size());
+      },
+      "application/json");
+  if (r) {  // the server may close the connection as it refuses
+    EXPECT_EQ(r->status, 413) << r->body;
+  }
+  EXPECT_LT(sent, std::size_t{96} << 20);
+  EXPECT_EQ(get_json("/status")["phase"], "started");
+
+  httplib::Headers chunked = {{"Transfer-Encoding", "chunked"}};
+  auto g = client().Get("/status", chunked);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 411);
+  EXPECT_FALSE(json::parse(g->body, nullptr, false).is_discarded()) << g->body;
+
+  for (const char* path : {"/%22", "/%ff", "/a\\b"}) {
+    auto n = client().Get(path);
+    ASSERT_TRUE(n) << path;
+    EXPECT_EQ(n->status, 404) << path;
+    auto j = json::parse(n->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << path << ": " << n->body;
+    EXPECT_EQ(j["error"].get<std::string>().rfind("path: no route /", 0), 0u) << n->body;
+  }
+  // The update in progress still goes on.
+  auto m = publisher_->publish(tensors_.fill(2), 2, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  auto body = json{{"update_info", {{"manifest", json::parse(manifest_to_json(*m))}}}}.dump();
+  EXPECT_EQ(post_status("/update_weights", body), 200);
+  EXPECT_EQ(post_status("/finish_weight_update"), 200);
+  if (previous_) (void)publisher_->release(*previous_);
+  previous_ = m->update_id;
+  EXPECT_EQ(get_json("/status")["active_weight_version"], 2);
+}
+
+// Generations held by a pause keep pool threads; past the limit /generate is refused so that
+// /resume always finds one.
+TEST_F(http_gateway_test, generations_held_by_a_pause_leave_room_for_resume) {
+  ASSERT_EQ(install(1), 200);
+  http_options few;
+  few.threads = 4;  // at most 2 generations at once
+  http_gateway small(service_, few);
+  auto port = small.start();
+  ASSERT_TRUE(port) << port.error().message;
+  auto call = [&](const char* path, const std::string& body = "", int timeout_s = 30) {
+    httplib::Client c("127.0.0.1", *port);
+    c.set_read_timeout(timeout_s, 0);
+    return c.Post(path, body, "application/json");
+  };
+  // Two generations run, then a pause holds them: each keeps a pool thread.
+  std::vector<std::future<json>> held;
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(std::async(std::launch::async, [&] {
+      auto r = call("/generate", R"({"steps": 2000, "step_ms": 1})");
+      return r ? json::parse(r->body) : json();
+    }));
+  }
+  wait_in_flight(2);
+  auto paused = call("/pause?mode=keep");
+  EXPECT_TRUE(paused && paused->status == 200);
+  // A third is refused, not queued behind them (asserts wait: the held ones must be resumed).
+  auto third = call("/generate", R"({"steps": 1})", 5);
+  EXPECT_TRUE(third && third->status == 503) << (third ? third->body : "no answer");
+  if (third) {
+    EXPECT_NE(third->body.find("2 generations"), std::string::npos) << third->body;
+  }
+  auto resumed = call("/resume");
+  ASSERT_TRUE(resumed);
+  EXPECT_EQ(resumed->status, 200);
+  for (auto& h : held) EXPECT_EQ(h.get()["status"], "completed");
+  small.stop();
+}
+
+// Shutting down while a pause holds generations: stop_generating ends them, so the gateway's
+// threads can be joined (a SIGTERM'd standalone rank does this).
+TEST_F(http_gateway_test, stopping_ends_generations_a_pause_holds) {
+  ASSERT_EQ(install(1), 200);
+  auto running = generate(100000, 1);
+  wait_in_flight(1);
+  EXPECT_EQ(post_status("/pause?mode=keep"), 200);
+  auto waiting = generate(5, 1);  // begins while paused: waits
+  std::this_thread::sleep_for(20ms);
+  service_.stop_generating();
+  EXPECT_EQ(running.get()["status"], "aborted");
+  EXPECT_EQ(waiting.get()["status"], "aborted");
+  auto stopped = std::async(std::launch::async, [&] { gateway_.stop(); });
+  EXPECT_EQ(stopped.wait_for(10s), std::future_status::ready);
+}
+
 }  // namespace
 }  // namespace wsync
 

@@ -83,7 +83,9 @@ http_reply weight_transfer_service::generate(std::string_view body) {
       ++s.generations_aborted;
       return reply(200, {{"status", "aborted"},
                          {"finish_reason", "abort"},
-                         {"reason", "generation aborted by /pause?mode=abort"},
+                         {"reason",
+                          "generation aborted (a pause in abort mode, or an update "
+                          "with abort_all_requests)"},
                          {"steps_done", done},
                          {"weight_versions", versions}});
     }

@@ -203,31 +203,26 @@ http_reply weight_transfer_service::impl::nccl_init(const json& info) {
   return reply(200, {{"message", "Weight transfer initialized"}});
 }
 
-std::string weight_transfer_service::impl::nccl_receive(const json& info, const std::string& where,
-                                                        int& status) {
-  status = 400;
+std::string weight_transfer_service::impl::nccl_check(const json& info, const std::string& where,
+                                                      std::set<std::string>& taken,
+                                                      nccl_entry& out) const {
   if (info.contains("manifest")) {
     return field(where, "manifest") +
            ": this rank was initialised in NCCL mode; its tensors come by broadcast, named by "
            "names / dtype_names / shapes";
   }
-  nccl::packing how = nccl_packing;
-  if (auto why = read_packing(info, where, how); !why.empty()) return why;
-  std::vector<nccl::tensor_spec> specs;
-  if (auto why = read_specs(info, where, specs); !why.empty()) return why;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    for (const auto& m : shards) {
-      for (const auto& t : m.tensors) {
-        if (t.name == specs[i].name) {
-          return field(where, "names") + "[" + std::to_string(i) + "]: \"" + specs[i].name +
-                 "\" was already received in this update";
-        }
-      }
+  out.how = nccl_packing;
+  if (auto why = read_packing(info, where, out.how); !why.empty()) return why;
+  if (auto why = read_specs(info, where, out.specs); !why.empty()) return why;
+  for (std::size_t i = 0; i < out.specs.size(); ++i) {
+    if (!taken.insert(out.specs[i].name).second) {
+      return field(where, "names") + "[" + std::to_string(i) + "]: \"" + out.specs[i].name +
+             "\" is already in this update";
     }
   }
 
-  // The manifest first (checked before a byte moves), its checksums after.
-  weight_update_manifest m;
+  // The manifest is checked before a byte moves; the receive fills in its checksums.
+  weight_update_manifest& m = out.manifest;
   m.update_id = update_id_generate();
   m.model_id = "vllm-nccl";
   m.weight_version = shards.empty() ? active.load() + 1 : shards.front().weight_version;
@@ -238,7 +233,7 @@ std::string weight_transfer_service::impl::nccl_receive(const json& info, const 
   m.checksum_method = {checksum_algorithm::xxh3_64_chunked, std::uint64_t{1} << 20};
   const std::string device = nccl_group ? nccl_group->memory().text() : "cpu";
   std::uint64_t at = 0;
-  for (const auto& s : specs) {
+  for (const auto& s : out.specs) {
     tensor_descriptor t;
     t.name = s.name;
     t.dtype = s.dtype;
@@ -254,7 +249,13 @@ std::string weight_transfer_service::impl::nccl_receive(const json& info, const 
   if (auto v = manifest_validate(m, transport_known); !v) {
     return where + ": " + v.error().message;
   }
+  return "";
+}
 
+std::string weight_transfer_service::impl::nccl_receive(nccl_entry entry, int& status) {
+  auto& specs = entry.specs;
+  auto& m = entry.manifest;
+  m.source_rank = static_cast<std::int32_t>(shards.size());  // entries of one list come in order
   status = 409;
   if (!nccl_group) {
     return "update_weights: no NCCL group" +
@@ -262,7 +263,7 @@ std::string weight_transfer_service::impl::nccl_receive(const json& info, const 
            "; call /init_weight_transfer_engine";
   }
   const auto deadline = std::chrono::steady_clock::now() + config.nccl_timeout;
-  auto got = nccl::receive_tensors(*nccl_group, specs, how, m.checksum_method, deadline);
+  auto got = nccl::receive_tensors(*nccl_group, specs, entry.how, m.checksum_method, deadline);
   if (!got) {
     // The group cannot be trusted after a failed receive (NCCL aborted it, or the broadcasts
     // and the receives no longer line up): drop it and the update with it.

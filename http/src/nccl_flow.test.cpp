@@ -216,11 +216,23 @@ TEST_F(nccl_flow_test, update_info_is_checked_before_a_byte_moves) {
   EXPECT_EQ(refused(info), "update_info.packed_buffer_size_bytes: must be a positive integer");
   EXPECT_EQ(trainer->receives_done, 0u);  // nothing was received for a refused call
 
+  // A list is checked whole before its first entry is received: a bad later entry, or a name
+  // two entries share, refuses the call with nothing received.
+  auto bad_second = m.update_info(2, 5);
+  bad_second["dtype_names"][1] = "complex64";
+  auto r = update(json::array({m.update_info(0, 2), bad_second}));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(error_of(r).rfind("update_info[1].dtype_names[1]: \"complex64\"", 0), 0u) << r.body;
+  r = update(json::array({m.update_info(0, 2), m.update_info(1, 5)}));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(error_of(r), "update_info[1].names[0]: \"layers.0.w\" is already in this update");
+  EXPECT_EQ(trainer->receives_done, 0u);
+
   // The good call still works, and a name cannot come twice in one update.
   ASSERT_EQ(update(m.update_info(0, 2)).status, 200);
   trainer->sends.push_front(m.bytes[0]);
   EXPECT_EQ(refused(m.update_info(0, 1)),
-            "update_info.names[0]: \"embed\" was already received in this update");
+            "update_info.names[0]: \"embed\" is already in this update");
 }
 
 TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_join_again) {

@@ -111,11 +111,9 @@ http_reply weight_transfer_service::status() const {
                                                                  : json("coordinator")}});
     }
   }
-  std::string phase_now;
-  {
-    std::lock_guard lock(s.phase_mutex);
-    phase_now = s.coordinator.empty() ? phase_name(s.current) : "following " + s.coordinator;
-  }
+  // Not under phase_mutex, which a call holds for as long as it runs (an NCCL receive: minutes).
+  const std::string phase_now =
+      s.coordinator.empty() ? phase_name(s.current) : "following " + s.coordinator;
   const auto active = active_version();
   return reply(200, {{"status", all_ok ? "pass" : "fail"},
                      {"versions", versions},

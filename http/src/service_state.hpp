@@ -13,6 +13,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -136,7 +137,9 @@ struct weight_transfer_service::impl {
 
   // The four phases; one call at a time.
   mutable std::mutex phase_mutex;
-  phase current = phase::uninitialized;
+  // Written under phase_mutex, read without it by /status: a call holds the mutex for as long as
+  // an NCCL receive or join takes (up to --nccl-timeout-ms), and /status must answer meanwhile.
+  std::atomic<phase> current{phase::uninitialized};
   std::string transport;                 ///< fixed by the first init
   transport_options transport_settings;  ///< and its options
   std::unique_ptr<weight_consumer> consumer;
@@ -203,9 +206,20 @@ struct weight_transfer_service::impl {
   // NCCL mode: joins the group of a checked init_info (phase_mutex held).
   http_reply nccl_init(const json& info);
   bool nccl_mode() const { return transport == "nccl"; }
-  // NCCL mode: receives the tensors one update_info (at `where`) names and adds them to
-  // `shards` as one more manifest. "" or the reason, with the HTTP status in `status`.
-  std::string nccl_receive(const json& info, const std::string& where, int& status);
+  // NCCL mode: one update_info, checked and ready to receive.
+  struct nccl_entry {
+    std::vector<nccl::tensor_spec> specs;
+    nccl::packing how;
+    weight_update_manifest manifest;  ///< its checksums come with the receive
+  };
+  // NCCL mode: checks one update_info (at `where`) before a byte moves; its names must not be
+  // in `taken` (the names received or checked before it in this update), and join it.
+  // "" or the first problem.
+  std::string nccl_check(const json& info, const std::string& where, std::set<std::string>& taken,
+                         nccl_entry& out) const;
+  // NCCL mode: receives a checked entry's tensors and adds them to `shards` as one more
+  // manifest. "" or the reason, with the HTTP status in `status`.
+  std::string nccl_receive(nccl_entry entry, int& status);
   // NCCL mode: frees what was received for `ids` and not imported.
   void nccl_forget(const std::vector<update_id>& ids);
 

@@ -167,12 +167,13 @@ http_reply weight_transfer_service::sglang_update(std::string_view body) {
     if (auto why = s.accept_manifest(given[k], at, shards); !why.empty()) return failure(why);
   }
   if (auto why = check_chunk(*j, "", shards, "dtypes"); !why.empty()) return failure(why);
-  // abort_all_requests: in-flight generations end before the switch, as a pause in abort mode
-  // would end them; a pause the trainer made itself stays.
-  const bool pause_here = abort_all && !s.generation.paused();
-  if (pause_here) s.generation.pause(pause_mode::abort);
-  auto r = s.install(std::move(shards), label);
-  if (pause_here) s.generation.resume();
+  // abort_all_requests: every generation in flight or waiting ends before the switch, and none
+  // begins until it is done; a pause the trainer makes, before or meanwhile, stays.
+  rollout_report r;
+  {
+    abort_hold held(s.generation, abort_all);
+    r = s.install(std::move(shards), label);
+  }
   (void)flush_cache;  // the reference runtime keeps no KV cache: nothing to flush
   if (!r.acknowledged) {
     return failure("update_weights_from_distributed: install failed, version " +

@@ -243,6 +243,19 @@ TEST_F(sglang_test, pause_modes_map_onto_wsyncs_and_abort_all_requests_ends_gene
   EXPECT_EQ(live.get()["status"], "aborted");
   EXPECT_EQ(body(service_.is_paused())["is_paused"], false);
   EXPECT_EQ(service_.active_version(), 3u);
+
+  // abort_all_requests aborts generations a pause keeps too, and the trainer's pause stays.
+  auto kept = std::async(std::launch::async, [&] {
+    return body(service_.generate(R"({"steps": 100000, "step_ms": 1})"));
+  });
+  wait_for_generation();
+  ASSERT_EQ(service_.sglang_pause(R"({"mode": "in_place"})").status, 200);
+  b = update_body(manifest(4));
+  b["abort_all_requests"] = true;
+  ASSERT_EQ(service_.sglang_update(b.dump()).status, 200);
+  EXPECT_EQ(kept.get()["status"], "aborted");
+  EXPECT_EQ(body(service_.is_paused())["is_paused"], true);
+  EXPECT_EQ(service_.sglang_continue("{}").status, 200);
 }
 
 TEST_F(sglang_test, the_weight_checker_proves_the_served_bytes) {

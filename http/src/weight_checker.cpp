@@ -67,9 +67,8 @@ http_reply weight_transfer_service::update_weight_version(std::string_view body)
     abort_all = (*j)["abort_all_requests"].get<bool>();
   }
   auto& s = *impl_;
-  if (abort_all && !s.generation.paused()) {
-    s.generation.pause(pause_mode::abort);
-    s.generation.resume();
+  {  // generations begun on the old label end, paused or not
+    abort_hold ended(s.generation, abort_all);
   }
   std::uint64_t active = 0;
   {

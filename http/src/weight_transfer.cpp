@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,10 @@ void weight_transfer_service::add_rank(std::int32_t rank, reference_runtime& run
 void weight_transfer_service::detach_ranks() {
   std::lock_guard lock(impl_->status_mutex);
   for (auto& slot : impl_->ranks) slot.runtime = nullptr;
+}
+
+void weight_transfer_service::stop_generating() {
+  impl_->generation.close();
 }
 
 weight_transfer_service::~weight_transfer_service() {
@@ -360,14 +365,23 @@ http_reply weight_transfer_service::update(std::string_view body) {
     return fail(409, s.not_started("update_weights"));
   }
   if (s.nccl_mode()) {
-    // Each entry is received as it comes: what the trainer broadcast cannot be refused after.
+    // Every entry is checked before the first receive: what the trainer broadcasts must be
+    // received whole, in order, or the broadcasts and the receives no longer line up.
+    std::set<std::string> taken;
+    for (const auto& m : s.shards) {
+      for (const auto& t : m.tensors) taken.insert(t.name);
+    }
+    std::vector<impl::nccl_entry> entries(infos.size());
     for (std::size_t k = 0; k < infos.size(); ++k) {
-      int status = 400;
       std::string where =
           infos.size() == 1 ? "update_info" : "update_info[" + std::to_string(k) + "]";
-      if (auto why = s.nccl_receive(infos[k], where, status); !why.empty()) {
-        return fail(status, why);
+      if (auto why = s.nccl_check(infos[k], where, taken, entries[k]); !why.empty()) {
+        return fail(400, why);
       }
+    }
+    for (auto& e : entries) {
+      int status = 500;
+      if (auto why = s.nccl_receive(std::move(e), status); !why.empty()) return fail(status, why);
     }
     return reply(200, {{"message", "Weights updated"}});
   }

@@ -106,5 +106,57 @@ TEST(generation_control, pausing_twice_changes_nothing) {
   EXPECT_FALSE(c.paused());
 }
 
+TEST(generation_control, abort_and_hold_ends_held_and_waiting_generations_and_keeps_a_pause) {
+  generation_control c;
+  std::atomic<int> steps{0};
+  auto held = std::async(std::launch::async, [&] {
+    generation_scope g(c);
+    while (g.step() == generation_status::running) ++steps;
+    return steps.load();
+  });
+  while (steps < 1) std::this_thread::yield();
+  c.pause(pause_mode::keep);  // `held` holds at its next step
+  auto waiting = std::async(std::launch::async, [&] {
+    generation_scope g(c);  // begins while paused: waits
+    return g.step();
+  });
+  EXPECT_EQ(waiting.wait_for(20ms), std::future_status::timeout);
+
+  c.abort_and_hold();  // returns once `held` ended
+  EXPECT_GE(held.get(), 1);
+  EXPECT_EQ(waiting.get(), generation_status::aborted);  // never ran a step
+  EXPECT_TRUE(c.paused());                               // the pause is not the hold's
+
+  // While held nothing begins, paused or not; a pause made meanwhile stays after release.
+  c.resume();
+  auto later = std::async(std::launch::async, [&] {
+    generation_scope g(c);
+    return g.step();
+  });
+  EXPECT_EQ(later.wait_for(20ms), std::future_status::timeout);
+  c.pause(pause_mode::wait);  // (an abort pause would end `later`: it waits to begin)
+  c.release_hold();
+  EXPECT_EQ(later.wait_for(20ms), std::future_status::timeout);  // still paused
+  EXPECT_TRUE(c.paused());
+  c.resume();
+  EXPECT_EQ(later.get(), generation_status::running);
+}
+
+TEST(generation_control, close_ends_every_generation_and_refuses_later_ones) {
+  generation_control c;
+  c.pause(pause_mode::keep);
+  auto waiting = std::async(std::launch::async, [&] {
+    generation_scope g(c);
+    return g.step();
+  });
+  EXPECT_EQ(waiting.wait_for(20ms), std::future_status::timeout);
+  c.close();  // a pause nobody lifts does not keep it waiting
+  EXPECT_EQ(waiting.get(), generation_status::aborted);
+  EXPECT_EQ(c.in_flight(), 0u);
+  c.resume();
+  generation_scope late(c);
+  EXPECT_EQ(late.step(), generation_status::aborted);
+}
+
 }  // namespace
 }  // namespace wsync

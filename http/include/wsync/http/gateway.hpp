@@ -38,8 +38,9 @@ class http_gateway {
   result<std::uint16_t> start();
   void stop();
 
+  struct impl;  ///< gateway.cpp's (its route helpers take it)
+
  private:
-  struct impl;
   std::unique_ptr<impl> impl_;
 };
 

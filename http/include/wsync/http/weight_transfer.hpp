@@ -65,6 +65,10 @@ class weight_transfer_service {
                      std::uint64_t bytes);
   /// The ranks' runtimes are going away: /generate answers 503 from now on.
   void detach_ranks();
+  /// Shutting down (either mode): every generation in flight, held by a pause or waiting to
+  /// begin ends as aborted, and any later one at its first step; returns once none runs. Call
+  /// it before the gateway stops: such generations hold the gateway's threads.
+  void stop_generating();
   weight_transfer_service(const weight_transfer_service&) = delete;
   weight_transfer_service& operator=(const weight_transfer_service&) = delete;
 

@@ -7,6 +7,10 @@
 //  - keep:  in-flight generations hold at their next step and go on after resume(); pause()
 //    returns once each of them is holding or done.
 // In every mode a generation that begins while paused waits for resume().
+// Apart from the pause, an update that must not be read by generations begun before it (SGLang's
+// abort_all_requests) calls abort_and_hold(): every generation in flight or waiting to begin
+// ends, and none begins until release_hold(). A hold is not a pause: paused() does not show it,
+// and a pause made while it lasts stays after it.
 
 #include <condition_variable>
 #include <cstdint>
@@ -25,17 +29,27 @@ enum class generation_status { running, aborted };
 
 class generation_control {
  public:
-  /// Blocks while paused; then counts the generation as in flight. Returns its ticket.
+  /// Blocks while paused or held; then counts the generation as in flight. Returns its ticket.
+  /// A generation that an abort ended while it waited begins with a ticket its first step()
+  /// refuses.
   std::uint64_t begin();
-  /// Before each step: aborted if a pause in abort mode caught this generation (then stop and
-  /// call end()); in keep mode, holds until resume().
+  /// Before each step: aborted if an abort caught this generation (then stop and call end());
+  /// in keep mode, holds until resume() (or an abort).
   generation_status step(std::uint64_t ticket);
-  void end();
+  void end(std::uint64_t ticket);
 
   /// Pauses and returns when the mode's promise holds (see above). Pausing again while paused
   /// changes nothing and returns at once.
   void pause(pause_mode mode);
   void resume();
+
+  /// Ends every generation in flight or waiting to begin, paused or not, and returns once those
+  /// in flight ended; until release_hold() no generation begins. Holds stack.
+  void abort_and_hold();
+  void release_hold();
+  /// For good, before shutting down: every generation in flight or waiting ends, any that
+  /// begins later is refused at its first step; returns once none is in flight.
+  void close();
 
   bool paused() const;
   std::uint64_t in_flight() const;
@@ -47,14 +61,19 @@ class generation_control {
   pause_mode mode_ = pause_mode::abort;
   std::uint64_t in_flight_ = 0;
   std::uint64_t holding_ = 0;      ///< keep mode: generations waiting in step()
-  std::uint64_t abort_epoch_ = 0;  ///< bumped by each abort pause
+  std::uint64_t abort_epoch_ = 0;  ///< bumped by each abort; a ticket is the epoch it began in
+  std::uint64_t current_ = 0;      ///< in flight with a ticket of this epoch (not aborted)
+  std::uint64_t holds_ = 0;        ///< abort_and_hold() calls not yet released
+  bool closed_ = false;
+
+  void abort_locked();
 };
 
 /// begin()/end() as a scope.
 class generation_scope {
  public:
   explicit generation_scope(generation_control& c) : c_(c), ticket_(c_.begin()) {}
-  ~generation_scope() { c_.end(); }
+  ~generation_scope() { c_.end(ticket_); }
   generation_scope(const generation_scope&) = delete;
   generation_scope& operator=(const generation_scope&) = delete;
   generation_status step() { return c_.step(ticket_); }
@@ -62,6 +81,22 @@ class generation_scope {
  private:
   generation_control& c_;
   std::uint64_t ticket_;
+};
+
+/// abort_and_hold()/release_hold() as a scope; nothing when `abort` is false.
+class abort_hold {
+ public:
+  abort_hold(generation_control& c, bool abort) : c_(abort ? &c : nullptr) {
+    if (c_) c_->abort_and_hold();
+  }
+  ~abort_hold() {
+    if (c_) c_->release_hold();
+  }
+  abort_hold(const abort_hold&) = delete;
+  abort_hold& operator=(const abort_hold&) = delete;
+
+ private:
+  generation_control* c_;
 };
 
 }  // namespace wsync
