@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "file_mmap/file_mmap_common.hpp"
 #include "wsync/manifest/log.hpp"
@@ -40,107 +41,63 @@ class fm_consumer final : public consumer_transport {
 
   result<std::vector<std::span<const std::byte>>> import_segments(
       const weight_update_manifest& m) override {
-    auto ctx = [&] {
-      return update_context(m.update_id, rank_);
-    };
     auto h = handle_parse(m, rank_);
     if (!h) return h.error();
-    std::lock_guard lock(mutex_);
-    if (held_.count(m.update_id)) {
-      return make_error(errc::invalid_argument,
-                        "file-mmap: update_id " + m.update_id + " imported twice (" + ctx() + ")");
-    }
     // Our own dir, not the handle's: on a shared filesystem each host may mount it elsewhere.
-    std::string bdir = buffer_dir(cfg_.dir, h->buffer);
     held entry;
-    if (auto ok = dir_ensure(cfg_.dir + "/leases"); !ok) {
-      return make_error(ok.error().code, ok.error().message + " (" + ctx() + ")");
-    }
-    auto nonce = random_hex(6);
     entry.lease = cfg_.dir + "/leases/" + lease_prefix(h->buffer) + std::to_string(::getpid()) +
-                  "." + nonce + ".lease";
-    nlohmann::json who = {{"host", host_},
-                          {"pid", ::getpid()},
-                          {"start", start_},
-                          {"rank", rank_},
-                          {"buffer", h->buffer},
-                          {"update_id", m.update_id},
-                          {"weight_version", m.weight_version}};
-    // Written whole, then renamed: the writer never reads half a lease.
-    std::string tmp = cfg_.dir + "/leases/." + nonce + ".tmp";
+                  "." + random_hex(6) + ".lease";
     {
-      std::ofstream out(tmp);
-      out << who.dump();
-      if (!out) {
-        return make_error(errc::io_error,
-                          "file-mmap: cannot write lease " + tmp + " (" + ctx() + ", field dir)");
+      std::lock_guard lock(mutex_);
+      if (held_.count(m.update_id)) {
+        return make_error(errc::invalid_argument, "file-mmap: update_id " + m.update_id +
+                                                      " imported twice (" + ctx(m) + ")");
       }
+      // Listed before its lease exists, so that the heartbeat keeps it fresh from the start:
+      // the lock is not held while the files are mapped (MAP_POPULATE of a large update on a
+      // network filesystem takes seconds), and the other leases stay fresh meanwhile too.
+      held_.emplace(m.update_id, held{entry.lease, {}, false});
+      if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { heartbeat_run(); });
     }
-    if (::rename(tmp.c_str(), entry.lease.c_str()) != 0) {
-      int err = errno;
-      ::unlink(tmp.c_str());
-      return make_error(errc::io_error,
-                        "file-mmap: rename " + tmp + ": " + errno_text(err) + " (" + ctx() + ")");
+    auto spans = map_buffer(m, *h, entry);
+    std::lock_guard lock(mutex_);
+    if (!spans) {
+      drop(entry);
+      held_.erase(m.update_id);
+      return spans.error();
     }
-    // With the lease visible, STAMP tells whether the buffer still holds this update (the
-    // writer removes STAMP before it looks at leases, see fm_publisher::acquire).
-    auto stamp = file_read(bdir + "/STAMP");
-    if (stamp_update_id(stamp.value_or("")) != m.update_id) {
-      ::unlink(entry.lease.c_str());
-      struct stat st {};
-      if (::stat(bdir.c_str(), &st) != 0) {
-        return make_error(errc::unknown_update,
-                          "unknown update_id: " + m.update_id + ": no " + bdir +
-                              " (field transport_handle: this consumer's dir=" + cfg_.dir +
-                              ", the publisher writes dir=" + h->dir + ") (" + ctx() + ")");
-      }
-      return make_error(errc::unknown_update,
-                        "unknown update_id: " + m.update_id + " is no longer in " + bdir +
-                            ": the publisher is reusing it for a newer update (field "
-                            "transport_handle) (" +
-                            ctx() + ")");
-    }
-    std::vector<std::span<const std::byte>> spans;
-    for (std::size_t i = 0; i < h->segments; ++i) {
-      std::uint64_t n = m.segments[i].nbytes;
-      if (n == 0) {
-        spans.emplace_back();
-        continue;
-      }
-      std::string path = segment_path(cfg_.dir, h->buffer, i);
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      struct stat st {};
-      if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < n) {
-        int err = errno;
-        if (fd >= 0) ::close(fd);
-        drop(entry);
-        return make_error(errc::invalid_manifest,
-                          "invalid manifest: segments[" + std::to_string(i) + "].nbytes: " + path +
-                              (fd < 0 ? " cannot be opened: " + errno_text(err)
-                                      : " holds fewer than " + std::to_string(n) + " bytes") +
-                              " (" + ctx() + ")");
-      }
-      // Read-only and shared: the page cache's pages, no copy (on NFS, the client's cache).
-      void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-      int err = errno;
-      ::close(fd);
-      if (p == MAP_FAILED) {
-        drop(entry);
-        return make_error(errc::io_error,
-                          "file-mmap: mmap " + path + ": " + errno_text(err) + " (" + ctx() + ")");
-      }
-      entry.maps.emplace_back(p, n);
-      spans.emplace_back(static_cast<const std::byte*>(p), n);
-    }
-    held_.emplace(m.update_id, std::move(entry));
-    if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { heartbeat_run(); });
+    entry.ready = true;
+    held_[m.update_id] = std::move(entry);
     return spans;
+  }
+
+  // A lease the writer removed means it judged this reader dead and may have rewritten the
+  // buffer since (the heartbeat stalled past lease_timeout_ms: a frozen process, a hung network
+  // filesystem). While the lease is there the writer leaves the buffer alone.
+  result<void> intact(const update_id& id) const override {
+    std::lock_guard lock(mutex_);
+    auto it = held_.find(id);
+    if (it == held_.end() || !it->second.ready) {
+      return make_error(errc::unknown_update, "unknown update_id: " + id +
+                                                  " is not imported from file-mmap (" +
+                                                  update_context(id, rank_) + ")");
+    }
+    struct stat st {};
+    if (::stat(it->second.lease.c_str(), &st) != 0 && errno == ENOENT) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id + ": the writer removed this reader's lease " +
+                            it->second.lease + " (its heartbeat stalled beyond lease_timeout_ms=" +
+                            std::to_string(cfg_.lease_timeout.count()) +
+                            "), so the buffer may hold newer bytes (" + update_context(id, rank_) +
+                            ")");
+    }
+    return {};
   }
 
   void release(const update_id& id) override {
     std::lock_guard lock(mutex_);
     auto it = held_.find(id);
-    if (it == held_.end()) return;
+    if (it == held_.end() || !it->second.ready) return;
     drop(it->second);
     held_.erase(it);
   }
@@ -149,7 +106,95 @@ class fm_consumer final : public consumer_transport {
   struct held {
     std::string lease;
     std::vector<std::pair<void*, std::size_t>> maps;
+    bool ready = false;  ///< false while import_segments maps it
   };
+
+  std::string ctx(const weight_update_manifest& m) const {
+    return update_context(m.update_id, rank_);
+  }
+
+  // Writes the lease, checks STAMP, and maps the buffer's files into `entry` (without the lock).
+  result<std::vector<std::span<const std::byte>>> map_buffer(const weight_update_manifest& m,
+                                                             const handle& h, held& entry) {
+    std::string bdir = buffer_dir(cfg_.dir, h.buffer);
+    if (auto ok = dir_ensure(cfg_.dir + "/leases"); !ok) {
+      return make_error(ok.error().code, ok.error().message + " (" + ctx(m) + ")");
+    }
+    nlohmann::json who = {{"host", host_},
+                          {"pid", ::getpid()},
+                          {"start", start_},
+                          {"rank", rank_},
+                          {"buffer", h.buffer},
+                          {"update_id", m.update_id},
+                          {"weight_version", m.weight_version}};
+    // Written whole, then renamed: the writer never reads half a lease.
+    std::string tmp = cfg_.dir + "/leases/." + random_hex(6) + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << who.dump();
+      out.close();
+      if (!out) {
+        ::unlink(tmp.c_str());
+        return make_error(errc::io_error,
+                          "file-mmap: cannot write lease " + tmp + " (" + ctx(m) + ", field dir)");
+      }
+    }
+    if (::rename(tmp.c_str(), entry.lease.c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      entry.lease.clear();  // not ours to remove
+      return make_error(errc::io_error,
+                        "file-mmap: rename " + tmp + ": " + errno_text(err) + " (" + ctx(m) + ")");
+    }
+    // With the lease visible, STAMP tells whether the buffer still holds this update (the
+    // writer removes STAMP before it looks at leases, see fm_publisher::acquire).
+    auto stamp = file_read(bdir + "/STAMP");
+    if (stamp_update_id(stamp.value_or("")) != m.update_id) {
+      struct stat st {};
+      if (::stat(bdir.c_str(), &st) != 0) {
+        return make_error(errc::unknown_update,
+                          "unknown update_id: " + m.update_id + ": no " + bdir +
+                              " (field transport_handle: this consumer's dir=" + cfg_.dir +
+                              ", the publisher writes dir=" + h.dir + ") (" + ctx(m) + ")");
+      }
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + m.update_id + " is no longer in " + bdir +
+                            ": the publisher is reusing it for a newer update (field "
+                            "transport_handle) (" +
+                            ctx(m) + ")");
+    }
+    std::vector<std::span<const std::byte>> spans;
+    for (std::size_t i = 0; i < h.segments; ++i) {
+      std::uint64_t n = m.segments[i].nbytes;
+      if (n == 0) {
+        spans.emplace_back();
+        continue;
+      }
+      std::string path = segment_path(cfg_.dir, h.buffer, i);
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st {};
+      if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < n) {
+        int err = errno;
+        if (fd >= 0) ::close(fd);
+        return make_error(errc::invalid_manifest,
+                          "invalid manifest: segments[" + std::to_string(i) + "].nbytes: " + path +
+                              (fd < 0 ? " cannot be opened: " + errno_text(err)
+                                      : " holds fewer than " + std::to_string(n) + " bytes") +
+                              " (" + ctx(m) + ")");
+      }
+      // Read-only and shared: the page cache's pages, no copy (on NFS, the client's cache).
+      void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+      int err = errno;
+      ::close(fd);
+      if (p == MAP_FAILED) {
+        return make_error(errc::io_error,
+                          "file-mmap: mmap " + path + ": " + errno_text(err) + " (" + ctx(m) + ")");
+      }
+      entry.maps.emplace_back(p, n);
+      spans.emplace_back(static_cast<const std::byte*>(p), n);
+    }
+    return spans;
+  }
 
   // Unmaps first, then gives the lease back: the writer may resize the files once it is gone.
   static void drop(held& h) {
@@ -158,20 +203,32 @@ class fm_consumer final : public consumer_transport {
     if (!h.lease.empty()) ::unlink(h.lease.c_str());
   }
 
-  // Refreshes the mtime of every lease this consumer holds, so the writer sees it alive.
+  // Refreshes the mtime of every lease this consumer holds, so the writer sees it alive. The
+  // touching happens outside the lock: an import mapping a large buffer must not stop it.
   void heartbeat_run() {
     auto period = std::max(cfg_.lease_timeout / 4, std::chrono::milliseconds(5));
     std::unique_lock lock(mutex_);
     while (!stop_) {
       cv_.wait_for(lock, period, [&] { return stop_; });
       if (stop_) break;
-      for (const auto& [id, h] : held_) {
-        if (::utimensat(AT_FDCWD, h.lease.c_str(), nullptr, 0) != 0 && errno == ENOENT) {
-          log_warn("file-mmap: the lease on update_id " + id +
-                   " was removed by the writer (this reader's heartbeat stalled beyond "
-                   "lease_timeout_ms=" +
-                   std::to_string(cfg_.lease_timeout.count()) + "); rank " + std::to_string(rank_));
+      std::vector<std::pair<update_id, std::string>> leases, gone;
+      for (const auto& [id, h] : held_) leases.emplace_back(id, h.lease);
+      lock.unlock();
+      for (const auto& [id, lease] : leases) {
+        if (::utimensat(AT_FDCWD, lease.c_str(), nullptr, 0) != 0 && errno == ENOENT) {
+          gone.emplace_back(id, lease);
         }
+      }
+      lock.lock();
+      for (const auto& [id, lease] : gone) {
+        // Not an import whose lease is not written yet, nor one released meanwhile.
+        auto it = held_.find(id);
+        if (it == held_.end() || !it->second.ready || it->second.lease != lease) continue;
+        log_warn("file-mmap: the lease on update_id " + id +
+                 " was removed by the writer (this reader's heartbeat stalled beyond "
+                 "lease_timeout_ms=" +
+                 std::to_string(cfg_.lease_timeout.count()) +
+                 "); its bytes are no longer trusted; rank " + std::to_string(rank_));
       }
     }
   }
@@ -180,7 +237,7 @@ class fm_consumer final : public consumer_transport {
   std::string host_;
   std::uint64_t start_;
   std::int32_t rank_ = -1;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::unordered_map<update_id, held> held_;

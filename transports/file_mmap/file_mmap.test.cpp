@@ -317,6 +317,32 @@ TEST_P(file_mmap_test, a_handle_to_a_rewritten_buffer_is_refused) {
   EXPECT_TRUE(leases_in(dir_).empty()) << "a refused import leaves no lease";
 }
 
+// A reader frozen past the lease timeout loses its lease, and the writer may then rewrite its
+// buffer: bytes copied out of it after that are not trusted (the executor asks intact()).
+TEST_P(file_mmap_test, bytes_read_after_the_writer_removed_the_lease_are_not_intact) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto c = consumer(4);
+  ASSERT_TRUE(c->import_update(*m1));
+  ASSERT_TRUE(c->verify(m1->update_id));
+  EXPECT_TRUE(c->intact(m1->update_id));
+  ASSERT_TRUE(publish(2));
+  auto leases = leases_in(dir_);
+  ASSERT_EQ(leases.size(), 1u);
+  fs::remove(dir_ + "/leases/" + leases.front());  // what the writer does to a stale lease
+  auto m3 = publish(3);                            // lands in buffer-0, under the reader's mapping
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_EQ(buffer_of(*m3), buffer_of(*m1));
+  auto whole = c->intact(m1->update_id);
+  ASSERT_FALSE(whole);
+  EXPECT_EQ(whole.error().code, errc::unknown_update);
+  EXPECT_TRUE(contains(whole.error().message, "the writer removed this reader's lease"))
+      << whole.error().message;
+  EXPECT_TRUE(contains(whole.error().message, "rank=4")) << whole.error().message;
+  ASSERT_TRUE(c->release(m1->update_id));
+}
+
 INSTANTIATE_TEST_SUITE_P(on, file_mmap_test, ::testing::Values("tmpfs", "disk"));
 
 TEST(file_mmap_options, dir_is_required_and_buffers_checked) {

@@ -87,7 +87,8 @@ result<void> fsync_path(const std::string& path) {
 // durable: readers see the old file or the new one, never a mix, also after a crash.
 // `before_rename` runs between the two (the fault-injection point).
 result<void> file_replace_durably(const std::string& path, const std::string& text,
-                                  const std::function<void()>& before_rename) {
+                                  const std::function<void()>& before_rename, bool* renamed) {
+  if (renamed) *renamed = false;
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return make_error(errc::io_error, "open " + tmp + ": " + errno_text(errno));
@@ -112,6 +113,7 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return make_error(errc::io_error, "rename " + tmp + ": " + errno_text(errno));
   }
+  if (renamed) *renamed = true;
   return fsync_path(path.substr(0, path.rfind('/')));
 }
 

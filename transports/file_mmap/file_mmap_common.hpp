@@ -61,9 +61,11 @@ std::string buffer_dir(const std::string& dir, std::uint64_t b);
 std::string segment_path(const std::string& dir, std::uint64_t b, std::size_t i);
 std::optional<std::string> file_read(const std::string& path);
 result<void> fsync_path(const std::string& path);
-/// path.tmp, fsync, `before_rename`, rename over path, fsync of the folder.
+/// path.tmp, fsync, `before_rename`, rename over path, fsync of the folder. `*renamed` (when
+/// given) says whether the rename happened: an error after it leaves the new file in place.
 result<void> file_replace_durably(const std::string& path, const std::string& text,
-                                  const std::function<void()>& before_rename = {});
+                                  const std::function<void()>& before_rename = {},
+                                  bool* renamed = nullptr);
 result<void> dir_ensure(const std::string& path);
 
 /// "buffer-<b>.": how the leases on buffer b begin.

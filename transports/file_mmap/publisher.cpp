@@ -189,11 +189,14 @@ class fm_publisher final : public publisher_transport {
         ::_exit(86);
       };
     }
-    if (auto ok = file_replace_durably(cfg_.dir + "/CURRENT", state.dump(), hook); !ok) {
+    bool renamed = false;
+    auto ok = file_replace_durably(cfg_.dir + "/CURRENT", state.dump(), hook, &renamed);
+    // Once renamed, CURRENT names buffer b whatever failed after: it must not be written next.
+    if (renamed) current_ = b;
+    if (!ok) {
       return make_error(ok.error().code, "file-mmap: " + ok.error().message + " (" +
                                              update_context(m) + ", field CURRENT)");
     }
-    current_ = b;
     return {};
   }
 

@@ -351,6 +351,7 @@ class shm_consumer final : public consumer_transport {
       auto mapped = map(*h, m, peer);
       lock.lock();
       if (!mapped) return mapped.error();
+      mapped->serial = ++serials_;
       it = maps_.emplace(key, *mapped).first;
       if (peer >= 0) {
         sources_.emplace_back(m.update_id, "rank:" + std::to_string(peer) + " (shared memory)");
@@ -378,7 +379,7 @@ class shm_consumer final : public consumer_transport {
       spans.emplace_back(mp.base + header_bytes + h->offsets[i], m.segments[i].nbytes);
     }
     ++mp.holds;
-    held_[m.update_id] = held_import{key, mp.name, header, h->generation};
+    held_[m.update_id] = held_import{key, mp.serial, header, h->generation};
     return spans;
   }
 
@@ -411,14 +412,17 @@ class shm_consumer final : public consumer_transport {
     std::lock_guard lock(mutex_);
     auto it = held_.find(id);
     if (it == held_.end()) return;
-    auto key = it->second.key, name = it->second.name;
+    // The very mapping the import counted on: the key's mapping may have been retired and the
+    // same slot name mapped again since (a stale handle), so neither key nor name tells.
+    const auto key = it->second.key;
+    const auto serial = it->second.serial;
     held_.erase(it);
-    if (auto m = maps_.find(key); m != maps_.end() && m->second.name == name) {
+    if (auto m = maps_.find(key); m != maps_.end() && m->second.serial == serial) {
       --m->second.holds;
       return;
     }
     for (auto r = retired_.begin(); r != retired_.end(); ++r) {
-      if (r->name != name) continue;
+      if (r->serial != serial) continue;
       if (--r->holds == 0) {
         r->unmap();
         retired_.erase(r);
@@ -434,6 +438,7 @@ class shm_consumer final : public consumer_transport {
     std::uint64_t map_bytes = 0;
     int holds = 0;
     std::shared_ptr<const slot_fd> fd;  ///< kept open, so that a peer on this node can be given it
+    std::uint64_t serial = 0;           ///< which mapping an import holds (release finds it)
     void unmap() const { ::munmap(const_cast<std::byte*>(base), map_bytes); }
   };
 
@@ -504,7 +509,7 @@ class shm_consumer final : public consumer_transport {
                                                     " is not a wsync slot of the named capacity (" +
                                                     update_context(m) + ")");
     }
-    return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0, std::move(fd)};
+    return mapping{h.name, static_cast<const std::byte*>(p), bytes, 0, std::move(fd), 0};
   }
 
   // A new read-only descriptor of the slot: by name, or when the publisher unlinked it (it
@@ -531,10 +536,12 @@ class shm_consumer final : public consumer_transport {
   mutable std::mutex mutex_;
   std::unordered_map<std::string, mapping> maps_;  // "<pool>/<slot>" -> mapping
   std::vector<mapping> retired_;
-  /// An import this consumer holds: its mapping (by key and slot name) and the slot generation
-  /// it was imported at (the header stays mapped while it is held).
+  std::uint64_t serials_ = 0;
+  /// An import this consumer holds: its mapping (by key and serial) and the slot generation it
+  /// was imported at (the header stays mapped while it is held).
   struct held_import {
-    std::string key, name;
+    std::string key;
+    std::uint64_t serial = 0;
     const slot_header* header = nullptr;
     std::uint64_t generation = 0;
   };

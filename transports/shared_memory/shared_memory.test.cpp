@@ -790,6 +790,36 @@ TEST_F(shared_memory_test, a_forged_handle_cannot_reach_past_the_slot) {
   ASSERT_TRUE(publisher_->on_released(m->update_id, 0));
 }
 
+// A handle naming another object for a slot this consumer maps retires the mapping, and a later
+// import maps the slot again: releasing the first import must let go of the mapping it held,
+// not of the new one (which would leave the retired one mapped for good).
+TEST_F(shared_memory_test, a_release_lets_go_of_the_mapping_its_import_held) {
+  make_publisher(1);
+  auto m1 = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto consumer = make_local_consumer();
+  ASSERT_TRUE(consumer->import_update(*m1));
+  auto handle = nlohmann::json::parse(m1->transport_handle);
+  auto other_name = *m1;
+  other_name.update_id = update_id_generate();
+  other_name.weight_version = 2;
+  handle["name"] = handle["name"].get<std::string>() + "-gone";
+  other_name.transport_handle = handle.dump();
+  auto refused = consumer->import_update(other_name);  // no such object
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("-gone"), std::string::npos) << refused.error().message;
+  auto again = *m1;  // the first slot once more, under another update id
+  again.update_id = update_id_generate();
+  again.weight_version = 3;
+  auto imported = consumer->import_update(again);
+  ASSERT_TRUE(imported) << imported.error().message;
+  ASSERT_TRUE(consumer->release(m1->update_id));
+  ASSERT_TRUE(consumer->release(again.update_id));
+  // The publisher's mapping and the consumer's cached one; the retired one is gone.
+  EXPECT_EQ(wsync_mappings().size(), 2u);
+  ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+}
+
 TEST_F(shared_memory_test, a_bigger_update_replaces_a_free_slot) {
   make_publisher(1);
   auto small = std::vector<tensor_source>{sources_[0]};

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "wsync/transports/registry.hpp"
+#include "wsync/transports/weight_publisher.hpp"
+
 namespace wsync {
 namespace {
 
@@ -97,6 +100,36 @@ TEST(forwarding_consumer, passes_every_call_and_its_answer) {
   EXPECT_EQ(f.relay_address(), "relay:1");
   f.release("u");
   EXPECT_EQ(inner->calls, (std::vector<std::string>{"import u", "rank 7", "release u"}));
+}
+
+// A transport whose expose fails (file-mmap's fdatasync, say): the publish error names the
+// update and the rank, as every publish error does, and nothing stays acquired.
+class failing_expose final : public forwarding_publisher {
+ public:
+  using forwarding_publisher::forwarding_publisher;
+  result<std::string> expose(const update_id& id) override {
+    return make_error(errc::io_error, "disk gone while exposing " + id);
+  }
+};
+
+TEST(forwarding_publisher, a_failed_expose_names_the_update_and_the_rank) {
+  auto t = make_transport("local-clone", {});
+  ASSERT_TRUE(t) << t.error().message;
+  auto inner = (*t)->make_publisher();
+  ASSERT_TRUE(inner) << inner.error().message;
+  publisher_config cfg;
+  cfg.model_id = "m";
+  cfg.source_rank = 3;
+  cfg.slot_wait = std::chrono::milliseconds(100);
+  weight_publisher p(std::make_unique<failing_expose>(std::move(*inner)), "local-clone", cfg);
+  std::vector<std::byte> bytes(64, std::byte{1});
+  std::vector<tensor_source> sources = {{"w", dtype::u8, {64}, {}, bytes.data(), bytes.size()}};
+  auto m = p.publish(sources, 1, {});
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error().code, errc::io_error);
+  EXPECT_NE(m.error().message.find("disk gone while exposing"), std::string::npos);
+  EXPECT_NE(m.error().message.find(" rank=3"), std::string::npos) << m.error().message;
+  EXPECT_TRUE(p.held_updates().empty());
 }
 
 }  // namespace

@@ -361,7 +361,8 @@ result<weight_update_manifest> weight_publisher::publish(
   auto handle = transport_->expose(m.update_id);
   if (!handle) {
     transport_->release(m.update_id);
-    return handle.error();
+    return make_error(handle.error().code,
+                      "publish failed: " + handle.error().message + " (" + update_context(m) + ")");
   }
   m.transport_handle = std::move(*handle);
 
