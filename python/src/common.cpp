@@ -119,6 +119,7 @@ void gate_ticket_bind(pyb::module_& m) {
 python_adapter::python_adapter(pyb::object target) : target_(std::move(target)) {
   references_import_ = pyb::bool_(target_.attr("references_import"));
   swaps_slots_ = pyb::hasattr(target_, "slots");
+  swaps_views_ = !swaps_slots_ && pyb::hasattr(target_, "_switch_views");
 }
 
 python_adapter::~python_adapter() {
@@ -150,6 +151,12 @@ void python_adapter::swap_slots(const update_id& id) {
   target_.attr("_spare") = active;
   target_.attr("_active") = staged;
   target_.attr("active_update") = pyb::str(id);
+}
+
+void python_adapter::swap_views(const update_id& id) {
+  // As swap_slots: dict.pop and a plain setattr run no bytecode, so a Ctrl-C that arrived while
+  // the switch waited for the gate fires after it, never between the ack and the switch.
+  target_.attr("active") = target_.attr("_staged").attr("pop")(id);
 }
 
 namespace {
@@ -308,8 +315,20 @@ void python_adapter::activate(const update_id& id) noexcept {
       swap_slots(id);
       return;
     }
+    if (swaps_views_) {
+      swap_views(id);
+      return;
+    }
     target_.attr("activate")(id);
   } catch (pyb::error_already_set& e) {
+    // A custom installer's activate is Python: a Ctrl-C may stop it. The executor has switched
+    // already; the interrupt is raised once update_weights returns, never swallowed.
+    if ((e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) && !interrupt_) {
+      log_error("activate of " + std::string(id) +
+                " was interrupted: the installer's switch may be incomplete");
+      interrupt_.emplace(std::move(e));
+      return;
+    }
     log_error(python_failure("activate raised (it must not)", e));
   } catch (...) {
     log_error("activate raised (it must not)");

@@ -103,9 +103,11 @@ void gate_ticket_bind(pyb::module_& m);
 /// after giving the GIL back: the bulk of an install never holds up other Python threads.
 /// An installer with a `slots` attribute (a list of tensors) is switched by the adapter itself,
 /// through the C API: each slot's `.data` becomes the staged list `_staged.pop(update_id)`, the
-/// previous tensors go to `_spare`. No Python bytecode runs, so a Ctrl-C cannot stop a switch
-/// half-way. A KeyboardInterrupt raised while staging fails the update and is kept for the
-/// caller to re-raise (take_interrupt).
+/// previous tensors go to `_spare`. One with `_switch_views` (ViewInstaller) gets
+/// `active = _staged.pop(update_id)` the same way. No Python bytecode runs, so a Ctrl-C cannot
+/// stop a switch half-way. A KeyboardInterrupt raised while staging fails the update, and one
+/// that stops a custom installer's activate (after the executor switched) is kept too: the
+/// caller re-raises it (take_interrupt).
 class python_adapter final : public install_adapter {
  public:
   explicit python_adapter(pyb::object target);
@@ -115,15 +117,18 @@ class python_adapter final : public install_adapter {
   void discard(const update_id& id) noexcept override;
   bool references_import() const override { return references_import_; }
 
-  /// Throws the KeyboardInterrupt (or SystemExit) that stopped the last stage, if any. GIL held.
+  /// Throws the KeyboardInterrupt (or SystemExit) that stopped the last stage or activate, if
+  /// any. GIL held.
   void take_interrupt();
 
  private:
   void swap_slots(const update_id& id);
+  void swap_views(const update_id& id);
 
   pyb::object target_;
   bool references_import_ = false;
   bool swaps_slots_ = false;
+  bool swaps_views_ = false;  ///< ViewInstaller: `active = _staged.pop(id)`, done here
   std::optional<pyb::error_already_set> interrupt_;
 };
 

@@ -3,7 +3,9 @@
 #include "views.hpp"
 
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "wsync/transports/forwarding.hpp"
@@ -22,13 +24,53 @@ registry& leases() {
   return *r;
 }
 
-// Every call passes through; a release waits for the update's views.
+// Every call passes through; a release waits for the update's views. Until it ran, the same
+// update cannot be imported again: the transports key their imports by update id, so a second
+// import would replace (local-clone: free) or double-count (shared-memory) what the live views
+// of the first still read.
 class lease_aware_consumer final : public forwarding_consumer {
  public:
   using forwarding_consumer::forwarding_consumer;
-  void release(const update_id& id) override {
-    release_when_unviewed(id, [inner = inner_, id] { inner->release(id); });
+
+  void rank_set(std::int32_t rank) override {
+    rank_ = rank;
+    inner_->rank_set(rank);
   }
+
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    {
+      std::lock_guard lock(deferred_->mutex);
+      if (deferred_->ids.count(m.update_id) > 0) {
+        return make_error(errc::illegal_transition,
+                          "cannot import update " + m.update_id +
+                              " again: it was released while tensors viewing its first import "
+                              "are still alive; drop them first (" +
+                              update_context(m.update_id, rank_) + ")");
+      }
+    }
+    return inner_->import_segments(m);
+  }
+
+  void release(const update_id& id) override {
+    {
+      std::lock_guard lock(deferred_->mutex);
+      deferred_->ids.insert(id);
+    }
+    release_when_unviewed(id, [inner = inner_, deferred = deferred_, id] {
+      inner->release(id);
+      std::lock_guard lock(deferred->mutex);
+      deferred->ids.erase(id);
+    });
+  }
+
+ private:
+  struct pending {
+    std::mutex mutex;
+    std::set<update_id> ids;  ///< released, the release waiting for views
+  };
+  std::shared_ptr<pending> deferred_ = std::make_shared<pending>();
+  std::int32_t rank_ = -1;
 };
 
 class lease_aware_publisher final : public forwarding_publisher {

@@ -129,3 +129,17 @@ def test_an_aborted_version_is_published_again_and_commits(coordinator):
         with pytest.raises(wsync.VersionNotMonotonicError,
                            match="weight_version must increase monotonically"):
             trainer.publish(weight_version=1)
+
+
+def test_a_publish_after_publish_async_waits_its_turn(coordinator):
+    import wsync
+
+    where = dict(coordinator=coordinator.address, token=coordinator.token)
+    with wsync.RolloutRank(model=torch.nn.Linear(64, 64), rank=0, **where) as rollout, \
+            wsync.TrainerRank(model=torch.nn.Linear(64, 64), rank=0, ranks=1, **where) as trainer:
+        wsync.wait_for_consumers(1, timeout=30, **where)
+        first = trainer.publish_async(weight_version=1)
+        second = trainer.publish(weight_version=2)  # in call order: after the async one
+        assert first.result(timeout=60).committed
+        assert second.committed, second.table
+        assert rollout.wait_for_version(2, timeout=30)

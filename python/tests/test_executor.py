@@ -157,6 +157,97 @@ def test_ctrl_c_while_staging_rejects_the_update_and_reaches_the_caller():
     rollout.release_weights()
 
 
+def test_ctrl_c_while_a_view_install_waits_for_readers_switches_whole_then_reaches_the_caller():
+    """Zero-copy installs switch in the extension: a Ctrl-C that came while the switch waited
+    for a generation step cannot leave the update acknowledged with the old views active."""
+    import os
+    import signal
+    import threading
+    import time
+
+    pub = wsync.LocalCloneTensorBridge(source_worker="t")
+    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge(source_worker="r"))
+    m1 = pub.publish({"w": torch.full((4,), 1.0)}, 1)
+    rollout.update_weights(m1)
+    inside = threading.Event()
+
+    def reader():
+        with rollout.generating():
+            inside.set()
+            time.sleep(1.0)  # one long generation step: the switch waits for it
+
+    t = threading.Thread(target=reader)
+    t.start()
+    inside.wait()
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    m2 = pub.publish({"w": torch.full((4,), 2.0)}, 2)
+    interrupted = False
+    try:
+        rollout.update_weights(m2)
+        time.sleep(1.5)  # a Ctrl-C still pending fires here, in Python
+    except KeyboardInterrupt:
+        interrupted = True
+    t.join()
+    assert interrupted
+    assert rollout.active_weight_version == 2
+    assert rollout.installer.active["w"].tolist() == [2.0] * 4
+    assert not rollout.installer._staged
+    rollout.release_weights()
+    for m in (m1, m2):
+        pub.release(m.update_id)
+
+
+def test_an_update_released_while_its_views_live_cannot_be_imported_again():
+    pub = wsync.LocalCloneTensorBridge(source_worker="t")
+    sub = wsync.LocalCloneTensorBridge(source_worker="r")
+    m = pub.publish({"w": torch.full((4,), 7.0)}, 1)
+    views = sub.import_update(m)
+    sub.release(m.update_id)  # deferred: `views` still reads the import
+    with pytest.raises(wsync.IllegalTransitionError, match="drop them first"):
+        sub.import_update(m)
+    junk = [torch.full((4,), 9.0) for _ in range(64)]  # the heap reused, were it freed
+    assert views["w"].tolist() == [7.0] * 4
+    del views, junk
+    again = sub.import_update(m)  # the release ran with the last view
+    assert again["w"].tolist() == [7.0] * 4
+    del again
+    sub.release(m.update_id)
+    pub.release(m.update_id)
+
+
+def test_a_bridge_with_both_roles_gives_its_published_slot_back_whatever_the_consumer_says():
+    b = wsync.SharedMemoryTensorBridge(options={"slots": "1"}, slot_wait_s=0.5)
+    rollout = wsync.RolloutExecutor(b, model=small_model(1))
+    m = b.publish(small_model(2), 1)
+    rollout.update_weights(m)  # copies, then the executor releases the import itself
+    b.release(m.update_id)  # the consumer half refuses; the publisher half still goes back
+    assert not b._publisher.held()
+    m2 = b.publish(small_model(3), 2)  # the one slot is free
+    b.release(m2.update_id)
+    rollout.release_weights()
+
+
+def test_a_module_tensor_replaced_after_the_executor_was_made_fails_the_install():
+    trainer, rollout_model = small_model(1), small_model(2)
+    pub = wsync.LocalCloneTensorBridge(source_worker="t", source_rank=4)
+    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge(source_worker="r",
+                                                                 source_rank=4),
+                                    model=rollout_model)
+    name = next(iter(rollout_model.state_dict()))
+    owner = rollout_model
+    *path, leaf = name.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    setattr(owner, leaf, torch.nn.Parameter(getattr(owner, leaf).detach().clone()))
+    m = pub.publish(trainer, 1)
+    with pytest.raises(wsync.InstallFailedError, match=f"tensor {name}: field tensor: the "
+                       "module's tensor was replaced") as e:
+        rollout.update_weights(m)
+    assert f"update_id={m.update_id} rank=4" in str(e.value)
+    assert rollout.active_weight_version is None  # nothing was installed
+    pub.release(m.update_id)
+
+
 def test_where_the_module_cannot_drive_the_gpu_torch_copies_the_bytes():
     """A module built without CUDA says so, and the installer then copies into GPU modules with
     torch (copy_bytes), byte for byte from the segment."""

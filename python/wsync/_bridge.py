@@ -174,6 +174,7 @@ class WeightBridge:
         memory. Waits for nothing: while tensors of the update are alive in this process the
         memory stays, and goes with the last of them."""
         done = False
+        consumer_error: Optional[Exception] = None
         if self._consumer is not None:
             try:
                 with _torch.device_kept():
@@ -181,13 +182,18 @@ class WeightBridge:
                 done = True
             except UnknownUpdateError:
                 pass
+            except Exception as e:  # e.g. released by an executor already: the publisher's
+                consumer_error = e  # half must still go back, or its slot stays taken
         if self._publisher is not None and update_id in self._publisher.held():
             with _torch.device_kept():
                 self._publisher.release(update_id)
             done = True
+        if consumer_error is not None and not done:
+            raise consumer_error
         if not done:
-            raise UnknownUpdateError(f"release: unknown update (update_id={update_id} "
-                                     f"rank={self.source_rank})")
+            raise UnknownUpdateError(f"unknown update_id: release: {update_id} is neither "
+                                     f"imported nor published by this bridge "
+                                     f"(update_id={update_id} rank={self.source_rank})")
 
     def close(self) -> None:
         """Releases everything this bridge still holds."""
@@ -261,6 +267,7 @@ class RolloutExecutor(_Gate):
                  verify: bool = True) -> None:
         self.weight_bridge = weight_bridge
         self.installer = ModuleInstaller(model) if model is not None else ViewInstaller()
+        self.installer.rank = weight_bridge.source_rank
         self._handle = _wsync.Executor(weight_bridge._consumer_half(), self.installer,
                                        bool(verify))
         self.last_report: Optional[dict] = None

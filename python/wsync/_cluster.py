@@ -207,6 +207,11 @@ class TrainerRank:
             transport, options_text(options), model_id,
             int(outcome_timeout * 1000), _tls(tls))
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool_lock = threading.Lock()
+        self._last_async: Optional[concurrent.futures.Future] = None
+        # The core's trainer rank takes one caller at a time: a publish left running by Ctrl-C,
+        # or one in the pool, and the next one never overlap.
+        self._calling = threading.Lock()
         _open_ranks.add(self)
 
     def _shard(self, source: Any) -> List[Tuple[str, torch.Tensor]]:
@@ -219,7 +224,11 @@ class TrainerRank:
         `weight_version` and waits for the version's outcome (committed, or aborted with the
         reason and the per-rank table). Raises WeightSyncError only when the publish itself
         failed (e.g. VersionNotMonotonicError)."""
-        return self._publish_prepared(self._prepare(model, weight_version, metadata))
+        call = self._prepare(model, weight_version, metadata)
+        queued = self._last_async
+        if queued is not None:  # in call order: after the publish_async calls made before
+            _interruptible(concurrent.futures.wait, [queued])
+        return self._publish_prepared(call)
 
     def _prepare(self, model: Any, weight_version: Optional[int],
                  metadata: Optional[Mapping[str, Any]]) -> Any:
@@ -232,11 +241,13 @@ class TrainerRank:
             raise InvalidArgumentError("publish: no model given here or to TrainerRank()")
         tuples, keep = _torch.publish_sources(self._shard(source))
         handle, version, meta = self._handle, int(weight_version), encode_metadata(metadata)
+        calling = self._calling
 
         def call():
             # Holds `keep` (the contiguous copies the tuples point into) for as long as the C++
             # publish runs, even when Ctrl-C left this frame early.
-            return handle.publish(tuples, version, meta) if keep is not None else None
+            with calling:
+                return handle.publish(tuples, version, meta) if keep is not None else None
 
         return call
 
@@ -255,15 +266,20 @@ class TrainerRank:
         (CUDA tensors: after the work queued on its current stream), so a bad argument raises
         here rather than through the future."""
         call = self._prepare(model, weight_version, metadata)  # here: the caller's stream
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wsync-pub")
-        return self._pool.submit(self._publish_prepared, call)
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="wsync-pub")
+            future = self._pool.submit(self._publish_prepared, call)
+            self._last_async = future
+        return future
 
     def close(self) -> None:
         """Leaves the cluster."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         if self._handle is not None:
             self._handle.close()
             self._handle = None

@@ -27,6 +27,10 @@ class ViewInstaller:
     executor keeps the import until the next version is active."""
 
     references_import = True
+    # The extension makes the switch itself (active = _staged.pop(update_id)) with C calls
+    # only, so a Ctrl-C cannot fall between the executor's switch and this one; activate()
+    # below is what it does, for callers outside an executor.
+    _switch_views = True
 
     def __init__(self) -> None:
         self.active: Dict[str, torch.Tensor] = {}
@@ -84,11 +88,15 @@ class ModuleInstaller:
         self._active: Optional[List[torch.Tensor]] = None  # what the slots point at now
         self._staged: Dict[str, List[torch.Tensor]] = {}
         self.active_update: Optional[str] = None
+        self.rank = -1  # the consumer rank its errors name (RolloutExecutor sets it)
+
+    def _where(self, update_id: str) -> str:
+        return f"update_id={update_id} rank={self.rank}"
 
     def check(self, update_id: str, found: Dict[str, Tuple[str, list]]) -> None:
         """InstallFailedError naming the first difference between the update (name -> (wire
         dtype, shape)) and the module."""
-        where = f"update_id={update_id}"
+        where = self._where(update_id)
         for name, target in self.targets.items():
             got = found.get(name)
             if got is None:
@@ -117,15 +125,28 @@ class ModuleInstaller:
             for info in manifest.tensors:
                 if info.strides:
                     raise InstallFailedError(f"install: tensor {info.name}: field strides: "
-                                             "strided updates are not installed into modules")
+                                             "strided updates are not installed into modules "
+                                             f"({self._where(update_id)})")
                 found[info.name] = (info.dtype, info.shape)
                 where[info.name] = (k, info.segment, info.offset, info.nbytes)
         self.check(update_id, found)
-        # Spares are plain row-major tensors on each slot's device (the copies are byte copies):
-        # a slot whose previous tensor had another layout (channels_last, a transposed view) gets
-        # a fresh one.
+        # The slots are the module's tensors as they were when the executor was made: one the
+        # module replaced since (a buffer after model.to(), an assignment) would take the bytes
+        # while the module reads another.
+        now = self.model.state_dict(keep_vars=True)
+        for name, slot in self._slot_of.items():
+            if now.get(name) is not self._slot_tensor[slot]:
+                raise InstallFailedError(
+                    f"install: tensor {name}: field tensor: the module's tensor was replaced "
+                    "after the RolloutExecutor was made (model.to(), .cuda(), .double() or an "
+                    "assignment); make the executor after such changes "
+                    f"({self._where(update_id)})")
+        # Spares are plain row-major tensors on each slot's device and dtype (the copies are byte
+        # copies): a slot whose previous tensor had another layout (channels_last, a transposed
+        # view) or place gets a fresh one.
         spare = self._spare or [None] * len(self._slot_tensor)
-        spare = [s if s is not None and s.is_contiguous() else
+        spare = [s if s is not None and s.is_contiguous() and s.device == t.device
+                 and s.dtype == t.dtype and s.shape == t.shape else
                  torch.empty(t.shape, dtype=t.dtype, device=t.device)
                  for s, t in zip(spare, self._slot_tensor)]
         jobs = []
@@ -138,7 +159,8 @@ class ModuleInstaller:
             shard, segment, offset, nbytes = where[name]
             if nbytes != dest.numel() * dest.element_size():
                 raise InstallFailedError(f"install: tensor {name}: field nbytes: {nbytes} "
-                                         f"does not match its shape and dtype ({update_id})")
+                                         "does not match its shape and dtype "
+                                         f"({self._where(update_id)})")
             if not nbytes:
                 continue
             device = _torch.cuda_index(dest)

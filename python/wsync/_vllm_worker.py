@@ -337,20 +337,23 @@ class WsyncWeightTransferEngine:
         return chunk
 
     def _check_new(self, m: Any, where: str, known: Sequence[Any]) -> None:
+        # As the HTTP surface says it: the field, then the reason, then update and rank.
+        context = f"update_id={m.update_id} rank={self.bridge.source_rank}"
         if m.transport != self.transport:
             raise InvalidArgumentError(f"{where}.transport: \"{m.transport}\" differs from the "
-                                       f"initialised transport \"{self.transport}\"")
+                                       f"initialised transport \"{self.transport}\" ({context})")
         if m.weight_version <= self.weight_version:
             raise VersionNotMonotonicError(
                 f"{where}.weight_version: weight_version must increase monotonically: "
-                f"{m.weight_version} is not above the active {self.weight_version}")
+                f"{m.weight_version} is not above the active {self.weight_version} ({context})")
         for first in known:
             if m.update_id == first.update_id:
-                raise InvalidArgumentError(f"{where}.update_id: sent twice ({m.update_id})")
+                raise InvalidArgumentError(f"{where}.update_id: sent twice ({context})")
             if (m.model_id, m.weight_version) != (first.model_id, first.weight_version):
                 raise InvalidArgumentError(
                     f"{where}.weight_version: {m.model_id}@{m.weight_version} is not the update "
-                    f"{first.model_id}@{first.weight_version} the shards before it belong to")
+                    f"{first.model_id}@{first.weight_version} the shards before it belong to "
+                    f"({context})")
 
     @staticmethod
     def _chunk_names(info: WsyncUpdateInfo, known: Sequence[Any],
