@@ -57,13 +57,12 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
         }
         // The update this one replaced is let go before the answer, so the publisher can reuse
         // its memory by the time it hears the outcome.
-        for (const auto& key : side->forget(r.released)) report(key, "released", "");
+        for (const auto& key : side->settle(r, u->key)) report(key, "released", "");
         // Every report leaves when the import is over, so "importing" would tell the coordinator
         // nothing on its own: an acknowledgement carries the hop itself (a third fewer reports).
         auto from = import_source(*side, r.shard_ids);
         if (from.empty()) from = u->received_from;
         if (r.acknowledged) {
-          side->remember(r.shard_ids, u->key);
           report(u->key, "acknowledged", "", r.timings.total, std::move(from));
         } else if (r.failure && r.failure->code == errc::unknown_update) {
           // The bytes are gone (publisher exited or rewrote the slot, and no peer had them):

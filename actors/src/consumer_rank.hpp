@@ -64,21 +64,22 @@ struct rollout_side {
     for (const auto& [id, key] : key_of_) keys.insert(key);
     return {keys.begin(), keys.end()};
   }
-  /// Forgets the shards of `ids` and returns the keys they belonged to.
-  std::set<std::string> forget(const std::vector<update_id>& ids) {
+  /// After installing `key`: forgets the shards the executor let go of and returns the keys
+  /// they belonged to (the rank reports them released), and remembers the new shards when the
+  /// rank holds them (a view install; one that copied released them at once).
+  std::set<std::string> settle(const rollout_report& r, const std::string& key) {
     std::lock_guard lock(mu_);
     std::set<std::string> keys;
-    for (const auto& id : ids) {
+    for (const auto& id : r.released) {
       if (auto it = key_of_.find(id); it != key_of_.end()) {
         keys.insert(it->second);
         key_of_.erase(it);
       }
     }
+    if (r.acknowledged && !r.released_self) {
+      for (const auto& id : r.shard_ids) key_of_[id] = key;
+    }
     return keys;
-  }
-  void remember(const std::vector<update_id>& ids, const std::string& key) {
-    std::lock_guard lock(mu_);
-    for (const auto& id : ids) key_of_[id] = key;
   }
 
  private:

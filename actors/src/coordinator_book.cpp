@@ -311,6 +311,29 @@ void coordinator_book::distribute(update_record& u, coord_clock::time_point now,
   check_finished(u, now, out);  // no consumer at all: nothing to wait for
 }
 
+namespace {
+// The outcome effect of a finished update, with a copy of its record (shards left out).
+book_effect outcome_of(const update_record& u) {
+  auto finished = std::make_shared<update_record>();
+  finished->key = u.key;
+  finished->model_id = u.model_id;
+  finished->weight_version = u.weight_version;
+  finished->expected_publishers = u.expected_publishers;
+  finished->consumers = u.consumers;
+  finished->phase = u.phase;
+  finished->reason = u.reason;
+  finished->created = u.created;
+  finished->deadline = u.deadline;
+  finished->finished = u.finished;
+  finished->publishers_released = u.publishers_released;
+  finished->attempt = u.attempt;
+  finished->counts = u.counts;
+  book_effect e{book_effect::kind::outcome, u.key, publisher_ranks(u), {}};
+  e.record = std::move(finished);
+  return e;
+}
+}  // namespace
+
 void coordinator_book::check_finished(update_record& u, coord_clock::time_point now, effects& out) {
   if (u.phase != update_phase::distributing) return;
   if (u.counts.unanswered > 0) return;
@@ -325,7 +348,7 @@ void coordinator_book::check_finished(update_record& u, coord_clock::time_point 
     u.reason = "no consumer acknowledged";
   }
   u.finished = now;
-  out.push_back({book_effect::kind::outcome, u.key, publisher_ranks(u), {}});
+  out.push_back(outcome_of(u));
   check_released(u, out);
   collect_garbage(u.model_id, &u);  // u itself stays: the caller still uses it
 }
@@ -347,7 +370,7 @@ void coordinator_book::abort(update_record& u, const std::string& reason,
     }
   }
   if (!holders.empty()) out.push_back({book_effect::kind::drop, u.key, holders, {}});
-  out.push_back({book_effect::kind::outcome, u.key, publisher_ranks(u), {}});
+  out.push_back(outcome_of(u));
   check_released(u, out);  // nobody got it (aborted while assembling): publishers let go now
 }
 

@@ -340,6 +340,40 @@ TEST_F(book_test, history_is_bounded_but_keeps_the_catch_up_source) {
   EXPECT_EQ(book_.latest_committed("m")->weight_version, 10u);
 }
 
+// Two versions in flight when the rank they wait on leaves: both finish in one call, and the
+// second's history cleanup may drop the first before its outcome is carried out. The outcome
+// effect carries the finished record, so the trainer still hears it.
+TEST_F(book_test, an_outcome_survives_the_history_dropping_its_record) {
+  for (std::uint64_t v = 1; v <= 6; ++v) {  // a full history, rank 10 still holding 3..6
+    publish_both(v);
+    ack_all("m@" + std::to_string(v));
+    for (int r : {10, 11, 12, 13}) {
+      if (r == 10 && v >= 3) continue;
+      ASSERT_TRUE(book_.released("m@" + std::to_string(v), r, now_));
+    }
+  }
+  publish_both(7);
+  publish_both(8);
+  ack_all("m@7", {10, 11, 12});
+  ack_all("m@8", {10, 11, 12});
+  for (int r : {10, 11, 12}) ASSERT_TRUE(book_.released("m@7", r, now_));
+  auto fx = book_.leave(13, rank_role::consumer, "down", now_);
+  std::vector<std::string> outcomes;
+  bool dropped = false;
+  for (const auto& e : fx) {
+    if (e.what != kind::outcome) continue;
+    outcomes.push_back(e.key);
+    ASSERT_TRUE(e.record) << e.key;
+    EXPECT_EQ(e.record->key, e.key);
+    EXPECT_EQ(e.record->phase, update_phase::committed);
+    EXPECT_EQ(e.record->consumers.at(13).state, rank_state::failed);
+    dropped = dropped || book_.find(e.key) == nullptr;
+  }
+  EXPECT_EQ(outcomes, (std::vector<std::string>{"m@7", "m@8"}));
+  EXPECT_TRUE(dropped) << "the history kept every record: the case this test is about did not "
+                          "happen";
+}
+
 TEST_F(book_test, other_models_are_independent) {
   ASSERT_TRUE(book_.join(info(20, rank_role::publisher, "other"), now_));
   weight_update_manifest m = shard(20, 1);

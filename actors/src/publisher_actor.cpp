@@ -61,7 +61,10 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
             self->quit(err);
           });
   // CAF 0.17 does not fail a request when its peer dies: fail pending publishes ourselves.
-  auto pending = std::make_shared<std::vector<caf::typed_response_promise<std::string>>>();
+  // By a serial: each leaves when answered, so the list holds only publishes in flight.
+  auto pending =
+      std::make_shared<std::map<std::uint64_t, caf::typed_response_promise<std::string>>>();
+  auto serial = std::make_shared<std::uint64_t>(0);
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& msg) {
     if (msg.source != coordinator.address() || !really_down(coordinator)) {
@@ -71,7 +74,9 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
     }
     side->coordinator_lost = true;
     auto why = json{{"error", "the coordinator went away: " + self->system().render(msg.reason)}};
-    for (auto& rp : *pending) rp.deliver(why.dump(-1, ' ', false, json::error_handler_t::replace));
+    for (auto& [n, rp] : *pending) {
+      rp.deliver(why.dump(-1, ' ', false, json::error_handler_t::replace));
+    }
     pending->clear();
   });
   return {
@@ -87,10 +92,12 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
           side->id_of[key].push_back(id);
         }
         auto rp = self->make_response_promise<std::string>();
-        pending->push_back(rp);
+        const auto n = ++*serial;
+        pending->emplace(n, rp);
         self->request(coordinator, timeout, publish_atom::value, hello.token, manifest)
             .then(
                 [=](const std::string& reply_token, const std::string& outcome) mutable {
+                  pending->erase(n);
                   rp.deliver(
                       reply_token == hello.token
                           ? outcome
@@ -99,6 +106,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
                                 .dump(-1, ' ', false, json::error_handler_t::replace));
                 },
                 [=](caf::error& err) mutable {
+                  pending->erase(n);
                   rp.deliver(json{
                       {"error", "no outcome from the coordinator: " + self->system().render(err)}}
                                  .dump(-1, ' ', false, json::error_handler_t::replace));

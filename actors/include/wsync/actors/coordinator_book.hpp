@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -99,6 +100,9 @@ struct book_effect {
   std::vector<weight_update_manifest> manifests;
   /// distribute: a committed version sent to a rank that joined (catch-up), not a new one
   bool catch_up = false;
+  /// outcome: the record as it finished, without its shards. The history may drop the record
+  /// itself before the effect is carried out (another update finishing in the same call).
+  std::shared_ptr<const update_record> record = nullptr;
 };
 
 struct book_config {

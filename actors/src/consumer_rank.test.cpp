@@ -1,0 +1,62 @@
+// What a consumer rank says it holds (its hello.held on a re-join, and the "released" reports
+// that let publishers reuse memory): exactly the updates whose memory it still reads.
+
+#include "consumer_rank.hpp"
+
+#include <gtest/gtest.h>
+
+#include "held_publisher.hpp"
+#include "pattern_tensors.hpp"
+#include "wsync/transports/registry.hpp"
+
+namespace wsync::consumer_detail {
+namespace {
+
+class rollout_side_test : public ::testing::TestWithParam<reference_runtime::install_mode> {
+ protected:
+  void SetUp() override {
+    publisher_ = test::held_shm_publisher("m");
+    if (!publisher_) GTEST_SKIP() << "shared memory is not available here";
+  }
+  void TearDown() override {
+    if (publisher_) test::release_held(*publisher_);
+  }
+
+  test::pattern_tensors tensors_{4, 512};
+  std::unique_ptr<weight_publisher> publisher_;
+};
+
+TEST_P(rollout_side_test, a_rank_holds_only_what_it_reads) {
+  auto t = make_transport("shared-memory", {});
+  ASSERT_TRUE(t) << t.error().message;
+  auto c = (*t)->make_consumer();
+  ASSERT_TRUE(c) << c.error().message;
+  reference_runtime runtime(GetParam());
+  rollout_side side(std::move(*c), 0, true, runtime, runtime.gate());
+  const bool views = GetParam() == reference_runtime::install_mode::view;
+  std::set<std::string> released;
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    auto m = publisher_->publish(tensors_.fill(v), v, {0});
+    ASSERT_TRUE(m) << m.error().message;
+    auto r = side.executor.update_weights(*m);
+    ASSERT_TRUE(r.acknowledged) << (r.failure ? r.failure->message : "");
+    for (const auto& key : side.settle(r, update_key("m", v))) released.insert(key);
+  }
+  if (views) {
+    // It reads version 3 from the publisher's memory; 1 and 2 were let go as 3 came.
+    EXPECT_EQ(side.held(), (std::vector<std::string>{"m@3"}));
+    EXPECT_EQ(released, (std::set<std::string>{"m@1", "m@2"}));
+  } else {
+    // Copies: it let go of each import at once and holds nothing a publisher must keep.
+    EXPECT_TRUE(side.held().empty());
+    EXPECT_TRUE(released.empty());
+  }
+  (void)side.executor.release_active();
+}
+
+INSTANTIATE_TEST_SUITE_P(installs, rollout_side_test,
+                         ::testing::Values(reference_runtime::install_mode::view,
+                                           reference_runtime::install_mode::copy));
+
+}  // namespace
+}  // namespace wsync::consumer_detail
