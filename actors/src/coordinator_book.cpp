@@ -349,8 +349,32 @@ void coordinator_book::check_finished(update_record& u, coord_clock::time_point 
   }
   u.finished = now;
   out.push_back(outcome_of(u));
+  if (u.phase == update_phase::committed) catch_up_joined_meanwhile(u, now, out);
   check_released(u, out);
   collect_garbage(u.model_id, &u);  // u itself stays: the caller still uses it
+}
+
+// Consumers that joined while `u` was distributing got the version committed before it (join's
+// catch-up) and no entry in u's table: now that u is the newest committed version, they get it
+// too, as a catch-up. Without this a rank that restarted mid-update would serve the older
+// version until the next one came, and for good after a run's last version.
+void coordinator_book::catch_up_joined_meanwhile(update_record& u, coord_clock::time_point now,
+                                                 effects& out) {
+  if (latest_committed_mutable(u.model_id) != &u) return;
+  std::vector<std::int32_t> ranks;
+  for (const auto& [r, info] : consumers_) {
+    if (info.model_id != u.model_id || u.consumers.count(r) > 0 ||
+        info.active_weight_version >= u.weight_version) {
+      continue;
+    }
+    set_state(u, fresh_entry(u, r), rank_state::pending, now);
+    ranks.push_back(r);
+  }
+  if (ranks.empty()) return;
+  u.publishers_released = false;
+  std::vector<weight_update_manifest> shards;
+  for (const auto& [r, m] : u.shards) shards.push_back(m);
+  out.push_back({book_effect::kind::distribute, u.key, std::move(ranks), std::move(shards), true});
 }
 
 void coordinator_book::abort(update_record& u, const std::string& reason,

@@ -374,6 +374,36 @@ TEST_F(book_test, an_outcome_survives_the_history_dropping_its_record) {
                           "happen";
 }
 
+// A rank that joins while a version distributes gets the one committed before it at once, and
+// that version too once it commits, whether it answered meanwhile or not.
+TEST_F(book_test, a_rank_that_joins_mid_update_gets_that_update_once_it_commits) {
+  publish_both(1);
+  ack_all("m@1");
+  publish_both(2);
+  auto joined = book_.join(info(14, rank_role::consumer), now_);
+  ASSERT_TRUE(joined);
+  ASSERT_EQ(joined->size(), 1u);
+  EXPECT_EQ((*joined)[0].key, "m@1");  // catch-up on the committed version
+  EXPECT_TRUE((*joined)[0].catch_up);
+  ASSERT_TRUE(book_.acknowledged("m@1", 14, now_));
+  for (int r : {10, 11, 12}) {
+    ASSERT_TRUE(book_.importing("m@2", r, "publisher:0", now_));
+    ASSERT_TRUE(book_.acknowledged("m@2", r, now_));
+  }
+  ASSERT_TRUE(book_.importing("m@2", 13, "publisher:0", now_));
+  auto last = book_.acknowledged("m@2", 13, now_);
+  ASSERT_TRUE(last);
+  ASSERT_GE(last->size(), 2u);
+  EXPECT_EQ((*last)[0].what, kind::outcome);
+  EXPECT_EQ((*last)[0].record->consumers.count(14), 0u);  // the outcome is the ranks it waited on
+  EXPECT_EQ((*last)[1].what, kind::distribute);
+  EXPECT_EQ((*last)[1].key, "m@2");
+  EXPECT_EQ((*last)[1].ranks, (std::vector<std::int32_t>{14}));
+  EXPECT_TRUE((*last)[1].catch_up);
+  EXPECT_FALSE(book_.find("m@2")->publishers_released);  // 14 will read it
+  ASSERT_TRUE(book_.acknowledged("m@2", 14, now_));
+}
+
 TEST_F(book_test, other_models_are_independent) {
   ASSERT_TRUE(book_.join(info(20, rank_role::publisher, "other"), now_));
   weight_update_manifest m = shard(20, 1);

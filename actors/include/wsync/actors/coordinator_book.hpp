@@ -182,6 +182,7 @@ class coordinator_book {
   void set_may_hold(update_record& u, rank_progress& p, bool may_hold);
   void distribute(update_record& u, coord_clock::time_point now, effects& out);
   void check_finished(update_record& u, coord_clock::time_point now, effects& out);
+  void catch_up_joined_meanwhile(update_record& u, coord_clock::time_point now, effects& out);
   void abort(update_record& u, const std::string& reason, coord_clock::time_point now,
              effects& out);
   void check_released(update_record& u, effects& out);
