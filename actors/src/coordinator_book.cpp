@@ -407,7 +407,9 @@ bool coordinator_book::retry_must_wait(const weight_update_manifest& shard) cons
 void coordinator_book::check_released(update_record& u, effects& out) {
   if (u.publishers_released || in_flight(u) || u.counts.holding > 0) return;
   u.publishers_released = true;
-  out.push_back({book_effect::kind::release_publisher, u.key, publisher_ranks(u), {}});
+  book_effect e{book_effect::kind::release_publisher, u.key, publisher_ranks(u), {}};
+  for (const auto& [r, m] : u.shards) e.update_ids.push_back(m.update_id);
+  out.push_back(std::move(e));
 }
 
 result<coordinator_book::entry> coordinator_book::consumer_entry(const std::string& key,

@@ -188,7 +188,7 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         break;
       }
       case book_effect::kind::release_publisher: {
-        send_to(self, st.publishers, e.ranks, release_atom::value, st.token, e.key);
+        send_to(self, st.publishers, e.ranks, release_atom::value, st.token, e.key, e.update_ids);
         // A retry of this version waited for exactly this: the old attempt is gone.
         auto d = st.deferred.find(e.key);
         if (d == st.deferred.end()) break;
@@ -223,7 +223,8 @@ void orphan_release(coordinator_pointer self, const std::string& key, std::int32
   for (const auto& [r, info] : st.book.publishers()) {
     if (info.model_id != model) continue;
     if (auto p = st.publishers.find(r); p != st.publishers.end()) {
-      self->send(p->second, release_atom::value, st.token, key);
+      // A coordinator that restarted knows no update ids: the key's oldest attempt goes.
+      self->send(p->second, release_atom::value, st.token, key, std::vector<std::string>{});
     }
   }
 }

@@ -215,7 +215,7 @@ using publisher_actor = caf::typed_actor<
     // (token, update key, update_id, manifest JSON) -> outcome JSON
     caf::replies_to<publish_atom, std::string, std::string, std::string,
                     std::string>::with<std::string>,
-    // (token, update key)
-    caf::reacts_to<release_atom, std::string, std::string>>;
+    // (token, update key, the update ids of that attempt's shards; empty: the key's oldest)
+    caf::reacts_to<release_atom, std::string, std::string, std::vector<std::string>>>;
 
 }  // namespace wsync::proto

@@ -2,6 +2,7 @@
 // hands the manifest to the coordinator, waits for the outcome, and gives slots back when the
 // coordinator says every consumer released them.
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <iostream>
@@ -113,21 +114,30 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
                 });
         return rp;
       },
-      [=](release_atom, const std::string& token, const std::string& key) {
+      [=](release_atom, const std::string& token, const std::string& key,
+          const std::vector<std::string>& ids) {
         if (token != hello.token) {
           log_warn("publisher rank " + std::to_string(rank) + ": refused a release of " + key +
                    ": token: not from the coordinator");
           return;
         }
-        update_id id;
+        // Exactly the attempt the coordinator let go of: a retry of the same version may be
+        // held under the same key meanwhile.
+        std::vector<update_id> release;
         {
           std::lock_guard lock(side->mutex);
           auto it = side->id_of.find(key);
           if (it == side->id_of.end()) return;
-          id = it->second.front();
-          side->forget_locked(key, id);
+          if (ids.empty()) {
+            release.push_back(it->second.front());
+          } else {
+            for (const auto& id : it->second) {
+              if (std::find(ids.begin(), ids.end(), id) != ids.end()) release.push_back(id);
+            }
+          }
+          for (const auto& id : release) side->forget_locked(key, id);
         }
-        (void)side->publisher->release(id);
+        for (const auto& id : release) (void)side->publisher->release(id);
       },
   };
 }
@@ -285,6 +295,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
   if (!m) return out.fail(m.error()), out;
   auto key = update_key(m->model_id, weight_version);
   caf::scoped_actor self{impl_->sys.get()};
+  bool refused = false;  // the coordinator answered no: the version never entered its books
   self->request(impl_->endpoint, o.outcome_timeout + std::chrono::seconds(5), publish_atom::value,
                 o.coordinator.token, key, m->update_id, manifest_to_json(*m))
       .receive(
@@ -293,6 +304,7 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
             if (j.is_discarded() || j.contains("error")) {
               out.error = j.is_object() ? j.value("error", outcome) : outcome;
               out.error_code = j.is_object() ? j.value("code", "io_error") : "io_error";
+              refused = j.is_object() && j.contains("code");  // refusals carry their code
               return;
             }
             j["publish_s"] = out.publish_s;
@@ -309,9 +321,12 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
       !lent && out.error.empty()) {
     out.fail(lent.error());
   }
-  // A refused or failed version still holds its slot until the coordinator releases it; a
-  // refusal never reaches the coordinator's books, so give that memory back here.
-  if (!out.error.empty() && out.outcome_json.empty()) {
+  // A refused version never reached the coordinator's books, and a lost coordinator forgot
+  // them: give that memory back here. Any other failure (no outcome in time: the coordinator
+  // may take two deadlines, plus retries) keeps it until the coordinator releases it, since
+  // consumers may still be reading it.
+  if (!out.error.empty() && out.outcome_json.empty() &&
+      (refused || impl_->side->coordinator_lost)) {
     (void)impl_->side->publisher->release(m->update_id);
     std::lock_guard lock(impl_->side->mutex);
     impl_->side->forget_locked(key, m->update_id);

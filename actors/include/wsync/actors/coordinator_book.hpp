@@ -103,6 +103,9 @@ struct book_effect {
   /// outcome: the record as it finished, without its shards. The history may drop the record
   /// itself before the effect is carried out (another update finishing in the same call).
   std::shared_ptr<const update_record> record = nullptr;
+  /// release_publisher: the update ids of the attempt's shards, so that a publisher holding a
+  /// retry of the same key lets go of this attempt and not of the retry.
+  std::vector<update_id> update_ids = {};
 };
 
 struct book_config {
