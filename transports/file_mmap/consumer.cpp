@@ -122,6 +122,7 @@ class fm_consumer final : public consumer_transport {
     }
     nlohmann::json who = {{"host", host_},
                           {"pid", ::getpid()},
+                          {"pidns", pid_namespace()},
                           {"start", start_},
                           {"rank", rank_},
                           {"buffer", h.buffer},

@@ -13,11 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "file_mmap/file_mmap_common.hpp"
 #include "wsync/transports/weight_consumer.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
@@ -254,6 +256,31 @@ TEST_P(file_mmap_test, a_silent_lease_expires_after_the_lease_timeout) {
   ASSERT_TRUE(m3) << m3.error().message;
   EXPECT_EQ(buffer_of(*m3), 0);
   EXPECT_FALSE(fs::exists(lease));
+}
+
+TEST_P(file_mmap_test, a_reader_in_another_pid_namespace_is_judged_by_its_heartbeat) {
+  // A reader in another container on this host: same hostname, a pid that names no process
+  // here. Its fresh lease holds the buffer; the pid check would have freed it at once.
+  start_publisher(std::chrono::milliseconds(6000), {{"lease_timeout_ms", "1500"}});
+  ASSERT_TRUE(publish(1));
+  ASSERT_TRUE(publish(2));
+  struct stat ns {};
+  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0) << std::strerror(errno);
+  int dead = 4000000;
+  while (::kill(dead, 0) == 0 || errno != ESRCH) --dead;
+  std::string lease = dir_ + "/leases/buffer-0." + std::to_string(dead) + ".container.lease";
+  std::ofstream(lease) << nlohmann::json{
+      {"host", file_mmap_detail::host_name()},
+      {"pid", dead},
+      {"pidns", static_cast<std::uint64_t>(ns.st_ino) + 1},
+      {"start", 1},
+      {"rank", 6}}.dump();
+  start_publisher(std::chrono::milliseconds(50), {{"lease_timeout_ms", "1500"}});
+  auto refused = publish(3);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(contains(refused.error().message, "held by rank 6")) << refused.error().message;
+  EXPECT_TRUE(fs::exists(lease));
+  fs::remove(lease);
 }
 
 TEST_P(file_mmap_test, a_live_reader_keeps_its_lease_fresh) {

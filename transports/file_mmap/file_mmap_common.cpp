@@ -32,22 +32,6 @@ std::string host_name() {
   return buf;
 }
 
-// Start time of a process in clock ticks since boot (/proc/<pid>/stat field 22); 0 when it does
-// not exist or already exited (a zombie). Tells a live reader from a pid reused by another.
-std::uint64_t process_start_time(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto close = text.rfind(')');
-  if (close == std::string::npos || close + 2 > text.size()) return 0;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && (fields >> field); ++i) {
-    if (i == 3 && (field == "Z" || field == "X")) return 0;
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
-}
-
 std::string buffer_dir(const std::string& dir, std::uint64_t b) {
   return dir + "/buffer-" + std::to_string(b);
 }
@@ -163,7 +147,10 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
     std::snprintf(age_text, sizeof age_text, "%.1f", age);
     v.who = "rank " + std::to_string(lease->rank) + " (pid " + std::to_string(lease->pid) + " on " +
             lease->host + ", lease leases/" + name + ", heartbeat " + age_text + " s ago)";
-    if (lease->host == host && lease->pid > 0) {
+    // The pid means something here only on this host, in this PID namespace (a reader in
+    // another container on this node shares the hostname, not the pids): else the heartbeat
+    // alone tells.
+    if (lease->host == host && lease->pid > 0 && detail::pid_checkable(lease->pidns)) {
       std::uint64_t alive = process_start_time(lease->pid);
       if (alive == 0 || (lease->start != 0 && alive != lease->start)) {
         v.live = false;
@@ -275,6 +262,7 @@ std::optional<lease_record> lease_parse(const std::string& text) {
     if (j.contains("pid")) r.pid = json_read::field<int>(j, "pid");
     if (j.contains("start")) r.start = json_read::field<std::uint64_t>(j, "start");
     if (j.contains("rank")) r.rank = json_read::field<int>(j, "rank");
+    if (j.contains("pidns")) r.pidns = json_read::field<std::uint64_t>(j, "pidns");
   } catch (const std::exception&) {
     return std::nullopt;
   }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "src/process.hpp"
 #include "wsync/manifest/manifest.hpp"
 #include "wsync/manifest/result.hpp"
 #include "wsync/transports/transport.hpp"
@@ -47,6 +48,7 @@ struct lease_record {
   int pid = 0;
   std::uint64_t start = 0;  // process_start_time of pid, 0 if unknown
   int rank = -1;
+  std::uint64_t pidns = 0;  // the PID namespace `pid` belongs to, 0 if unknown
 };
 std::optional<lease_record> lease_parse(const std::string& text);
 
@@ -55,8 +57,8 @@ std::string stamp_update_id(const std::string& text);
 
 std::string errno_text(int err);
 std::string host_name();
-/// Start time of a process in clock ticks since boot; 0 when it does not exist or is a zombie.
-std::uint64_t process_start_time(int pid);
+using detail::pid_namespace;
+using detail::process_start_time;
 std::string buffer_dir(const std::string& dir, std::uint64_t b);
 std::string segment_path(const std::string& dir, std::uint64_t b, std::size_t i);
 std::optional<std::string> file_read(const std::string& path);

@@ -17,16 +17,21 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
 #include "shared_memory/peer_fd.hpp"
 #include "shared_memory/slot_fds.hpp"
 #include "src/json_read.hpp"
+#include "src/process.hpp"
 #include "src/slot_ring.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync {
+using detail::pid_checkable;
+using detail::pid_namespace;
+using detail::process_start_time;
 using shared_memory_detail::handle;
 using shared_memory_detail::handle_parse;
 using shared_memory_detail::name_prefix;
@@ -54,6 +59,7 @@ struct slot_header {
   std::uint64_t owner_start;  // start time of owner_pid, /proc/<pid>/stat field 22
   std::uint64_t capacity;     // data bytes after the header
   std::atomic<std::uint64_t> generation;
+  std::uint64_t owner_pidns;  // PID namespace of owner_pid (0: unknown, an older slot)
 };
 static_assert(sizeof(slot_header) <= header_bytes);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
@@ -129,23 +135,6 @@ void slot_warm_read_only(int fd, std::uint64_t bytes) {
   ::munmap(p, bytes);
 }
 
-// Start time of a process in clock ticks since boot; 0 when the process does not exist or has
-// already exited (a zombie).
-std::uint64_t process_start_time(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  // After "pid (comm) " the state is field 3; starttime is field 22.
-  for (int i = 3; i <= 22 && (fields >> field); ++i) {
-    if (i == 3 && (field == "Z" || field == "X")) return 0;  // exited, not yet reaped: dead
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
-}
-
 struct slot {
   std::string name;  // without the leading '/'
   std::byte* base = nullptr;
@@ -214,6 +203,7 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   h->layout = 1;
   h->owner_pid = ::getpid();
   h->owner_start = owner_start;
+  h->owner_pidns = pid_namespace();
   h->capacity = capacity;
   h->generation.store(0, std::memory_order_relaxed);
   return {};
@@ -604,26 +594,34 @@ std::vector<std::string> shm_sweep_orphans() {
     if (name.rfind(name_prefix, 0) != 0) continue;
     int pid = std::atoi(name.c_str() + sizeof name_prefix - 1);
     if (pid <= 0 || pid == ::getpid()) continue;
-    std::uint64_t alive_start = process_start_time(pid);
-    if (alive_start != 0) {
-      // The pid is in use: keep the segment unless its header proves another process made it.
-      int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
-      if (fd < 0) continue;
-      // A live owner may be between shm_open and ftruncate: reading an empty object's header
-      // would raise SIGBUS. Too small means "being created": keep it.
+    const std::uint64_t alive_start = process_start_time(pid);
+    // What the header says of its owner; nullopt when it cannot be read (being created: a live
+    // owner may be between shm_open and ftruncate, and reading an empty object's header would
+    // raise SIGBUS) or is not a wsync slot.
+    struct owner {
+      std::uint64_t start, pidns;
+    };
+    std::optional<owner> made_by;
+    if (int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0); fd >= 0) {
       struct stat st {};
-      if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < header_bytes) {
-        ::close(fd);
-        continue;
+      void* p = MAP_FAILED;
+      if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= header_bytes) {
+        p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
       }
-      void* p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
       ::close(fd);
-      if (p == MAP_FAILED) continue;
-      const auto* h = static_cast<const slot_header*>(p);
-      bool same_owner = std::memcmp(h->magic, magic, sizeof magic) != 0 ||  // not ours to judge
-                        h->owner_start == 0 || h->owner_start == alive_start;
-      ::munmap(p, header_bytes);
-      if (same_owner) continue;
+      if (p != MAP_FAILED) {
+        const auto* h = static_cast<const slot_header*>(p);
+        if (std::memcmp(h->magic, magic, sizeof magic) == 0) {
+          made_by = owner{h->owner_start, h->owner_pidns};
+        }
+        ::munmap(p, header_bytes);
+      }
+    }
+    // Made in another PID namespace (a container sharing /dev/shm): its pid means nothing here.
+    if (made_by && !pid_checkable(made_by->pidns)) continue;
+    // The pid is in use: keep the slot unless its header proves another process made it.
+    if (alive_start != 0 && (!made_by || made_by->start == 0 || made_by->start == alive_start)) {
+      continue;
     }
     if (::shm_unlink(("/" + name).c_str()) == 0) removed.push_back(name);
   }

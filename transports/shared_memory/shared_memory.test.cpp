@@ -962,6 +962,7 @@ struct fake_slot_header {
   std::uint64_t owner_start;
   std::uint64_t capacity;
   std::uint64_t generation;
+  std::uint64_t owner_pidns;
 };
 
 // Creates /dev/shm/<name> holding `header` (or nothing when null) and one page.
@@ -993,6 +994,35 @@ TEST_F(shared_memory_test, a_recycled_pid_does_not_protect_an_orphan) {
   EXPECT_FALSE(contains(removed, foreign));
   EXPECT_EQ(::shm_unlink(("/" + recycled).c_str()), -1);  // already gone
   EXPECT_EQ(::shm_unlink(("/" + foreign).c_str()), 0);    // was kept
+}
+
+TEST_F(shared_memory_test, a_slot_made_in_another_pid_namespace_is_not_judged_by_its_pid) {
+  // A publisher in another container sharing /dev/shm: its pid names no process here, alive or
+  // not, so only a slot of this PID namespace (or an older one that says none) is swept.
+  int dead = 4000000;
+  while (::kill(dead, 0) == 0 || errno != ESRCH) --dead;
+  auto slot = [&](const char* what, std::uint64_t pidns) {
+    std::string name = "wsync-" + std::to_string(dead) + "-test" + what + std::to_string(getpid());
+    fake_slot_header h{};
+    std::memcpy(h.magic, "WSYNCSLT", 8);
+    h.layout = 1;
+    h.owner_pid = dead;
+    h.owner_start = 1;
+    h.owner_pidns = pidns;
+    EXPECT_TRUE(make_fake_slot(name, &h)) << name;
+    return name;
+  };
+  struct stat ns {};
+  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0) << std::strerror(errno);
+  const auto here = static_cast<std::uint64_t>(ns.st_ino);
+  auto other = slot("otherns", here + 1);
+  auto same = slot("samens", here);
+  auto older = slot("nons", 0);
+  auto removed = shm_sweep_orphans();
+  EXPECT_FALSE(contains(removed, other));
+  EXPECT_TRUE(contains(removed, same));
+  EXPECT_TRUE(contains(removed, older));
+  EXPECT_EQ(::shm_unlink(("/" + other).c_str()), 0);  // was kept
 }
 
 TEST_F(shared_memory_test, the_sweep_leaves_a_slot_being_created_alone) {
