@@ -39,10 +39,13 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
       [=](update_atom, const parsed_update_ptr& u) {
         if (!u || u->token != hello.token) return;  // only its endpoint knows it, and checked it
         std::vector<rank_report> out;
+        // Reports name the attempt too (one of its shard ids), except a parse error's.
+        const update_id attempt = u->shards.empty() ? update_id() : u->shards.front().update_id;
         auto report = [&](const std::string& key, const std::string& state, std::string reason,
-                          double seconds = 0, std::string from = "") {
+                          double seconds = 0, std::string from = "", update_id id = "") {
           out.push_back(rank_report{hello.token, key, rank, state, std::move(reason),
-                                    side->active_version(), seconds, std::move(from)});
+                                    side->active_version(), seconds, std::move(from),
+                                    id.empty() && key == u->key ? attempt : std::move(id)});
         };
         if (!u->error.empty()) {
           report(u->key, "rejected", u->error);
@@ -57,7 +60,9 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
         }
         // The update this one replaced is let go before the answer, so the publisher can reuse
         // its memory by the time it hears the outcome.
-        for (const auto& key : side->settle(r, u->key)) report(key, "released", "");
+        for (const auto& [key, id] : side->settle(r, u->key)) {
+          report(key, "released", "", 0, "", id);
+        }
         // Every report leaves when the import is over, so "importing" would tell the coordinator
         // nothing on its own: an acknowledgement carries the hop itself (a third fewer reports).
         auto from = import_source(*side, r.shard_ids);

@@ -65,14 +65,15 @@ struct rollout_side {
     return {keys.begin(), keys.end()};
   }
   /// After installing `key`: forgets the shards the executor let go of and returns the keys
-  /// they belonged to (the rank reports them released), and remembers the new shards when the
-  /// rank holds them (a view install; one that copied released them at once).
-  std::set<std::string> settle(const rollout_report& r, const std::string& key) {
+  /// they belonged to, each with one of its shard ids (the rank reports them released), and
+  /// remembers the new shards when the rank holds them (a view install; one that copied
+  /// released them at once).
+  std::map<std::string, update_id> settle(const rollout_report& r, const std::string& key) {
     std::lock_guard lock(mu_);
-    std::set<std::string> keys;
+    std::map<std::string, update_id> keys;
     for (const auto& id : r.released) {
       if (auto it = key_of_.find(id); it != key_of_.end()) {
-        keys.insert(it->second);
+        keys.emplace(it->second, id);
         key_of_.erase(it);
       }
     }

@@ -40,7 +40,7 @@ TEST_P(rollout_side_test, a_rank_holds_only_what_it_reads) {
     ASSERT_TRUE(m) << m.error().message;
     auto r = side.executor.update_weights(*m);
     ASSERT_TRUE(r.acknowledged) << (r.failure ? r.failure->message : "");
-    for (const auto& key : side.settle(r, update_key("m", v))) released.insert(key);
+    for (const auto& [key, id] : side.settle(r, update_key("m", v))) released.insert(key);
   }
   if (views) {
     // It reads version 3 from the publisher's memory; 1 and 2 were let go as 3 came.

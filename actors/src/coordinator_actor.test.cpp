@@ -341,6 +341,52 @@ TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_han
   EXPECT_TRUE(update.resend);
 }
 
+// A report names its attempt: one of an aborted attempt, replayed late, does not answer for
+// the retry of the same key.
+TEST_F(coordinator_actor_test, a_late_report_of_an_aborted_attempt_does_not_answer_for_the_retry) {
+  caf::scoped_actor publisher{sys()}, consumer{sys()};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
+  auto report = [&](std::string state, std::string id) {
+    consumer->send(
+        coordinator_, report_atom::value,
+        rank_report{token, "m@1", 3, std::move(state), "bad shapes", 0, 0.01, "", std::move(id)});
+  };
+  auto next_outcome = [&] {
+    std::string outcome;
+    publisher->receive([&](const std::string&, const std::string& o) { outcome = o; },
+                       caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+    return outcome.empty() ? json() : json::parse(outcome);
+  };
+  auto next_update = [&] {
+    consumer->receive([](update_atom, const update_available&) {},
+                      caf::after(5s) >> [] { ADD_FAILURE() << "no update"; });
+  };
+  auto first = shard(1);
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(first));
+  next_update();
+  report("rejected", first.update_id);  // nobody acknowledged: aborted
+  EXPECT_EQ(next_outcome()["phase"], "aborted");
+  report("released", first.update_id);  // the coordinator releases attempt 1
+
+  auto retry = shard(1);
+  retry.update_id = "u-test-1-retry";
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(retry));
+  next_update();
+  report("released", first.update_id);  // attempt 1's, replayed: refused
+  auto updates = status()["updates"];
+  ASSERT_FALSE(updates.empty());
+  EXPECT_EQ(updates[0]["attempt"], 2) << updates.dump();
+  EXPECT_EQ(updates[0]["ranks"][0]["state"], "pending") << updates.dump();
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.01, "", retry.update_id});
+  auto outcome = next_outcome();
+  EXPECT_EQ(outcome["phase"], "committed");
+  EXPECT_EQ(outcome["attempt"], 2);
+}
+
 TEST_F(coordinator_actor_test, this_process_can_stop_it) {
   caf::scoped_actor self{sys()};
   self->monitor(coordinator_);

@@ -1,6 +1,7 @@
 // The coordinator's steps (coordinator_state.hpp): what its handlers do with the book's
 // effects, node leadership, reports and the status document.
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -392,6 +393,19 @@ void take_report(coordinator_pointer self, const rank_report& r) {
   auto& st = self->state;
   auto& book = st.book;
   auto now = coord_clock::now();
+  // A report of an aborted attempt, replayed late (its node leader died before the batch was
+  // flushed), must not answer for the retry of the same key.
+  if (const auto* u = r.update_id.empty() ? nullptr : book.find(r.key); u && !u->shards.empty()) {
+    const bool this_attempt = std::any_of(u->shards.begin(), u->shards.end(), [&](const auto& s) {
+      return s.second.update_id == r.update_id;
+    });
+    if (!this_attempt) {
+      log_warn("coordinator: report refused: " + r.state + " of update_id=" + r.update_id +
+               " rank=" + std::to_string(r.rank) + " is of an earlier attempt of " + r.key +
+               " (now attempt " + std::to_string(u->attempt) + ")");
+      return;
+    }
+  }
   result<std::vector<book_effect>> effects = std::vector<book_effect>{};
   if (r.state == "importing") {
     effects = book.importing(r.key, r.rank, r.reason, now);

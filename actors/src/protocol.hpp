@@ -87,11 +87,14 @@ struct rank_report {
   /// acknowledged: the hop the bytes came from (a peer on the node, when one gave them); an
   /// acknowledgement needs no "importing" report before it
   std::string received_from;
+  /// One shard's update id of the attempt reported on: a report of an aborted attempt, replayed
+  /// late, must not land on the retry of its key. Empty: not known (the coordinator takes it).
+  std::string update_id = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_report& x) {
   return f(caf::meta::type_name("rank_report"), x.token, x.key, x.rank, x.state, x.reason,
-           x.active_weight_version, x.seconds, x.received_from);
+           x.active_weight_version, x.seconds, x.received_from, x.update_id);
 }
 
 /// Consumer endpoint -> coordinator: the reports of its ranks, in the order they happened. An
