@@ -68,6 +68,12 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         for (const auto& key : keys) orphan_release(self, key, rank);
       } else {
         st.publishers.erase(rank);
+        // Its retries waiting for an aborted attempt go with it: taken later they would belong
+        // to no live rank, and refuse the shard its next incarnation publishes.
+        for (auto d = st.deferred.begin(); d != st.deferred.end();) {
+          std::erase_if(d->second, [&](const auto& w) { return w.first.source_rank == rank; });
+          d = d->second.empty() ? st.deferred.erase(d) : std::next(d);
+        }
       }
       run_effects(self, st.book.leave(rank, m.role, reason, coord_clock::now()));
     }
