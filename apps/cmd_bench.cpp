@@ -1,5 +1,6 @@
 // `wsync bench`: one subcommand, three drivers (bench/): point to point, cluster, fan-out.
 
+#include <charconv>
 #include <iostream>
 #include <memory>
 
@@ -171,8 +172,13 @@ subcommand add_bench(CLI::App& app) {
       ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30) &
               CLI::Validator(
                   [](const std::string& text) {
-                    auto v = std::stoull(text);
-                    return (v & (v - 1)) == 0 ? std::string() : "not a power of two";
+                    // Runs even when the range check failed: parse without throwing.
+                    std::uint64_t v = 0;
+                    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+                    if (ec != std::errc() || end != text.data() + text.size()) {
+                      return std::string("not a number");
+                    }
+                    return (v & (v - 1)) == 0 ? std::string() : std::string("not a power of two");
                   },
                   "POWER OF TWO"));
   return {bench, [state] {

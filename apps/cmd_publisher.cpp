@@ -55,11 +55,13 @@ void add_content_flags(CLI::App* pub, publisher_options& opt) {
       ->check(CLI::ExistingFile);
   pub->add_option("--model", opt.model_id,
                   "model id (default: the layout name, or \"safetensors\")");
-  pub->add_option("--versions", opt.versions, "versions to publish")->capture_default_str();
+  pub->add_option("--versions", opt.versions, "versions to publish")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40))
+      ->capture_default_str();
   pub->add_option("--first-version", opt.first_version, "weight_version of the first one")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 62))
       ->capture_default_str();
-  add_milliseconds(pub, "--interval-ms", opt.interval, "pause between versions");
+  add_milliseconds(pub, "--interval-ms", opt.interval, "pause between versions", 0);
   pub->add_flag("--json", opt.json, "print each outcome as one JSON line");
 }
 

@@ -1,26 +1,28 @@
 #include "common.hpp"
 
-#include <iostream>
-
+#include <charconv>
 #include <cstdlib>
+#include <iostream>
 
 #include "wsync/transports/registry.hpp"
 
 namespace wsync::cli {
 namespace {
 
-// "host:port" -> endpoint (host and port only).
+// "host:port" -> endpoint (host and port only): a host, and a port of decimal digits only.
 bool parse_endpoint(const std::string& text, endpoint& ep) {
   auto colon = text.rfind(':');
-  if (colon == std::string::npos) return false;
-  ep.host = text.substr(0, colon);
-  try {
-    auto port = std::stoul(text.substr(colon + 1));
-    if (port == 0 || port > 65535) return false;
-    ep.port = static_cast<std::uint16_t>(port);
-  } catch (...) {
+  if (colon == std::string::npos || colon == 0) return false;
+  const char* first = text.data() + colon + 1;
+  const char* last = text.data() + text.size();
+  unsigned port = 0;
+  auto [end, ec] = std::from_chars(first, last, port);
+  if (first == last || *first == '+' || ec != std::errc() || end != last || port == 0 ||
+      port > 65535) {
     return false;
   }
+  ep.host = text.substr(0, colon);
+  ep.port = static_cast<std::uint16_t>(port);
   return true;
 }
 
@@ -33,12 +35,15 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 CLI::Option* add_milliseconds(CLI::App* cmd, const std::string& name,
-                              std::chrono::milliseconds& field, const std::string& help) {
+                              std::chrono::milliseconds& field, const std::string& help,
+                              std::int64_t min_ms) {
   // CLI11 cannot read a std::chrono duration, so the flag takes the count and the callback
   // stores it; without the flag the callback never runs and the struct's default stands.
+  constexpr std::int64_t week_ms = std::int64_t{7} * 24 * 3600 * 1000;
   return cmd
       ->add_option_function<std::int64_t>(
           name, [&field](const std::int64_t& ms) { field = std::chrono::milliseconds(ms); }, help)
+      ->check(CLI::Range(min_ms, week_ms))
       ->default_str(std::to_string(field.count()));
 }
 

@@ -14,11 +14,12 @@ namespace wsync::cli {
 /// "a, b, c".
 std::string join(const std::vector<std::string>& items);
 
-/// --NAME taking an integer count of milliseconds into `field`, which keeps its value unless the
-/// flag (or the config file) sets it; the help shows that value as the default. `field` must
-/// outlive the parse.
+/// --NAME taking an integer count of milliseconds, from `min_ms` to a week, into `field`, which
+/// keeps its value unless the flag (or the config file) sets it; the help shows that value as
+/// the default. `field` must outlive the parse.
 CLI::Option* add_milliseconds(CLI::App* cmd, const std::string& name,
-                              std::chrono::milliseconds& field, const std::string& help);
+                              std::chrono::milliseconds& field, const std::string& help,
+                              std::int64_t min_ms = 1);
 
 /// --token (or $WSYNC_TOKEN), never read from a config file.
 void add_token(CLI::App* cmd, std::string& token);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "wsync/actors/stop_signals.hpp"
 #include "wsync/cluster/local_cluster.hpp"
 #include "wsync/cluster/status.hpp"
 
@@ -15,29 +16,42 @@ using json = nlohmann::json;
 
 int demo_run(const demo_options& o, std::ostream& out) {
   auto started = std::chrono::steady_clock::now();
+  // SIGINT / SIGTERM end the waits below and the demo stops its cluster in order, whether the
+  // signal came to the whole terminal group or to the demo alone.
+  block_stop_signals();
   local_cluster cluster(o.self_exe);
   std::string failure = cluster.start_coordinator(std::chrono::seconds(60));
   const std::string addr = cluster.coordinator_address();
   if (failure.empty()) {
-    for (int r = 0; r < o.consumers; ++r) {
-      cluster.start({"consumer", "--coordinator", addr, "--rank", std::to_string(r), "--node",
-                     "n" + std::to_string(r % 2), "--model", o.layout});
+    for (int r = 0; r < o.consumers && failure.empty(); ++r) {
+      if (cluster.start({"consumer", "--coordinator", addr, "--rank", std::to_string(r), "--node",
+                         "n" + std::to_string(r % 2), "--model", o.layout}) <= 0) {
+        failure = "cannot start consumer rank " + std::to_string(r) + ": fork failed";
+      }
     }
     // Publish only once every consumer joined, so each one sees every version.
-    failure = cluster.await_consumers(o.consumers, std::chrono::seconds(30));
+    if (failure.empty()) failure = cluster.await_consumers(o.consumers, std::chrono::seconds(30));
   }
   if (failure.empty()) {
     std::vector<pid_t> publishers;
-    for (int r = 0; r < o.publishers; ++r) {
-      publishers.push_back(
+    for (int r = 0; r < o.publishers && failure.empty(); ++r) {
+      auto pid =
           cluster.start({"publisher", "--coordinator", addr, "--rank", std::to_string(r), "--ranks",
                          std::to_string(o.publishers), "--node", "n" + std::to_string(r % 2),
-                         "--layout", o.layout, "--versions", std::to_string(o.versions)}));
+                         "--layout", o.layout, "--versions", std::to_string(o.versions)});
+      if (pid <= 0) {
+        failure = "cannot start publisher rank " + std::to_string(r) + ": fork failed";
+      } else {
+        publishers.push_back(pid);
+      }
     }
     for (auto pid : publishers) {
       int status = 0;
+      if (!failure.empty()) break;
       if (!cluster.await_exit(pid, std::chrono::minutes(10), status)) {
-        failure = "publisher pid " + std::to_string(pid) + " did not finish within 10 minutes";
+        failure = cluster.stopped() ? "stopped by SIGINT or SIGTERM"
+                                    : "publisher pid " + std::to_string(pid) +
+                                          " did not finish within 10 minutes";
       } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         failure = "publisher pid " + std::to_string(pid) + " failed";
       }

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "wsync/actors/stop_signals.hpp"
 
 namespace wsync {
 namespace {
@@ -38,8 +41,11 @@ local_cluster::~local_cluster() {
 }
 
 pid_t local_cluster::start(const std::vector<std::string>& args, const std::string& stdout_path) {
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid == 0) {
+    // Gone with the launcher, even one killed with SIGKILL (the processes clean up on SIGTERM).
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent) ::_exit(125);
     if (!stdout_path.empty()) {
       int fd = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
       if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0) ::_exit(126);
@@ -82,6 +88,10 @@ std::string local_cluster::coordinator_address() const {
 std::string local_cluster::await_consumers(int count, std::chrono::seconds limit) {
   int joined = 0;
   for (auto deadline = clock_type::now() + limit; clock_type::now() < deadline;) {
+    if (stop_requested()) {
+      stopped_ = true;
+      return "stopped by SIGINT or SIGTERM while waiting for consumer ranks";
+    }
     std::string err;
     auto s = nlohmann::json::parse(coordinator_status(coordinator_, err), nullptr, false);
     joined = 0;
@@ -97,12 +107,19 @@ std::string local_cluster::await_consumers(int count, std::chrono::seconds limit
 
 bool local_cluster::await_exit(pid_t pid, std::chrono::milliseconds limit, int& status,
                                bool kill_after) {
+  // Only a process this cluster started: waitpid(-1) would reap any child, kill(-1) signal
+  // every process this user may.
+  if (pid <= 0 || std::find(running_.begin(), running_.end(), pid) == running_.end()) return false;
   for (auto deadline = clock_type::now() + limit;;) {
     if (::waitpid(pid, &status, WNOHANG) == pid) {
       running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
       return true;
     }
     if (clock_type::now() >= deadline) break;
+    if (stop_requested()) {  // the caller stops everything in order (stop_all): no SIGKILL
+      stopped_ = true;
+      return false;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!kill_after) return false;
@@ -113,11 +130,27 @@ bool local_cluster::await_exit(pid_t pid, std::chrono::milliseconds limit, int& 
 }
 
 void local_cluster::stop_all() {
-  // Ranks first, so they leave while the coordinator still listens.
-  auto order = running_;
-  std::stable_partition(order.begin(), order.end(), [&](pid_t p) { return p != coordinator_pid_; });
-  for (auto pid : order) {
-    ::kill(pid, SIGTERM);
+  // Ranks first, so they leave while the coordinator still listens. A publisher waiting for an
+  // outcome that will not come (its consumers left) sees the signal only once the wait ends;
+  // the coordinator going away ends it. So the coordinator follows after a short grace, and
+  // whatever still runs 10 s later is killed.
+  std::vector<pid_t> ranks;
+  for (auto pid : running_) {
+    if (pid != coordinator_pid_) ranks.push_back(pid);
+  }
+  for (auto pid : ranks) ::kill(pid, SIGTERM);
+  const auto grace = clock_type::now() + std::chrono::seconds(2);
+  for (auto pid : ranks) {
+    int status = 0;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(grace - clock_type::now());
+    await_exit(pid, std::max(left, std::chrono::milliseconds(0)), status, false);
+  }
+  if (std::find(running_.begin(), running_.end(), coordinator_pid_) != running_.end()) {
+    ::kill(coordinator_pid_, SIGTERM);
+  }
+  auto rest = running_;
+  std::stable_partition(rest.begin(), rest.end(), [&](pid_t p) { return p != coordinator_pid_; });
+  for (auto pid : rest) {
     int status = 0;
     await_exit(pid, std::chrono::seconds(10), status);
   }

@@ -21,6 +21,24 @@ grep -q 'qwen2.5-0.5b' <<<"$out" || fail "unknown layout error does not list kno
 
 out=$("$wsync" bench --layout qwen2.5-0.5b --bytes 10 2>&1) && fail "--layout with --bytes accepted"
 out=$("$wsync" bench --verify maybe 2>&1) && fail "--verify maybe accepted"
+# Numbers: refused with the option named, never a crash (rc 134) or a silent wrap-around.
+for bad in abc 99999999999999999999999 5000; do
+  out=$("$wsync" bench --checksum-chunk-bytes "$bad" 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "--checksum-chunk-bytes $bad: exit $rc: $out"
+  grep -q -- "--checksum-chunk-bytes" <<<"$out" || fail "--checksum-chunk-bytes $bad not named: $out"
+done
+for bad in 0 -1; do
+  out=$(WSYNC_TOKEN=t "$wsync" publisher --rank 0 --versions "$bad" --dump-config 2>&1) &&
+    fail "--versions $bad accepted"
+  grep -q -- "--versions" <<<"$out" || fail "--versions $bad not named: $out"
+done
+out=$("$wsync" consumer --standalone --poll-ms 0 --dump-config 2>&1) && fail "--poll-ms 0 accepted"
+grep -q -- "--poll-ms" <<<"$out" || fail "--poll-ms 0 not named: $out"
+for bad in 127.0.0.1:9abc :7700 127.0.0.1:+7700 127.0.0.1:0 127.0.0.1:65536; do
+  out=$(WSYNC_TOKEN=t "$wsync" status --coordinator "$bad" 2>&1) && fail "--coordinator $bad accepted"
+  grep -q "host:port" <<<"$out" || fail "--coordinator $bad: no host:port hint: $out"
+done
 # Configuration: the shipped files load, flags override them, the launcher's RANK / Slurm's
 # SLURM_PROCID fill in ranks, unknown keys and wrong types are refused naming the key, and the
 # token is never dumped.

@@ -23,16 +23,22 @@ class local_cluster {
   /// Starts the coordinator and waits until it listens. Empty string, or what went wrong.
   std::string start_coordinator(std::chrono::milliseconds update_deadline);
   /// Starts `wsync <args...>` with the cluster token in its environment; its stdout goes to
-  /// `stdout_path` when given.
+  /// `stdout_path` when given. -1 when fork failed. A started process gets SIGTERM when this one
+  /// dies, so a killed launcher leaves no cluster behind.
   pid_t start(const std::vector<std::string>& args, const std::string& stdout_path = "");
   /// A file name in the cluster's private temporary directory.
   std::string temp_path(const std::string& name) const { return (dir_ / name).string(); }
   /// Waits until `count` consumer ranks joined. Empty string, or what went wrong.
   std::string await_consumers(int count, std::chrono::seconds limit);
   /// Waits for `pid` to exit; false if it ran past `limit` (it is then killed, unless
-  /// `kill_after` is false: then it runs on and can be awaited again).
+  /// `kill_after` is false: then it runs on and can be awaited again), or is not a process this
+  /// cluster started. Both waits end early when SIGINT or SIGTERM is pending for a caller that
+  /// blocked them (see stopped()).
   bool await_exit(pid_t pid, std::chrono::milliseconds limit, int& status, bool kill_after = true);
-  /// SIGTERM to every process still running (coordinator last), SIGKILL after 10 s.
+  /// Whether a wait ended because SIGINT or SIGTERM came.
+  bool stopped() const { return stopped_; }
+  /// SIGTERM to every rank still running, then (after up to 2 s) to the coordinator; SIGKILL to
+  /// whatever still runs 10 s later.
   void stop_all();
   /// /dev/shm entries left by any process this cluster started.
   std::vector<std::string> leftovers() const;
@@ -42,6 +48,7 @@ class local_cluster {
   std::string coordinator_address() const;
 
  private:
+  bool stopped_ = false;
   std::string exe_;
   std::filesystem::path dir_;
   endpoint coordinator_;
