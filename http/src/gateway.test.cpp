@@ -259,6 +259,12 @@ TEST_F(http_gateway_test, bodies_past_the_limit_and_odd_paths_get_json_errors_an
   EXPECT_EQ(g->status, 411);
   EXPECT_FALSE(json::parse(g->body, nullptr, false).is_discarded()) << g->body;
 
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  auto nested = c.Post("/update_weights", R"({"update_info": )" + deep + "}", "application/json");
+  ASSERT_TRUE(nested);  // answered, not a crashed rank
+  EXPECT_EQ(nested->status, 400);
+  EXPECT_NE(nested->body.find("nested deeper than 64 levels"), std::string::npos);
+
   for (const char* path : {"/%22", "/%ff", "/a\\b"}) {
     auto n = client().Get(path);
     ASSERT_TRUE(n) << path;

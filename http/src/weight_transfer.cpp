@@ -10,6 +10,7 @@
 #include "service_state.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/dtype.hpp"
+#include "wsync/manifest/json_bounded.hpp"
 #include "wsync/manifest/log.hpp"
 #include "wsync/transports/registry.hpp"
 
@@ -21,7 +22,12 @@ std::optional<json> http_detail::read_body(std::string_view body, bool empty_ok,
     why = "body: a JSON object is required";
     return std::nullopt;
   }
-  auto j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  auto j = json_parse_bounded(body, &too_deep);
+  if (too_deep) {
+    why = "body: nested deeper than " + std::to_string(json_max_depth) + " levels";
+    return std::nullopt;
+  }
   if (j.is_discarded()) {
     why = "body: invalid JSON format";
     return std::nullopt;

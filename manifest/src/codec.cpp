@@ -1,6 +1,7 @@
 #include "wsync/manifest/codec.hpp"
 
 #include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/json_bounded.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -293,11 +294,13 @@ std::string manifest_to_json(const weight_update_manifest& m) {
 }
 
 result<weight_update_manifest> manifest_from_json(std::string_view text) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  json j = json_parse_bounded(text, &too_deep);
   weight_update_manifest m;
   std::string err;
   if (j.is_discarded()) {
-    err = "manifest: not valid JSON";
+    err = too_deep ? "manifest: nested deeper than " + std::to_string(json_max_depth) + " levels"
+                   : "manifest: not valid JSON";
   } else if (read_manifest(j, m, err)) {
     return m;
   }

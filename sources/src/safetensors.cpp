@@ -11,6 +11,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "wsync/manifest/json_bounded.hpp"
+
 namespace wsync {
 namespace {
 
@@ -47,9 +49,12 @@ result<std::vector<tensor_source>> safetensors_index(std::span<const std::byte> 
     header_len = (header_len << 8) | std::to_integer<std::uint64_t>(base[i]);
   if (header_len > file.size() - 8)
     return bad("header length " + std::to_string(header_len) + " exceeds the file");
-  auto header =
-      nlohmann::json::parse(reinterpret_cast<const char*>(base + 8),
-                            reinterpret_cast<const char*>(base + 8 + header_len), nullptr, false);
+  bool too_deep = false;
+  auto header = json_parse_bounded(
+      std::string_view(reinterpret_cast<const char*>(base + 8), header_len), &too_deep);
+  if (too_deep) {
+    return bad("header nests deeper than " + std::to_string(json_max_depth) + " levels");
+  }
   if (!header.is_object()) return bad("header is not a JSON object");
   const std::byte* data = base + 8 + header_len;
   const std::uint64_t data_len = file.size() - 8 - header_len;

@@ -56,6 +56,19 @@ TEST(safetensors, malformed_files_name_the_tensor_and_field) {
   EXPECT_FALSE(safetensors_file::open("/nonexistent/file.safetensors"));
 }
 
+// A header nested a million deep parses without recursion, but quoting it in an error (dump)
+// would not: refused at the parse, naming the depth.
+TEST(safetensors, a_header_nested_too_deep_is_refused_not_a_crash) {
+  const std::string deep = std::string(1000000, '[') + "1" + std::string(1000000, ']');
+  auto path =
+      write_file(R"({"x":{"dtype":)" + deep + R"(,"shape":[1],"data_offsets":[0,1]}})", "z");
+  auto f = safetensors_file::open(path);
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("nests deeper than 64 levels"), std::string::npos)
+      << f.error().message.substr(0, 200);
+  ::unlink(path.c_str());
+}
+
 TEST(safetensors, a_shape_that_disagrees_with_the_bytes_is_refused) {
   // 4 bytes where [2, 2] of F32 needs 16: a reader would run past the tensor.
   auto path = write_file(R"({"x":{"dtype":"F32","shape":[2,2],"data_offsets":[0,4]}})", "abcd");

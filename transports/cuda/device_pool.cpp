@@ -4,6 +4,7 @@
 
 #include "src/json_read.hpp"
 #include "src/slot_ring.hpp"
+#include "wsync/manifest/json_bounded.hpp"
 
 namespace wsync::device_pool {
 namespace {
@@ -40,7 +41,7 @@ result<handle> handle_parse(const weight_update_manifest& m, sharing kind) {
     return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
                                                   update_context(m) + ")");
   };
-  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+  auto j = json_parse_bounded(m.transport_handle);
   if (j.is_discarded() || !j.is_object()) return bad(std::string("not a ") + name + " handle");
   handle h;
   try {

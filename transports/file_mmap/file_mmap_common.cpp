@@ -18,6 +18,7 @@
 
 #include "src/json_read.hpp"
 #include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/json_bounded.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync::file_mmap_detail {
@@ -214,7 +215,7 @@ result<current_state> current_parse(const std::string& text, const std::string& 
   auto bad = [&](const std::string& why) -> error {
     return make_error(errc::invalid_manifest, "invalid manifest: " + path + ": " + why);
   };
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto j = json_parse_bounded(text);
   if (!j.is_object() || !j.contains("format") || j["format"] != state_format) {
     return bad(std::string("not a ") + state_format + " state file");
   }
@@ -235,7 +236,7 @@ result<handle> handle_parse(const weight_update_manifest& m, std::int32_t rank) 
     return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
                                                   update_context(m.update_id, rank) + ")");
   };
-  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+  auto j = json_parse_bounded(m.transport_handle);
   if (!j.is_object()) return bad("not a file-mmap handle");
   handle h;
   try {
@@ -254,7 +255,7 @@ result<handle> handle_parse(const weight_update_manifest& m, std::int32_t rank) 
 }
 
 std::optional<lease_record> lease_parse(const std::string& text) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto j = json_parse_bounded(text);
   if (!j.is_object()) return std::nullopt;
   lease_record r;
   try {
@@ -270,7 +271,7 @@ std::optional<lease_record> lease_parse(const std::string& text) {
 }
 
 std::string stamp_update_id(const std::string& text) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto j = json_parse_bounded(text);
   if (!j.is_object() || !j.contains("update_id") || !j["update_id"].is_string()) return "";
   return j["update_id"].get<std::string>();
 }

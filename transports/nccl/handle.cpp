@@ -8,6 +8,7 @@
 #include "src/json_read.hpp"
 #include "src/slot_ring.hpp"
 #include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/json_bounded.hpp"
 
 namespace wsync::nccl_handle {
 namespace {
@@ -51,7 +52,7 @@ result<handle> parse(const weight_update_manifest& m) {
     return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
                                                   update_context(m) + ")");
   };
-  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+  auto j = json_parse_bounded(m.transport_handle);
   if (j.is_discarded() || !j.is_object()) return bad("not an nccl handle");
   handle h;
   std::string id;

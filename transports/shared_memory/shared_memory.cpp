@@ -26,6 +26,7 @@
 #include "src/json_read.hpp"
 #include "src/process.hpp"
 #include "src/slot_ring.hpp"
+#include "wsync/manifest/json_bounded.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync {
@@ -651,7 +652,7 @@ result<handle> handle_parse(const weight_update_manifest& m) {
     return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why + " (" +
                                                   update_context(m) + ")");
   };
-  auto j = nlohmann::json::parse(m.transport_handle, nullptr, false);
+  auto j = json_parse_bounded(m.transport_handle);
   if (j.is_discarded() || !j.is_object()) return bad("not a shared-memory handle");
   handle h;
   try {

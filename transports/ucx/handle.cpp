@@ -7,6 +7,7 @@
 #include "src/json_read.hpp"
 #include "ucx/ucx_common.hpp"
 #include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/json_bounded.hpp"
 
 namespace wsync::ucx_detail {
 
@@ -31,7 +32,7 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
     return make_error(errc::invalid_manifest, "invalid manifest: transport_handle: " + why +
                                                   (m ? " (" + update_context(*m) + ")" : ""));
   };
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto j = json_parse_bounded(text);
   if (j.is_discarded() || !j.is_object()) return bad("not a ucx handle");
   handle h;
   try {
