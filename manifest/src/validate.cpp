@@ -25,18 +25,40 @@ bool printable_id(std::string_view s) {
 }
 
 // JSON carries text: a name that is not UTF-8 (or holds control characters) cannot round-trip.
+// Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing past U+10FFFF; and no C0,
+// DEL or C1 control characters. The JSON writer replaces anything else, which would rename the
+// tensor on the way (or make two names one).
 bool valid_text(std::string_view s) {
   for (std::size_t i = 0; i < s.size();) {
-    auto c = static_cast<unsigned char>(s[i]);
-    std::size_t len = c < 0x80         ? 1
-                      : (c >> 5) == 6  ? 2
-                      : (c >> 4) == 14 ? 3
-                      : (c >> 3) == 30 ? 4
-                                       : 0;
-    if (len == 0 || i + len > s.size() || (len == 1 && c < 0x20)) return false;
-    for (std::size_t k = 1; k < len; ++k) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    // The lead byte gives the length and the range the second byte must fall in.
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;  // overlong
+      if (c == 0xed) hi = 0x9f;  // surrogates
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;  // overlong
+      if (c == 0xf4) hi = 0x8f;  // past U+10FFFF
+    } else {
+      return false;  // a continuation byte, an overlong lead (C0, C1) or F5..FF
+    }
+    if (i + len > s.size()) return false;
+    const auto second = static_cast<unsigned char>(s[i + 1]);
+    if (second < lo || second > hi) return false;
+    for (std::size_t k = 2; k < len; ++k) {
       if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
     }
+    if (c == 0xc2 && second < 0xa0) return false;  // U+0080..U+009F: C1 controls
     i += len;
   }
   return true;

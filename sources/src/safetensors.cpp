@@ -49,11 +49,23 @@ result<std::vector<tensor_source>> safetensors_index(std::span<const std::byte> 
     header_len = (header_len << 8) | std::to_integer<std::uint64_t>(base[i]);
   if (header_len > file.size() - 8)
     return bad("header length " + std::to_string(header_len) + " exceeds the file");
+  // The format's own limit (its reference reader refuses more): a header is names and numbers.
+  constexpr std::uint64_t max_header = 100'000'000;
+  if (header_len > max_header) {
+    return bad("header length " + std::to_string(header_len) + " exceeds the format's " +
+               std::to_string(max_header) + " bytes");
+  }
   bool too_deep = false;
+  std::string twice;
   auto header = json_parse_bounded(
-      std::string_view(reinterpret_cast<const char*>(base + 8), header_len), &too_deep);
+      std::string_view(reinterpret_cast<const char*>(base + 8), header_len), &too_deep, &twice);
   if (too_deep) {
     return bad("header nests deeper than " + std::to_string(json_max_depth) + " levels");
+  }
+  if (!twice.empty()) {
+    return bad("tensor \"" + twice +
+               "\": named twice in the header (a reader would keep one and "
+               "leave the other's bytes unaccounted for)");
   }
   if (!header.is_object()) return bad("header is not a JSON object");
   const std::byte* data = base + 8 + header_len;
@@ -102,9 +114,25 @@ result<std::vector<tensor_source>> safetensors_index(std::span<const std::byte> 
     t.nbytes = end - begin;
     entries.push_back({begin, std::move(t)});
   }
-  // File order (the JSON object is sorted by name, the data by the writer's order).
-  std::sort(entries.begin(), entries.end(),
-            [](const entry& a, const entry& b) { return a.begin < b.begin; });
+  // File order (the JSON object is sorted by name, the data by the writer's order). The tensors
+  // must tile the data exactly, as the format requires: no two share a byte (one write would
+  // show in both) and no byte is in none (a hole or a tail could carry anything).
+  std::sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.t.nbytes < b.t.nbytes;
+  });
+  std::uint64_t covered = 0;
+  for (const auto& e : entries) {
+    if (e.begin != covered) {
+      return bad("tensor \"" + e.t.name + "\".data_offsets: starts at " + std::to_string(e.begin) +
+                 ", where the tensors before it end at " + std::to_string(covered) +
+                 (e.begin < covered ? " (they overlap)" : " (a hole)"));
+    }
+    covered += e.t.nbytes;
+  }
+  if (covered != data_len) {
+    return bad("data: " + std::to_string(data_len - covered) +
+               " bytes after the last tensor belong to none");
+  }
   std::vector<tensor_source> tensors;
   for (auto& e : entries) tensors.push_back(std::move(e.t));
   return tensors;

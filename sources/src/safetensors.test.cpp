@@ -69,6 +69,38 @@ TEST(safetensors, a_header_nested_too_deep_is_refused_not_a_crash) {
   ::unlink(path.c_str());
 }
 
+// The tensors must tile the data exactly, as the format requires, and name each tensor once.
+TEST(safetensors, overlaps_holes_tails_and_repeated_names_are_refused) {
+  auto refused = [](const std::string& header, const std::string& data, const std::string& why) {
+    auto path = write_file(header, data);
+    auto f = safetensors_file::open(path);
+    ::unlink(path.c_str());
+    ASSERT_FALSE(f) << header;
+    EXPECT_NE(f.error().message.find(why), std::string::npos) << f.error().message;
+  };
+  refused(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
+          R"("b":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})",
+          std::string(12, 'x'),
+          "tensor \"b\".data_offsets: starts at 4, where the tensors before "
+          "it end at 8 (they overlap)");
+  refused(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+          R"("b":{"dtype":"U8","shape":[4],"data_offsets":[8,12]}})",
+          std::string(12, 'x'), "(a hole)");
+  refused(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", std::string(6, 'x'),
+          "data: 2 bytes after the last tensor belong to none");
+  refused(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+          R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+          std::string(8, 'x'), "tensor \"a\": named twice in the header");
+  // An empty tensor may sit anywhere, beside a full one at the same offset.
+  auto path = write_file(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                         R"("a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                         R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})",
+                         std::string(6, 'x'));
+  auto f = safetensors_file::open(path);
+  ::unlink(path.c_str());
+  ASSERT_TRUE(f) << f.error().message;
+}
+
 TEST(safetensors, a_shape_that_disagrees_with_the_bytes_is_refused) {
   // 4 bytes where [2, 2] of F32 needs 16: a reader would run past the tensor.
   auto path = write_file(R"({"x":{"dtype":"F32","shape":[2,2],"data_offsets":[0,4]}})", "abcd");

@@ -1,7 +1,10 @@
 #include "wsync/sources/shard.hpp"
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+
+#include "wsync/manifest/validate.hpp"
 
 namespace wsync {
 namespace {
@@ -29,10 +32,31 @@ void pattern_fill(std::byte* p, std::uint64_t n, std::uint64_t& state) {
 
 result<model_layout> layout_parse(const std::string& text) {
   if (text.rfind("synthetic:", 0) == 0) {
-    unsigned long long bytes = 0, count = 0;
-    if (std::sscanf(text.c_str(), "synthetic:%llu:%llu", &bytes, &count) != 2) {
+    // Decimal digits only, each field whole (sscanf took "-1" as 2^64-1 and ignored a tail), and
+    // within what one manifest may carry: the layout is allocated and filled before any manifest
+    // check would refuse it.
+    const manifest_limits limits;
+    std::uint64_t bytes = 0, count = 0;
+    const char* p = text.data() + 10;
+    const char* end = text.data() + text.size();
+    auto number = [&](std::uint64_t& out, char stop) {
+      if (p == end || *p < '0' || *p > '9') return false;
+      auto [next, ec] = std::from_chars(p, end, out);
+      if (ec != std::errc() || (next != end && *next != stop) || (next == end && stop != 0)) {
+        return false;
+      }
+      p = next == end ? end : next + 1;
+      return true;
+    };
+    if (!number(bytes, ':') || !number(count, 0)) {
       return make_error(errc::invalid_argument,
-                        "layout: expected synthetic:<bytes>:<tensors>, got " + text);
+                        "layout: expected synthetic:<bytes>:<tensors> (decimal), got " + text);
+    }
+    if (bytes == 0 || bytes > limits.max_total_bytes || count == 0 || count > limits.max_tensors) {
+      return make_error(errc::invalid_argument, "layout: " + text + ": bytes must be 1.." +
+                                                    std::to_string(limits.max_total_bytes) +
+                                                    " and tensors 1.." +
+                                                    std::to_string(limits.max_tensors));
     }
     return layout_synthetic(bytes, count);
   }

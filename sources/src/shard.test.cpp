@@ -57,5 +57,21 @@ TEST(shard, model_id_defaults_to_what_is_published) {
   EXPECT_EQ(shard_model_id({"qwen2.5-0.5b", "/tmp/x.safetensors", 0, 1}), "safetensors");
 }
 
+TEST(layout_parse, synthetic_sizes_are_decimal_whole_and_bounded) {
+  for (const char* bad : {"synthetic:-1:1", "synthetic:1:2x", "synthetic:1", "synthetic::1",
+                          "synthetic:1:", "synthetic:0:1", "synthetic:1:0", "synthetic:+4096:1",
+                          "synthetic:1:99999999999", "synthetic:99999999999999999999:1",
+                          "synthetic:4398046511105:1"}) {
+    auto l = layout_parse(bad);
+    EXPECT_FALSE(l) << bad;
+    if (!l) {
+      EXPECT_NE(l.error().message.find("layout: "), std::string::npos);
+    }
+  }
+  auto ok = layout_parse("synthetic:8192:2");
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(ok->tensors.size(), 2u);
+}
+
 }  // namespace
 }  // namespace wsync

@@ -6,7 +6,10 @@
 // refused at the parse. Include only in .cpp files (nlohmann is heavy).
 
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace wsync {
 
@@ -14,18 +17,34 @@ namespace wsync {
 inline constexpr int json_max_depth = 64;
 
 /// The parsed value, or a discarded one (is_discarded()) when `text` is not JSON or nests
-/// deeper than json_max_depth. `too_deep` (when given) tells the second case.
-inline nlohmann::json json_parse_bounded(std::string_view text, bool* too_deep = nullptr) {
+/// deeper than json_max_depth. `too_deep` (when given) tells the second case. With
+/// `duplicate_key`, a key that comes twice in one object (nlohmann keeps the last silently) is
+/// refused too and named there.
+inline nlohmann::json json_parse_bounded(std::string_view text, bool* too_deep = nullptr,
+                                         std::string* duplicate_key = nullptr) {
   bool deep = false;
+  std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
+  std::string twice;
   auto j = nlohmann::json::parse(
       text.begin(), text.end(),
-      [&deep](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
         if (depth > json_max_depth) deep = true;
+        if (!duplicate_key || deep) return true;
+        using event_t = nlohmann::json::parse_event_t;
+        if (event == event_t::object_start) {
+          keys.emplace_back();
+        } else if (event == event_t::object_end && !keys.empty()) {
+          keys.pop_back();
+        } else if (event == event_t::key && !keys.empty() && twice.empty() &&
+                   !keys.back().insert(parsed.get<std::string>()).second) {
+          twice = parsed.get<std::string>();
+        }
         return true;
       },
       /*allow_exceptions=*/false);
   if (too_deep) *too_deep = deep;
-  if (deep) return nlohmann::json(nlohmann::json::value_t::discarded);
+  if (duplicate_key) *duplicate_key = deep ? std::string() : twice;
+  if (deep || !twice.empty()) return nlohmann::json(nlohmann::json::value_t::discarded);
   return j;
 }
 
