@@ -57,8 +57,11 @@ set(WSYNC_HAVE_NCCL OFF)
 if(NOT WSYNC_SANITIZER STREQUAL "" AND NOT WSYNC_WITH_CUDA STREQUAL "ON")
   message(STATUS "wsync: CUDA is off in sanitizer builds")
 elseif(NOT WSYNC_WITH_CUDA STREQUAL "OFF")
+  # Through CUDACXX, not CMAKE_CUDA_COMPILER: check_language does nothing when the variable is
+  # set, so an nvcc that cannot compile (an unsupported host compiler, a partial toolkit) would
+  # reach enable_language and fail the configure instead of turning CUDA off.
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
-    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+    set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
   endif()
   include(CheckLanguage)
   check_language(CUDA)

@@ -230,7 +230,8 @@ void node::pull_cancel(pull_job& job, std::size_t i, bool force_endpoint) {
   // ended meanwhile.
   for (auto* op : std::vector(lane.ops)) {
     if (std::find(lane.ops.begin(), lane.ops.end(), op) == lane.ops.end()) continue;
-    if (!lane.get) ucp_request_cancel(worker_, op->request);
+    // An op whose post just failed has no request (its caller books it): nothing to cancel.
+    if (!lane.get && op->request != nullptr) ucp_request_cancel(worker_, op->request);
   }
   // RMA gets and rendezvous transfers already matched cannot be cancelled: closing the
   // endpoint completes them with an error.
