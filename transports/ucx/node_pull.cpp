@@ -42,10 +42,22 @@ void node::source_failed(pull_job& job, std::size_t i, error why) {
   pull_cancel(job, i, false);
 }
 
+// The importer's deadline passed. Also for a job that failed already: its last source may have
+// died with receives matched to it, which UCX does not always end, and the importer waits for
+// the job to finish. Those are given up as switch_sources gives them up (the landing slot stays
+// busy until each really ends, so no late byte lands in a later update).
 void node::pull_abort(const std::shared_ptr<pull_job>& job, error why) {
-  if (job->failure) return;
-  job->failure = std::move(why);
+  if (!job->failure) job->failure = std::move(why);
   for (std::size_t k = 0; k < job->lanes.size(); ++k) pull_cancel(*job, k, true);
+  for (auto& lane : job->lanes) {
+    for (auto* op : lane.ops) {
+      op->abandoned = true;
+      pool_->busy_begin(job->landing);
+      ops_by_tag_.erase(op->tag);
+    }
+    lane.ops.clear();
+    lane.inflight = 0;
+  }
   pull_check_done(job);
 }
 
