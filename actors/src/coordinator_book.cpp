@@ -312,22 +312,12 @@ void coordinator_book::distribute(update_record& u, coord_clock::time_point now,
 }
 
 namespace {
-// The outcome effect of a finished update, with a copy of its record (shards left out).
-book_effect outcome_of(const update_record& u) {
-  auto finished = std::make_shared<update_record>();
-  finished->key = u.key;
-  finished->model_id = u.model_id;
-  finished->weight_version = u.weight_version;
-  finished->expected_publishers = u.expected_publishers;
-  finished->consumers = u.consumers;
-  finished->phase = u.phase;
-  finished->reason = u.reason;
-  finished->created = u.created;
-  finished->deadline = u.deadline;
-  finished->finished = u.finished;
-  finished->publishers_released = u.publishers_released;
-  finished->attempt = u.attempt;
-  finished->counts = u.counts;
+// The outcome effect of a finished update, with a copy of its record. Its shards (every
+// manifest) stay out of the copy: the outcome names no tensor.
+book_effect outcome_of(update_record& u) {
+  auto shards = std::move(u.shards);
+  auto finished = std::make_shared<const update_record>(u);
+  u.shards = std::move(shards);
   book_effect e{book_effect::kind::outcome, u.key, publisher_ranks(u), {}};
   e.record = std::move(finished);
   return e;
