@@ -5,6 +5,7 @@
 
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "common.hpp"
@@ -63,7 +64,15 @@ int main(int argc, char** argv) {
     // CLI11 words an unknown key in INI terms; say what it is in ours.
     std::string what = e.what();
     const std::string ini = "INI was not able to parse ";
-    if (what.rfind(ini, 0) == 0) what = "config: unknown setting " + what.substr(ini.size());
+    if (what.rfind(ini, 0) == 0) {
+      auto key = what.substr(ini.size());
+      // CLI11 names a section no subcommand has "<section>.++".
+      if (key.size() > 3 && key.compare(key.size() - 3, 3, ".++") == 0) {
+        what = "config: unknown section [" + key.substr(0, key.size() - 3) + "]";
+      } else {
+        what = "config: unknown setting " + key;
+      }
+    }
     std::cerr << what << "\nRun with --help for more information.\n";
     return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
@@ -72,8 +81,16 @@ int main(int argc, char** argv) {
   if (dump_config) {
     // Only the chosen subcommand's section; the token is never written (it is not configurable
     // from files either: it belongs in the environment).
+    // An option left empty is written commented out: read back, "" would be a value (a file
+    // path that must exist, say), so the dump could not be loaded as it is.
     for (const auto* sub : app.get_subcommands()) {
-      std::cout << "[" << sub->get_name() << "]\n" << sub->config_to_str(true, true);
+      std::cout << "[" << sub->get_name() << "]\n";
+      std::istringstream lines(sub->config_to_str(true, true));
+      for (std::string line; std::getline(lines, line);) {
+        const bool empty = line.size() > 3 && line.compare(line.size() - 3, 3, "=\"\"") == 0 &&
+                           line.front() != '#';
+        std::cout << (empty ? "# " : "") << line << "\n";
+      }
     }
     return 0;
   }

@@ -51,6 +51,16 @@ dump=$(WSYNC_TOKEN=secret-token "$wsync" coordinator --config "$configs/local.to
 grep -q '^port=7801' <<<"$dump" || fail "flag does not override the file: $dump"
 grep -q '^host="127.0.0.1"' <<<"$dump" || fail "file value missing: $dump"
 grep -q 'secret-token' <<<"$dump" && fail "--dump-config prints the token"
+# A dump loads back as it is (empty options are written commented out).
+for args in "coordinator" "consumer" "publisher --rank 0" "status --coordinator 127.0.0.1:7700" "bench"; do
+  dumped=$(mktemp)
+  # shellcheck disable=SC2086
+  WSYNC_TOKEN=t "$wsync" $args --dump-config >"$dumped" || fail "$args --dump-config failed"
+  sub=${args%% *}
+  out=$(WSYNC_TOKEN=t "$wsync" $sub --config "$dumped" --dump-config 2>&1) ||
+    fail "$sub: its own dump does not load: $out"
+  rm -f "$dumped"
+done
 dump=$(SLURM_PROCID=5 WSYNC_TOKEN=t "$wsync" publisher --config "$configs/local.toml" --dump-config)
 grep -q '^rank=5' <<<"$dump" || fail "SLURM_PROCID not used as the rank: $dump"
 bad=$(mktemp)
@@ -59,6 +69,9 @@ prot = 1
 ' >"$bad"
 out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "unknown key accepted"
 grep -q "config: unknown setting coordinator.prot" <<<"$out" || fail "unknown key not named: $out"
+printf '[coordinatr]\nport = 1\n' >"$bad"
+out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "unknown section accepted"
+grep -q "config: unknown section \[coordinatr\]" <<<"$out" || fail "unknown section not named: $out"
 printf '[coordinator]\nport = 7700 junk\n' >"$bad"
 out=$(WSYNC_TOKEN=t "$wsync" coordinator --config "$bad" 2>&1) && fail "a TOML syntax error accepted"
 grep -q "config: line 2, column" <<<"$out" || fail "a TOML syntax error not located: $out"
