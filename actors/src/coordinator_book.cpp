@@ -181,6 +181,7 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
     if (it == u.consumers.end()) continue;
     auto& p = it->second;
     set_may_hold(u, p, false);  // a rank that is gone holds nothing
+    p.left = true;
     if (!answered(p.state)) {
       p.reason = reason;
       set_state(u, p, rank_state::failed, now);
@@ -353,7 +354,9 @@ void coordinator_book::catch_up_joined_meanwhile(update_record& u, coord_clock::
   if (latest_committed_mutable(u.model_id) != &u) return;
   std::vector<std::int32_t> ranks;
   for (const auto& [r, info] : consumers_) {
-    if (info.model_id != u.model_id || u.consumers.count(r) > 0 ||
+    // An entry of an earlier process of this rank (it left, then joined again) does not count.
+    auto known = u.consumers.find(r);
+    if (info.model_id != u.model_id || (known != u.consumers.end() && !known->second.left) ||
         info.active_weight_version >= u.weight_version) {
       continue;
     }

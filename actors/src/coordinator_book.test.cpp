@@ -406,6 +406,28 @@ TEST_F(book_test, a_rank_that_joins_mid_update_gets_that_update_once_it_commits)
   ASSERT_TRUE(book_.acknowledged("m@2", 14, now_));
 }
 
+// The same for a rank that restarted mid-update: the entry its first process left (failed) does
+// not stand for the new one.
+TEST_F(book_test, a_rank_that_restarts_mid_update_gets_that_update_once_it_commits) {
+  publish_both(1);
+  ack_all("m@1");
+  publish_both(2);
+  (void)book_.leave(13, rank_role::consumer, "down", now_);
+  ASSERT_TRUE(book_.join(info(13, rank_role::consumer), now_));  // caught up on m@1
+  ASSERT_TRUE(book_.acknowledged("m@1", 13, now_));
+  for (int r : {10, 11}) ASSERT_TRUE(book_.acknowledged("m@2", r, now_));
+  auto last = book_.acknowledged("m@2", 12, now_);  // m@2 commits
+  ASSERT_TRUE(last);
+  bool sent = false;
+  for (const auto& e : *last) {
+    sent = sent || (e.what == kind::distribute && e.key == "m@2" &&
+                    e.ranks == std::vector<std::int32_t>{13} && e.catch_up);
+  }
+  EXPECT_TRUE(sent) << "the new process of rank 13 was not sent m@2";
+  EXPECT_EQ(book_.find("m@2")->consumers.at(13).state, rank_state::pending);
+  ASSERT_TRUE(book_.acknowledged("m@2", 13, now_));
+}
+
 TEST_F(book_test, other_models_are_independent) {
   ASSERT_TRUE(book_.join(info(20, rank_role::publisher, "other"), now_));
   weight_update_manifest m = shard(20, 1);

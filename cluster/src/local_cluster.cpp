@@ -116,7 +116,9 @@ bool local_cluster::await_exit(pid_t pid, std::chrono::milliseconds limit, int& 
       return true;
     }
     if (clock_type::now() >= deadline) break;
-    if (stop_requested()) {  // the caller stops everything in order (stop_all): no SIGKILL
+    // The caller stops everything in order (stop_all): no SIGKILL. Within stop_all a second
+    // Ctrl-C changes nothing: its waits end with the SIGKILL backstop.
+    if (!stopping_all_ && stop_requested()) {
       stopped_ = true;
       return false;
     }
@@ -130,6 +132,7 @@ bool local_cluster::await_exit(pid_t pid, std::chrono::milliseconds limit, int& 
 }
 
 void local_cluster::stop_all() {
+  stopping_all_ = true;
   // Ranks first, so they leave while the coordinator still listens. A publisher waiting for an
   // outcome that will not come (its consumers left) sees the signal only once the wait ends;
   // the coordinator going away ends it. So the coordinator follows after a short grace, and
@@ -154,6 +157,7 @@ void local_cluster::stop_all() {
     int status = 0;
     await_exit(pid, std::chrono::seconds(10), status);
   }
+  stopping_all_ = false;
 }
 
 std::vector<std::string> local_cluster::leftovers() const {

@@ -1,6 +1,7 @@
 #include "wsync/http/gateway.hpp"
 
 #include <httplib.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -44,6 +45,11 @@ std::string error_json(const std::string& why) {
                                              nlohmann::json::error_handler_t::replace);
 }
 
+// Whether httplib reads the body as chunked: it compares the header without regard to case.
+bool chunked(const httplib::Request& q) {
+  return ::strcasecmp(q.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;
+}
+
 // The body of a POST, "" when the client sent none, or nullopt when it could not be read whole
 // or passed max_body_bytes. vLLM's clients and docs POST /pause, /resume, /start and /finish
 // bare (curl -X POST sends no Content-Length); httplib would answer 400 before routing, so POST
@@ -51,7 +57,7 @@ std::string error_json(const std::string& why) {
 // does.
 std::optional<std::string> body_of(const httplib::Request& q, const httplib::ContentReader& read) {
   std::string body;
-  if (q.has_header("Content-Length") || q.get_header_value("Transfer-Encoding") == "chunked") {
+  if (q.has_header("Content-Length") || chunked(q)) {
     const bool whole = read([&](const char* data, std::size_t n) {
       if (n > max_body_bytes - body.size()) return false;
       body.append(data, n);
@@ -85,7 +91,7 @@ void post(http_gateway::impl& g, const char* path, Handle handle) {
 // How many /generate calls may run at once: each one held by a pause keeps a pool thread, and
 // /resume must still find one.
 int generation_limit(int threads) {
-  return std::max(1, threads - std::min(8, threads / 2));
+  return threads - std::clamp(threads / 2, 1, 8);  // threads >= 2 (start() checks)
 }
 
 // Every surface: wsync's /status, /metrics, /generate and /health.
@@ -93,15 +99,16 @@ void add_common_routes(http_gateway::impl& g) {
   auto& s = g.service;
   const int limit = generation_limit(g.options.threads);
   post(g, "/generate", [&s, &g, limit](req, const std::string& b) -> http_reply {
+    struct counted {
+      std::atomic<int>& n;
+      ~counted() { n.fetch_sub(1); }
+    } in_flight{g.generating};
     if (g.generating.fetch_add(1) >= limit) {
-      g.generating.fetch_sub(1);
       return {503, error_json("generate: " + std::to_string(limit) +
                               " generations are being served, the most this server takes (the "
                               "rest of its threads answer control calls such as /resume)")};
     }
-    auto r = s.generate(b);
-    g.generating.fetch_sub(1);
-    return r;
+    return s.generate(b);
   });
   auto& server = g.server;
   server.Get("/status", [&s](req, res r) { answer(r, s.status()); });
@@ -191,8 +198,7 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
       r.set_content(error_json("authorization: missing or wrong bearer token"), "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (q.get_header_value("Transfer-Encoding") == "chunked" &&
-        !(q.method == "POST" && impl_->post_paths.count(q.path) != 0)) {
+    if (chunked(q) && !(q.method == "POST" && impl_->post_paths.count(q.path) != 0)) {
       r.status = 411;
       r.set_content(error_json("request: a chunked body is read only by the POST routes; " +
                                q.method + " " + q.path + " takes none"),
@@ -224,6 +230,12 @@ result<std::uint16_t> http_gateway::start() {
       std::end(http_api_names)) {
     return make_error(errc::invalid_argument,
                       "http-api: \"" + o.api + "\" is not one of vllm, sglang, both");
+  }
+  if (o.threads < 2) {
+    return make_error(errc::invalid_argument,
+                      "http: threads " + std::to_string(o.threads) +
+                          ": at least 2, so that a control call such as /resume always finds one "
+                          "a generation does not hold");
   }
   int port = o.port == 0 ? impl_->server.bind_to_any_port(o.host)
                          : (impl_->server.bind_to_port(o.host, o.port) ? o.port : -1);

@@ -25,14 +25,14 @@ bool printable_id(std::string_view s) {
 }
 
 // JSON carries text: a name that is not UTF-8 (or holds control characters) cannot round-trip.
-// Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing past U+10FFFF; and no C0,
-// DEL or C1 control characters. The JSON writer replaces anything else, which would rename the
-// tensor on the way (or make two names one).
+// Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing past U+10FFFF (the JSON
+// writer replaces those, which would rename the tensor on the way, or make two names one); and
+// no C0 control characters.
 bool valid_text(std::string_view s) {
   for (std::size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f) return false;
+      if (c < 0x20) return false;
       ++i;
       continue;
     }
@@ -58,7 +58,6 @@ bool valid_text(std::string_view s) {
     for (std::size_t k = 2; k < len; ++k) {
       if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
     }
-    if (c == 0xc2 && second < 0xa0) return false;  // U+0080..U+009F: C1 controls
     i += len;
   }
   return true;

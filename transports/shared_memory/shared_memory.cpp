@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <fstream>
 #include <memory>
@@ -603,11 +604,15 @@ std::vector<std::string> shm_sweep_orphans() {
       std::uint64_t start, pidns;
     };
     std::optional<owner> made_by;
+    bool young = false;  // changed within the last minute
     if (int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0); fd >= 0) {
       struct stat st {};
       void* p = MAP_FAILED;
-      if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= header_bytes) {
-        p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
+      if (::fstat(fd, &st) == 0) {
+        young = std::time(nullptr) - st.st_mtim.tv_sec < 60;
+        if (static_cast<std::uint64_t>(st.st_size) >= header_bytes) {
+          p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
+        }
       }
       ::close(fd);
       if (p != MAP_FAILED) {
@@ -620,6 +625,9 @@ std::vector<std::string> shm_sweep_orphans() {
     }
     // Made in another PID namespace (a container sharing /dev/shm): its pid means nothing here.
     if (made_by && !pid_checkable(made_by->pidns)) continue;
+    // No header yet and just made: a slot being created (its header comes once its pages are
+    // populated, seconds for a large one), maybe by a process whose pid means nothing here.
+    if (!made_by && young) continue;
     // The pid is in use: keep the slot unless its header proves another process made it.
     if (alive_start != 0 && (!made_by || made_by->start == 0 || made_by->start == alive_start)) {
       continue;

@@ -1018,11 +1018,24 @@ TEST_F(shared_memory_test, a_slot_made_in_another_pid_namespace_is_not_judged_by
   auto other = slot("otherns", here + 1);
   auto same = slot("samens", here);
   auto older = slot("nons", 0);
+  // No header yet: being created (by a process that may be in another namespace) while just
+  // made, an orphan once old.
+  std::string creating =
+      "wsync-" + std::to_string(dead) + "-testcreating" + std::to_string(getpid());
+  std::string stale = "wsync-" + std::to_string(dead) + "-teststale" + std::to_string(getpid());
+  ASSERT_TRUE(make_fake_slot(creating, nullptr));
+  ASSERT_TRUE(make_fake_slot(stale, nullptr));
+  timespec long_ago[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 3600, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, ("/dev/shm/" + stale).c_str(), long_ago, 0), 0)
+      << std::strerror(errno);
   auto removed = shm_sweep_orphans();
   EXPECT_FALSE(contains(removed, other));
   EXPECT_TRUE(contains(removed, same));
   EXPECT_TRUE(contains(removed, older));
-  EXPECT_EQ(::shm_unlink(("/" + other).c_str()), 0);  // was kept
+  EXPECT_FALSE(contains(removed, creating));
+  EXPECT_TRUE(contains(removed, stale));
+  EXPECT_EQ(::shm_unlink(("/" + other).c_str()), 0);     // was kept
+  EXPECT_EQ(::shm_unlink(("/" + creating).c_str()), 0);  // was kept
 }
 
 TEST_F(shared_memory_test, the_sweep_leaves_a_slot_being_created_alone) {

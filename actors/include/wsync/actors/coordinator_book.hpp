@@ -57,6 +57,9 @@ struct rank_progress {
   /// Failed by the deadline while still joined (frozen, slow): it may be reading the update's
   /// memory yet, so the publishers keep it until the rank reports released or leaves.
   bool may_hold = false;
+  /// The rank left after this entry was made: a rank of that number that joins again is a new
+  /// process, which this entry does not describe.
+  bool left = false;
   std::map<rank_state, coord_clock::time_point> at;
 };
 

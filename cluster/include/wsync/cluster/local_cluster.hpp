@@ -49,6 +49,7 @@ class local_cluster {
 
  private:
   bool stopped_ = false;
+  bool stopping_all_ = false;
   std::string exe_;
   std::filesystem::path dir_;
   endpoint coordinator_;
