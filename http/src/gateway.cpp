@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -128,15 +127,13 @@ void add_vllm_routes(http_gateway::impl& g) {
   post(g, "/pause", [&s](req q, const std::string&) {
     // vLLM's older form: ?wait_for_inflight_requests=true means what mode=wait means.
     if (!q.has_param("mode") && q.has_param("wait_for_inflight_requests")) {
-      auto wait = q.get_param_value("wait_for_inflight_requests");
-      std::transform(wait.begin(), wait.end(), wait.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      if (wait == "true" || wait == "1" || wait == "yes" || wait == "on") return s.pause("wait");
-      if (wait != "false" && wait != "0" && wait != "no" && wait != "off") {
-        return http_reply{400, error_json("wait_for_inflight_requests: \"" +
-                                          q.get_param_value("wait_for_inflight_requests") +
-                                          "\" is not a boolean")};
+      const auto text = q.get_param_value("wait_for_inflight_requests");
+      const auto wait = query_flag(text);
+      if (!wait) {
+        return http_reply{
+            400, error_json("wait_for_inflight_requests: \"" + text + "\" is not a boolean")};
       }
+      if (*wait) return s.pause("wait");
     }
     return s.pause(q.has_param("mode") ? q.get_param_value("mode") : "");
   });

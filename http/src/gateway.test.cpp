@@ -220,6 +220,12 @@ TEST_F(http_gateway_test, pause_with_wait_for_inflight_requests_drains_live_gene
   EXPECT_EQ(json::parse(bad->body)["error"],
             "wait_for_inflight_requests: \"maybe\" is not a boolean");
   EXPECT_EQ(get_json("/is_paused")["is_paused"], false);
+  // Booleans in queries read as FastAPI reads them, here as for include_dp.
+  for (const char* spelling : {"no", "OFF", "False", "0"}) {
+    auto r = client().Get(("/get_world_size?include_dp=" + std::string(spelling)).c_str());
+    ASSERT_TRUE(r) << spelling;
+    EXPECT_EQ(r->status, 200) << spelling << ": " << r->body;
+  }
 }
 
 // Bodies that cannot be read whole, chunked bodies where none is read, and paths a client made

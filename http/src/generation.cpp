@@ -1,5 +1,8 @@
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <climits>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -28,16 +31,20 @@ http_reply weight_transfer_service::is_paused() const {
   return reply(200, {{"is_paused", impl_->generation.paused()}});
 }
 
+std::optional<bool> query_flag(std::string_view text) {
+  std::string t(text);
+  std::transform(t.begin(), t.end(), t.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "true" || t == "1" || t == "yes" || t == "on") return true;
+  if (t == "false" || t == "0" || t == "no" || t == "off") return false;
+  return std::nullopt;
+}
+
 http_reply weight_transfer_service::world_size(std::string_view include_dp) const {
-  bool dp = true;
-  if (include_dp == "false" || include_dp == "False" || include_dp == "0") {
-    dp = false;
-  } else if (!include_dp.empty() && include_dp != "true" && include_dp != "True" &&
-             include_dp != "1") {
-    return fail(400, "include_dp: \"" + std::string(include_dp) + "\" is not a boolean");
-  }
+  const auto dp = include_dp.empty() ? std::optional<bool>(true) : query_flag(include_dp);
+  if (!dp) return fail(400, "include_dp: \"" + std::string(include_dp) + "\" is not a boolean");
   const auto& c = impl_->config;
-  return reply(200, {{"world_size", dp ? c.world_size * c.data_parallel : c.world_size}});
+  return reply(200, {{"world_size", *dp ? c.world_size * c.data_parallel : c.world_size}});
 }
 
 http_reply weight_transfer_service::generate(std::string_view body) {

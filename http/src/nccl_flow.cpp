@@ -227,7 +227,6 @@ std::string weight_transfer_service::impl::nccl_check(const json& info, const st
   m.model_id = "vllm-nccl";
   m.weight_version = shards.empty() ? active.load() + 1 : shards.front().weight_version;
   m.source_worker = "nccl-rank-0";
-  m.source_rank = static_cast<std::int32_t>(shards.size());
   m.transport = "nccl";
   m.transport_handle = "received";
   m.checksum_method = {checksum_algorithm::xxh3_64_chunked, std::uint64_t{1} << 20};
@@ -255,7 +254,7 @@ std::string weight_transfer_service::impl::nccl_check(const json& info, const st
 std::string weight_transfer_service::impl::nccl_receive(nccl_entry entry, int& status) {
   auto& specs = entry.specs;
   auto& m = entry.manifest;
-  m.source_rank = static_cast<std::int32_t>(shards.size());  // entries of one list come in order
+  m.source_rank = static_cast<std::int32_t>(shards.size());  // its place among the shards
   status = 409;
   if (!nccl_group) {
     return "update_weights: no NCCL group" +

@@ -103,7 +103,7 @@ def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
         keep.append(t)
         fields = (name, wire, list(t.shape), t.data_ptr(), t.numel() * t.element_size())
         if t.device.type == "cuda":
-            device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+            device = cuda_index(t)
             fields += (device, torch.cuda.current_stream(device).cuda_stream)
         tuples.append(fields)
     return tuples, keep

@@ -173,10 +173,18 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
   // after the work queued on each producing stream), the threads below hash them.
   std::set<gpu::stream*> used;
   std::set<std::pair<int, void*>> waited;
+  // Waits for every stream used, keeping the first failure.
+  auto sync_used = [&]() -> result<void> {
+    result<void> synced;
+    for (auto* s : used) {
+      if (auto ok = s->synchronize(); !ok && synced) synced = ok.error();
+    }
+    return synced;
+  };
   // A failure once copies are queued waits for them: the caller then reuses the segments and
   // may free the sources.
   auto fail = [&](error e) -> error {
-    for (auto* s : used) (void)s->synchronize();
+    (void)sync_used();
     return e;
   };
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -193,11 +201,7 @@ result<void> weight_publisher::copy_all(std::span<const tensor_source> tensors,
       return fail(ok.error());
     }
   }
-  result<void> synced;  // every stream, the first failure kept
-  for (auto* s : used) {
-    if (auto ok = s->synchronize(); !ok && synced) synced = ok.error();
-  }
-  if (!synced) return synced;
+  if (auto synced = sync_used(); !synced) return synced;
   hash_pieces(descs, method, [&](std::size_t tensor, std::uint64_t offset, std::uint64_t nbytes) {
     const auto& d = descs[tensor];
     auto* to = dest[d.segment].data() + d.offset + offset;

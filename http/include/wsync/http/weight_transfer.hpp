@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -48,6 +49,10 @@ struct weight_transfer_config {
   /// Empty: nccl::join_endpoint (NCCL). Tests put an in-process trainer here.
   nccl_join_fn nccl_join;
 };
+
+/// A boolean query parameter as FastAPI reads one (vLLM's server): true, 1, yes or on, false, 0,
+/// no or off, in any case; nullopt for anything else.
+std::optional<bool> query_flag(std::string_view text);
 
 class weight_transfer_service {
  public:
