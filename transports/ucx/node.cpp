@@ -122,6 +122,7 @@ void node::loop() {
     auto now = clock_type::now();
     if (now - swept_at > std::chrono::milliseconds(100)) {
       expire_early(now);
+      expire_sends(now);
       for (auto job : std::vector(jobs_)) pull_check_done(job);
       swept_at = now;
     }
@@ -271,25 +272,46 @@ void node::forget_rkeys(ucp_ep_h ep) {
 }
 
 void node::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  auto* self = static_cast<node*>(arg);
-  for (auto it = self->eps_.begin(); it != self->eps_.end(); ++it) {
-    if (it->second != ep) continue;
-    self->eps_.erase(it);
-    self->closing_.push_back(ep);
-    self->forget_requests_of(ep);
-    for (auto job : std::vector(self->jobs_)) {  // a copy: a job may end meanwhile
-      for (std::size_t i = 0; i < job->lanes.size(); ++i) {
-        if (job->lanes[i].ep != ep) continue;
-        // Tag receives are the worker's, not the endpoint's: source_failed cancels them.
-        self->source_failed(
-            *job, i,
-            make_error(errc::io_error, "ucx: connection to the source of update_id " + job->id +
-                                           " failed: " + ucs_status_string(status) + " (" +
-                                           job->context + ")"));
-      }
+  static_cast<node*>(arg)->drop_endpoint(ep, std::string("failed: ") + ucs_status_string(status));
+}
+
+void node::drop_endpoint(ucp_ep_h ep, const std::string& why) {
+  auto it = std::find_if(eps_.begin(), eps_.end(), [&](const auto& e) { return e.second == ep; });
+  if (it == eps_.end()) return;  // closing already
+  eps_.erase(it);
+  closing_.push_back(ep);
+  forget_requests_of(ep);
+  for (auto job : std::vector(jobs_)) {  // a copy: a job may end meanwhile
+    for (std::size_t i = 0; i < job->lanes.size(); ++i) {
+      if (job->lanes[i].ep != ep) continue;
+      // Tag receives are the worker's, not the endpoint's: source_failed cancels them.
+      source_failed(
+          *job, i,
+          make_error(errc::io_error, "ucx: connection to the source of update_id " + job->id + " " +
+                                         why + " (" + job->context + ")"));
     }
-    break;
   }
+}
+
+bool node::endpoint_shared(ucp_ep_h ep, const pull_job* job) const {
+  for (const auto& other : jobs_) {
+    if (other.get() == job) continue;
+    for (const auto& lane : other->lanes) {
+      if (lane.ep == ep) return true;
+    }
+  }
+  for (const auto* c : chunk_sends_) {
+    if (c->ep == ep) return true;
+  }
+  auto asked = [&](const fetch_request& r) {
+    return r.reply_ep == ep;
+  };
+  for (const auto& [id, u] : served_) {
+    for (const auto& [key, requests] : u.waiting) {
+      if (std::any_of(requests.begin(), requests.end(), asked)) return true;
+    }
+  }
+  return std::any_of(early_.begin(), early_.end(), asked);
 }
 
 // Sends an active message made of `header` alone; UCX reads it until the send completes.

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,16 @@ struct served_update {
   bool verify = false;  // relays check each chunk once, before its first forward
   std::vector<std::vector<std::uint8_t>> landed, verified;
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<fetch_request>> waiting;
+};
+
+// A chunk this node sends in answer to a fetch, until UCX ends it. A requester that gave up on
+// the chunk never matches the send (a rendezvous then waits forever), so a send still running
+// past its deadline is ended by closing its endpoint (see expire_sends).
+struct chunk_send {
+  class node* owner = nullptr;
+  slot* s = nullptr;
+  ucp_ep_h ep = nullptr;
+  clock_type::time_point deadline;
 };
 
 struct pull_job;
@@ -203,6 +214,12 @@ class node {
   void shutdown();
   void close_endpoint(ucp_ep_h ep, bool force);
   void close_failed_endpoints();
+  // Forgets `ep` (it failed, or its peer stopped taking what we send): it is closed from the
+  // loop, fetches it asked for are dropped and lanes pulling through it go on from their next
+  // source, told `why`.
+  void drop_endpoint(ucp_ep_h ep, const std::string& why);
+  // Whether anything but `job` still uses `ep`: another job's lane, a send, a held fetch.
+  bool endpoint_shared(ucp_ep_h ep, const pull_job* job) const;
   result<ucp_ep_h> endpoint(const std::string& address, const std::string& context);
   result<ucp_rkey_h> remote_key(ucp_ep_h ep, const std::string& packed, const std::string& context);
   void forget_rkeys(ucp_ep_h ep);
@@ -218,6 +235,7 @@ class node {
   void serve(served_update& u, const fetch_request& r);
   void refuse(const fetch_request& r, errc code, const std::string& text);
   void expire_early(clock_type::time_point now);
+  void expire_sends(clock_type::time_point now);
 
   // --- node_pull.cpp: pulling ----------------------------------------------------------------
 
@@ -260,7 +278,8 @@ class node {
   static constexpr std::size_t max_rkeys = 64;
   std::vector<cached_rkey> rkeys_;
   std::uint64_t next_tag_ = 1;
-  std::uint64_t sends_in_flight_ = 0;
+  std::uint64_t sends_in_flight_ = 0;  // active messages and chunk sends
+  std::unordered_set<chunk_send*> chunk_sends_;
 };
 
 // What a node serves of an update in `s`: a publisher's (`landed`: every chunk is there, none

@@ -246,8 +246,10 @@ void node::pull_cancel(pull_job& job, std::size_t i, bool force_endpoint) {
     if (!lane.get && op->request != nullptr) ucp_request_cancel(worker_, op->request);
   }
   // RMA gets and rendezvous transfers already matched cannot be cancelled: closing the
-  // endpoint completes them with an error.
-  if (force_endpoint && lane.inflight && lane.ep) {
+  // endpoint completes them with an error. Not one that other work goes through (another
+  // job's lane, a chunk we send, a fetch we hold): that would fail it too, and what is left
+  // in flight here is given up by the caller and keeps the landing slot busy until UCX ends it.
+  if (force_endpoint && lane.inflight && lane.ep && !endpoint_shared(lane.ep, &job)) {
     for (auto it = eps_.begin(); it != eps_.end(); ++it) {
       if (it->second == lane.ep) {
         closing_.push_back(lane.ep);

@@ -146,29 +146,30 @@ void node::serve(served_update& u, const fetch_request& r) {
     }
     u.verified[r.segment][index] = 1;
   }
-  struct send_ctx {
-    node* owner;
-    slot* s;
-  };
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                    UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.memh = u.s->memh;
-  p.user_data = new send_ctx{this, u.s};
+  auto* send = new chunk_send{this, u.s, r.reply_ep,
+                              clock_type::now() + std::chrono::milliseconds(cfg_.timeout_ms)};
+  p.user_data = send;
   p.cb.send = [](void* request, ucs_status_t, void* user) {
-    auto* c = static_cast<send_ctx*>(user);
+    auto* c = static_cast<chunk_send*>(user);
     --c->owner->sends_in_flight_;
+    c->owner->chunk_sends_.erase(c);
     if (c->owner->pool_) c->owner->pool_->busy_end(c->s);  // gone at worker destruction
     delete c;
     ucp_request_free(request);
   };
   pool_->busy_begin(u.s);
   ++sends_in_flight_;
+  chunk_sends_.insert(send);
   void* req = ucp_tag_send_nbx(r.reply_ep, data, r.length, r.tag, &p);
   if (ptr_is_error(req)) {
     --sends_in_flight_;
+    chunk_sends_.erase(send);
     pool_->busy_end(u.s);
-    delete static_cast<send_ctx*>(p.user_data);
+    delete send;
     log_warn("ucx: " + side_ + " could not send chunk " + std::to_string(index) + " of " + r.id +
              ": " + ucs_status_string(ptr_status(req)));
   }
@@ -193,6 +194,27 @@ void node::expire_early(clock_type::time_point now) {
                std::to_string(cfg_.timeout_ms) + " ms");
     it = early_.erase(it);
   }
+}
+
+// A chunk send still running past its deadline (the serving side's timeout_ms) is one its
+// requester no longer waits for: it timed out, or moved to another source, and cancelled its
+// receive. UCX cannot cancel a send, and a rendezvous nobody matches never ends, keeping the
+// slot it reads busy. Closing the endpoint ends every send on it; the requester, should it
+// still be there, sees the connection fail and pulls from its next source.
+void node::expire_sends(clock_type::time_point now) {
+  std::vector<ucp_ep_h> stuck;
+  for (const auto* c : chunk_sends_) {
+    if (c->deadline <= now && std::find(stuck.begin(), stuck.end(), c->ep) == stuck.end()) {
+      stuck.push_back(c->ep);
+    }
+  }
+  for (auto ep : stuck) {
+    log_warn("ucx: " + side_ + " closes a connection whose peer has not taken a chunk within " +
+             std::to_string(cfg_.timeout_ms) + " ms (option timeout_ms); its slot is free again");
+    drop_endpoint(ep, "was closed: the source's chunks to this node went untaken for " +
+                          std::to_string(cfg_.timeout_ms) + " ms");
+  }
+  close_failed_endpoints();
 }
 
 served_update served_from(slot* s, std::vector<std::uint64_t> offsets,

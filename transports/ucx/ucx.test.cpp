@@ -205,6 +205,42 @@ TEST_F(ucx_test, a_relay_that_shuts_down_hands_its_children_to_its_source) {
   (*p)->release(m.update_id);
 }
 
+// A child that gave up (its import timed out while its fetches waited at the relay) never takes
+// the chunks the relay then sends it. Those sends must not keep the relay's slot busy forever.
+TEST_F(ucx_test, chunks_sent_to_a_child_that_gave_up_do_not_hold_the_relay_slot) {
+  // Rendezvous for every chunk: an eager send would complete without the child.
+  auto t = make({{"slots", "1"}, {"timeout_ms", "1500"}, {"rndv_thresh", "4096"}, {"op", "tag"}});
+  auto impatient = make({{"timeout_ms", "300"}, {"rndv_thresh", "4096"}, {"op", "tag"}});
+  auto p = t->make_publisher();
+  auto relay = t->make_consumer();
+  auto child = impatient->make_consumer();
+  ASSERT_TRUE(p && relay && child);
+  auto a = publish(**p, "u-gave-up", {1 << 20}, 6);
+  auto child_manifest = a;
+  child_manifest.transport_handle =
+      *t->handle_via_relay(without_fallbacks(a.transport_handle), (*relay)->relay_address());
+  auto gave_up = (*child)->import_segments(child_manifest);
+  ASSERT_FALSE(gave_up);
+  EXPECT_EQ(gave_up.error().code, errc::timeout) << gave_up.error().message;
+
+  // The relay starts now and answers the fetches the child left behind.
+  auto relay_got = (*relay)->import_segments(a);
+  ASSERT_TRUE(relay_got) << relay_got.error().message;
+  expect_pattern(*relay_got, a, 6);
+  (*relay)->release(a.update_id);
+  (*p)->release(a.update_id);
+
+  // One slot: the next import needs the one those sends read. They are given up once they are
+  // older than the relay's timeout_ms, so within a few attempts it is free again.
+  auto b = publish(**p, "u-next", {1 << 20}, 7);
+  result<std::vector<std::span<const std::byte>>> got = make_error(errc::timeout, "not tried");
+  for (int attempt = 0; attempt < 3 && !got; ++attempt) got = (*relay)->import_segments(b);
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, b, 7);
+  (*relay)->release(b.update_id);
+  (*p)->release(b.update_id);
+}
+
 TEST_F(ucx_test, a_striped_handle_pulls_each_stripe_from_its_own_relay) {
   auto t = make();
   auto p = t->make_publisher();
