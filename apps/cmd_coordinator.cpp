@@ -37,8 +37,8 @@ subcommand add_coordinator(CLI::App& app) {
   add_milliseconds(coord, "--update-deadline-ms", opt.update_deadline,
                    "an update whose shards do not all arrive this long after the first is "
                    "aborted; one that is not answered this long after it went out fails its "
-                   "unanswered ranks")
-      ->check(CLI::Range(100, 3600000));
+                   "unanswered ranks",
+                   100, 3600000);
   coord
       ->add_option("--history", opt.history_per_model,
                    "finished updates kept per model for `wsync status` (older ones are dropped, "

@@ -36,14 +36,13 @@ std::string join(const std::vector<std::string>& items) {
 
 CLI::Option* add_milliseconds(CLI::App* cmd, const std::string& name,
                               std::chrono::milliseconds& field, const std::string& help,
-                              std::int64_t min_ms) {
+                              std::int64_t min_ms, std::int64_t max_ms) {
   // CLI11 cannot read a std::chrono duration, so the flag takes the count and the callback
   // stores it; without the flag the callback never runs and the struct's default stands.
-  constexpr std::int64_t week_ms = std::int64_t{7} * 24 * 3600 * 1000;
   return cmd
       ->add_option_function<std::int64_t>(
           name, [&field](const std::int64_t& ms) { field = std::chrono::milliseconds(ms); }, help)
-      ->check(CLI::Range(min_ms, week_ms))
+      ->check(CLI::Range(min_ms, max_ms))
       ->default_str(std::to_string(field.count()));
 }
 

@@ -14,12 +14,13 @@ namespace wsync::cli {
 /// "a, b, c".
 std::string join(const std::vector<std::string>& items);
 
-/// --NAME taking an integer count of milliseconds, from `min_ms` to a week, into `field`, which
+/// --NAME taking an integer count of milliseconds, from `min_ms` to `max_ms`, into `field`, which
 /// keeps its value unless the flag (or the config file) sets it; the help shows that value as
 /// the default. `field` must outlive the parse.
 CLI::Option* add_milliseconds(CLI::App* cmd, const std::string& name,
                               std::chrono::milliseconds& field, const std::string& help,
-                              std::int64_t min_ms = 1);
+                              std::int64_t min_ms = 1,
+                              std::int64_t max_ms = std::int64_t{7} * 24 * 3600 * 1000);
 
 /// --token (or $WSYNC_TOKEN), never read from a config file.
 void add_token(CLI::App* cmd, std::string& token);

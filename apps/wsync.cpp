@@ -89,6 +89,11 @@ int main(int argc, char** argv) {
       for (std::string line; std::getline(lines, line);) {
         const bool empty = line.size() > 3 && line.compare(line.size() - 3, 3, "=\"\"") == 0 &&
                            line.front() != '#';
+        // A secret the file may hold is still not printed: a dump gets pasted into issues.
+        if (line.rfind("http-token=", 0) == 0 && !empty) {
+          std::cout << "# http-token is set; not written (give it in WSYNC_HTTP_TOKEN)\n";
+          continue;
+        }
         std::cout << (empty ? "# " : "") << line << "\n";
       }
     }

@@ -114,6 +114,10 @@ TEST_F(coordinator_actor_test, a_refused_join_changes_nothing) {
   auto ranks = status()["ranks"];
   ASSERT_EQ(ranks.size(), 1u) << ranks.dump();
   EXPECT_EQ(ranks[0]["role"], "publisher");
+  // Every row has every key (scripts index them), null where it does not apply.
+  for (const char* key : {"reason", "via", "active_weight_version", "received_from"}) {
+    EXPECT_TRUE(ranks[0].contains(key) && ranks[0][key].is_null()) << key;
+  }
   EXPECT_EQ(ranks[0]["rank"], 0);
   std::string outcome_token = "unset";
   endpoint->request(coordinator_, 5s, publish_atom::value, token, manifest_to_json(shard(1)))

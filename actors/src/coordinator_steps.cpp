@@ -333,7 +333,9 @@ std::string status_json(coordinator_state& st) {
                      {"role", "publisher"},
                      {"state", "joined"},
                      {"active_weight_version", nullptr},
-                     {"received_from", nullptr}});
+                     {"received_from", nullptr},
+                     {"reason", nullptr},
+                     {"via", nullptr}});
   }
   json updates = json::array();
   std::set<std::string> models;

@@ -186,7 +186,7 @@ def make_weight_bridge(name: str, *, source_worker: Optional[str] = ..., source_
     lists what this build has."""
 
 class RolloutExecutor:
-    """Import, verify, install, acknowledge, activate, release the previous update; on failure
+    """Import, verify, install, activate, acknowledge, release the previous update; on failure
     reject and keep the previous version."""
 
     weight_bridge: WeightBridge

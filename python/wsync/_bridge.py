@@ -251,7 +251,7 @@ class _Gate:
 
 
 class RolloutExecutor(_Gate):
-    """The rollout side in one call: import, verify, install, acknowledge, activate, then release
+    """The rollout side in one call: import, verify, install, activate, acknowledge, then release
     the previous update; on any failure reject, release the new update and keep the previous
     version active.
 

@@ -51,6 +51,9 @@ dump=$(WSYNC_TOKEN=secret-token "$wsync" coordinator --config "$configs/local.to
 grep -q '^port=7801' <<<"$dump" || fail "flag does not override the file: $dump"
 grep -q '^host="127.0.0.1"' <<<"$dump" || fail "file value missing: $dump"
 grep -q 'secret-token' <<<"$dump" && fail "--dump-config prints the token"
+dump=$(WSYNC_HTTP_TOKEN=http-secret "$wsync" consumer --standalone --dump-config)
+grep -q 'http-secret' <<<"$dump" && fail "--dump-config prints the HTTP token: $dump"
+grep -q '^# http-token is set' <<<"$dump" || fail "--dump-config does not say the HTTP token is set: $dump"
 # A dump loads back as it is (empty options are written commented out).
 for args in "coordinator" "consumer" "publisher --rank 0" "status --coordinator 127.0.0.1:7700" "bench"; do
   dumped=$(mktemp)

@@ -1,6 +1,6 @@
 #pragma once
-// The consumer-side entry point: import -> verify -> install -> acknowledge -> activate ->
-// release the previous update. On any failure: reject with the reason, release the new update,
+// The consumer-side entry point: import -> verify -> install -> activate -> acknowledge ->
+// release the previous update (readers switch before the coordinator hears of it). On any failure: reject with the reason, release the new update,
 // keep the previous version active.
 
 #include <cstdint>
