@@ -1,5 +1,6 @@
 #include "wsync/runtime/rollout_executor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <utility>
@@ -67,13 +68,67 @@ result<void> shards_check(std::span<const weight_update_manifest> shards, std::i
 
 }  // namespace
 
+// Imports, verifies and stages the shards; on failure what was imported is in `imported_ids`
+// and nothing is staged.
+result<void> rollout_executor::import_and_stage(std::span<const weight_update_manifest> shards,
+                                                rollout_report& report,
+                                                std::vector<update_id>& imported_ids,
+                                                std::chrono::steady_clock::time_point& t) {
+  std::vector<const imported_update*> parts;
+  for (const auto& m : shards) {
+    auto imported = consumer_.import_update(m);
+    if (!imported) return imported.error();
+    imported_ids.push_back(m.update_id);
+    parts.push_back(*imported);
+  }
+  // The adapter sees shards by source rank, whatever order they came in (HTTP and Python
+  // callers keep arrival order), so the same model always stages the same way.
+  std::stable_sort(parts.begin(), parts.end(), [](const auto* a, const auto* b) {
+    return a->manifest.source_rank < b->manifest.source_rank;
+  });
+  report.timings.import = seconds_since(t);
+
+  if (config_.verify) {
+    for (const auto& id : imported_ids) {
+      if (auto verified = consumer_.verify(id); !verified) return verified.error();
+    }
+    report.timings.verify = seconds_since(t);
+  }
+
+  if (auto staged = adapter_.stage(parts); !staged) {
+    auto e = staged.error();
+    e.message += " at consumer rank " + std::to_string(consumer_.rank());
+    return e;
+  }
+  // The bytes must not have changed since they were verified (a publisher that reused the
+  // memory under this rank): a copy could mix two versions, and views would open onto memory
+  // being rewritten. Checked before the switch, so readers never see either.
+  for (const auto& id : imported_ids) {
+    if (auto whole = consumer_.intact(id); !whole) {
+      adapter_.discard(report.id);
+      return whole.error();
+    }
+  }
+  for (const auto& id : imported_ids) {
+    if (auto installed = consumer_.mark_installed(id); !installed) {
+      adapter_.discard(report.id);
+      return installed.error();
+    }
+  }
+  return {};
+}
+
 rollout_report rollout_executor::update_weights(std::span<const weight_update_manifest> shards) {
   std::lock_guard lock(mutex_);
   rollout_report report;
   for (const auto& m : shards) report.shard_ids.push_back(m.update_id);
   if (!shards.empty()) {
-    report.id = shards.front().update_id;
-    report.weight_version = shards.front().weight_version;
+    // The update is known by its lowest source rank's shard, the one the adapter stages first.
+    const auto& first = *std::min_element(
+        shards.begin(), shards.end(),
+        [](const auto& a, const auto& b) { return a.source_rank < b.source_rank; });
+    report.id = first.update_id;
+    report.weight_version = first.weight_version;
   }
   auto start = clock_type::now();
   auto t = start;
@@ -93,40 +148,17 @@ rollout_report rollout_executor::update_weights(std::span<const weight_update_ma
   };
 
   if (auto ok = shards_check(shards, consumer_.rank()); !ok) return fail(ok.error());
-  std::vector<const imported_update*> parts;
-  for (const auto& m : shards) {
-    auto imported = consumer_.import_update(m);
-    if (!imported) return fail(imported.error());
-    imported_ids.push_back(m.update_id);
-    parts.push_back(*imported);
-  }
-  report.timings.import = seconds_since(t);
-
-  if (config_.verify) {
-    for (const auto& id : imported_ids) {
-      if (auto verified = consumer_.verify(id); !verified) return fail(verified.error());
-    }
-    report.timings.verify = seconds_since(t);
+  // Nothing below may leave by an exception (an adapter out of memory, say) with the shards
+  // still imported: it becomes a rejection like any other failure.
+  try {
+    if (auto ok = import_and_stage(shards, report, imported_ids, t); !ok) return fail(ok.error());
+  } catch (const std::exception& e) {
+    adapter_.discard(report.id);
+    return fail(make_error(errc::install_failed, std::string("install failed: ") + e.what() + " (" +
+                                                     update_context(report.id, consumer_.rank()) +
+                                                     ")"));
   }
 
-  if (auto staged = adapter_.stage(parts); !staged) return fail(staged.error());
-  if (!adapter_.references_import()) {
-    // The bytes were copied out after they were verified: they must not have changed
-    // meanwhile (a publisher that reused the memory under this rank), or the copy may mix two
-    // versions. Checked before the switch, so readers never see such a copy.
-    for (const auto& id : imported_ids) {
-      if (auto whole = consumer_.intact(id); !whole) {
-        adapter_.discard(report.id);
-        return fail(whole.error());
-      }
-    }
-  }
-  for (const auto& id : imported_ids) {
-    if (auto installed = consumer_.mark_installed(id); !installed) {
-      adapter_.discard(report.id);
-      return fail(installed.error());
-    }
-  }
   {
     // The version switches with the weights: a reader inside the gate sees both or neither.
     std::unique_lock exclusive(gate_);

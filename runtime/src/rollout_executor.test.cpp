@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <new>
 
 #include "pattern_tensors.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
@@ -42,6 +43,7 @@ class flaky_adapter final : public install_adapter {
  public:
   explicit flaky_adapter(reference_runtime& rt) : rt_(rt) {}
   result<void> stage(std::span<const imported_update* const> shards) override {
+    if (throw_) throw std::bad_alloc();
     if (fail_) return make_error(errc::install_failed, "install failed: injected");
     return rt_.stage(shards);
   }
@@ -49,6 +51,7 @@ class flaky_adapter final : public install_adapter {
   void discard(const update_id& id) noexcept override { rt_.discard(id); }
   bool references_import() const override { return rt_.references_import(); }
   bool fail_ = false;
+  bool throw_ = false;
 
  private:
   reference_runtime& rt_;
@@ -147,6 +150,8 @@ TEST_F(executor_test, failed_install_keeps_the_previous_version) {
   EXPECT_FALSE(r2.acknowledged);
   ASSERT_TRUE(r2.failure);
   EXPECT_EQ(r2.failure->code, errc::install_failed);
+  EXPECT_NE(r2.failure->message.find("at consumer rank 0"), std::string::npos)
+      << r2.failure->message;
   EXPECT_TRUE(r2.released_self);
   EXPECT_TRUE(r2.released.empty());  // the previous update is still held for the readers
   report(r2);
@@ -157,6 +162,28 @@ TEST_F(executor_test, failed_install_keeps_the_previous_version) {
   adapter.fail_ = false;
   auto r3 = ex.update_weights(publish(3));  // recovers with the next version
   EXPECT_TRUE(r3.acknowledged);
+  EXPECT_EQ(rt.active_version(), 3u);
+}
+
+TEST_F(executor_test, an_install_that_throws_is_a_reject_and_gives_the_shards_back) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  flaky_adapter adapter(rt);
+  rollout_executor ex(consumer, adapter, rt.gate());
+  report(ex.update_weights(publish(1)));
+  adapter.throw_ = true;
+  auto m2 = publish(2);
+  auto r2 = ex.update_weights(m2);  // must not throw
+  EXPECT_FALSE(r2.acknowledged);
+  ASSERT_TRUE(r2.failure);
+  EXPECT_EQ(r2.failure->code, errc::install_failed);
+  EXPECT_NE(r2.failure->message.find(m2.update_id), std::string::npos) << r2.failure->message;
+  EXPECT_TRUE(r2.released_self);
+  report(r2);
+  EXPECT_EQ(*consumer.state(m2.update_id), update_state::released);
+  EXPECT_EQ(rt.active_version(), 1u);
+  adapter.throw_ = false;
+  EXPECT_TRUE(ex.update_weights(publish(3)).acknowledged);
   EXPECT_EQ(rt.active_version(), 3u);
 }
 
@@ -281,6 +308,19 @@ TEST_F(sharded_test, shards_of_one_version_switch_together) {
   EXPECT_EQ(r2.released, (std::vector<update_id>{v1[0].update_id, v1[1].update_id}));
   EXPECT_EQ(torn(rt), 0u);
   EXPECT_EQ(rt.active_version(), 2u);
+}
+
+TEST_F(sharded_test, shards_in_any_order_install_the_same_model) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  ASSERT_TRUE(ex.update_weights(publish_shards(1)).acknowledged);
+  auto v2 = publish_shards(2);
+  std::swap(v2[0], v2[1]);  // rank 1's shard first, as an HTTP caller may send them
+  auto r2 = ex.update_weights(v2);
+  ASSERT_TRUE(r2.acknowledged) << r2.failure->message;
+  EXPECT_EQ(rt.active_version(), 2u);
+  EXPECT_EQ(torn(rt), 0u);
 }
 
 TEST_F(sharded_test, one_bad_shard_rejects_the_whole_update) {

@@ -1,8 +1,9 @@
 #pragma once
 // The consumer-side entry point: import -> verify -> install -> activate -> acknowledge ->
-// release the previous update (readers switch before the coordinator hears of it). On any failure: reject with the reason, release the new update,
-// keep the previous version active.
+// release the previous update (readers switch before the coordinator hears of it). On any failure:
+// reject with the reason, release the new update, keep the previous version active.
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -23,7 +24,7 @@ struct stage_timings {
 
 /// What update_weights() did, for the caller to report to the publisher / coordinator.
 struct rollout_report {
-  update_id id;                      ///< the update's name: its first shard's update_id
+  update_id id;  ///< the update's name: the update_id of its lowest source rank's shard
   std::vector<update_id> shard_ids;  ///< every shard, in the order given
   std::uint64_t weight_version = 0;
   bool acknowledged = false;
@@ -60,6 +61,10 @@ class rollout_executor {
   std::vector<update_id> release_active();
 
  private:
+  result<void> import_and_stage(std::span<const weight_update_manifest> shards,
+                                rollout_report& report, std::vector<update_id>& imported_ids,
+                                std::chrono::steady_clock::time_point& t);
+
   weight_consumer& consumer_;
   install_adapter& adapter_;
   generation_gate& gate_;
