@@ -99,11 +99,29 @@ TEST(generation_control, a_generation_that_begins_while_paused_waits_for_resume)
 
 TEST(generation_control, pausing_twice_changes_nothing) {
   generation_control c;
-  c.pause(pause_mode::keep);
-  c.pause(pause_mode::abort);
+  std::atomic<int> steps{0};
+  std::atomic<bool> stop{false};
+  auto gen = std::async(std::launch::async, [&] {
+    generation_scope g(c);
+    while (!stop) {
+      if (g.step() != generation_status::running) return -1;
+      ++steps;
+    }
+    return steps.load();
+  });
+  while (steps < 3) std::this_thread::yield();
+  c.pause(pause_mode::keep);   // returns once the generation holds
+  c.pause(pause_mode::abort);  // already paused: must neither abort nor change the mode
   EXPECT_TRUE(c.paused());
+  EXPECT_EQ(c.in_flight(), 1u);
   c.resume();
   EXPECT_FALSE(c.paused());
+  const int held_at = steps;
+  while (steps < held_at + 3 && gen.wait_for(0s) != std::future_status::ready) {
+    std::this_thread::yield();  // goes on after the resume (or ended: an abort, checked below)
+  }
+  stop = true;
+  EXPECT_GE(gen.get(), held_at + 3);  // never aborted
 }
 
 TEST(generation_control, abort_and_hold_ends_held_and_waiting_generations_and_keeps_a_pause) {

@@ -11,7 +11,9 @@ std::chrono::nanoseconds generation_gate::lock_shared_timed() {
   std::chrono::nanoseconds held_back{0};
   if (writer_ || writers_waiting_ > 0) {
     const auto t0 = std::chrono::steady_clock::now();
+    ++readers_waiting_;
     cv_.wait(lock, [&] { return !writer_ && writers_waiting_ == 0; });
+    --readers_waiting_;
     held_back = std::chrono::steady_clock::now() - t0;
   }
   ++readers_;
@@ -45,6 +47,11 @@ std::uint64_t generation_gate::active_readers() const {
 std::uint64_t generation_gate::waiting_writers() const {
   std::lock_guard lock(mutex_);
   return writers_waiting_;
+}
+
+std::uint64_t generation_gate::waiting_readers() const {
+  std::lock_guard lock(mutex_);
+  return readers_waiting_;
 }
 
 }  // namespace wsync

@@ -51,6 +51,9 @@ TEST(generation_gate, new_generations_queue_behind_a_waiting_install) {
     std::shared_lock l(gate);  // generation B must not overtake the install
     EXPECT_EQ(step.load(), 1);
   });
+  // B is held back while A still runs: a gate without writer preference would let it in.
+  await([&] { return gate.waiting_readers() == 1; });
+  EXPECT_EQ(gate.active_readers(), 1u);
   gate.unlock_shared();
   writer.join();
   late_reader.join();

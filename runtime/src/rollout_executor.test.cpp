@@ -87,6 +87,7 @@ class executor_test : public ::testing::Test {
     if (r.acknowledged) {
       EXPECT_TRUE(publisher_->on_acknowledged(r.id, 0));
     } else {
+      ASSERT_TRUE(r.failure) << "a report neither acknowledged nor failed";
       EXPECT_TRUE(publisher_->on_rejected(r.id, 0, r.failure->message));
     }
     for (const auto& id : r.released) EXPECT_TRUE(publisher_->on_released(id, 0));

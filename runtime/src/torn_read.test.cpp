@@ -52,14 +52,25 @@ TEST_P(torn_read, readers_never_see_a_mixed_model) {
   std::mutex queue_mutex;
   std::condition_variable queue_cv;
   std::deque<weight_update_manifest> queue;
+  bool trainer_stopped = false;  // queue_mutex
+  // A failure on either side stops both and reaches the test's end, where every thread is
+  // joined: a failed assertion must report, not hang or terminate.
+  std::atomic<bool> failed{false};
   std::thread trainer([&] {
-    for (std::uint64_t v = 1; v <= updates; ++v) {
+    for (std::uint64_t v = 1; v <= updates && !failed; ++v) {
       auto m = publisher.publish(tensors.fill(v), v, {0});
-      ASSERT_TRUE(m) << m.error().message;
       std::lock_guard l(queue_mutex);
-      queue.push_back(*m);
+      if (!m) {
+        ADD_FAILURE() << "publish " << v << ": " << m.error().message;
+        failed = true;
+      } else {
+        queue.push_back(*m);
+      }
       queue_cv.notify_one();
     }
+    std::lock_guard l(queue_mutex);
+    trainer_stopped = true;
+    queue_cv.notify_one();
   });
 
   std::atomic<bool> done{false};
@@ -82,16 +93,20 @@ TEST_P(torn_read, readers_never_see_a_mixed_model) {
       }
     });
   }
-  for (std::uint64_t v = 1; v <= updates; ++v) {
+  for (std::uint64_t v = 1; v <= updates && !failed; ++v) {
     weight_update_manifest m;
     {
       std::unique_lock l(queue_mutex);
-      queue_cv.wait(l, [&] { return !queue.empty(); });
+      queue_cv.wait(l, [&] { return !queue.empty() || trainer_stopped; });
+      if (queue.empty()) break;
       m = std::move(queue.front());
       queue.pop_front();
     }
     auto r = ex.update_weights(m);
-    ASSERT_TRUE(r.acknowledged) << r.failure->message;
+    if (!r.acknowledged) {
+      ADD_FAILURE() << "update " << v << ": " << (r.failure ? r.failure->message : "no reason");
+      failed = true;
+    }
   }
   trainer.join();
   // Let readers look at the last version too before stopping.
@@ -101,6 +116,7 @@ TEST_P(torn_read, readers_never_see_a_mixed_model) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(torn.load(), 0u) << "torn words over " << reads.load() << " generations";
   EXPECT_GT(versions_seen.load(), 0u);
+  if (failed) return;
   EXPECT_EQ(rt.active_version(), updates);
   (void)ex.release_active();
   EXPECT_TRUE(publisher.held_updates().empty());

@@ -27,12 +27,15 @@ class generation_gate {
   std::uint64_t active_readers() const;
   /// Installs waiting for the exclusive side (for status and tests).
   std::uint64_t waiting_writers() const;
+  /// Generations held back by an install (for status and tests).
+  std::uint64_t waiting_readers() const;
 
  private:
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::uint64_t readers_ = 0;
   std::uint64_t writers_waiting_ = 0;
+  std::uint64_t readers_waiting_ = 0;
   bool writer_ = false;
 };
 
