@@ -3,6 +3,8 @@
 #include <charconv>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <streambuf>
 
 #include "common.hpp"
 #include "subcommand.hpp"
@@ -21,21 +23,113 @@ struct bench_state {
   fanout_bench_options fanout;
 };
 
-int bench_dispatch(bench_state& s) {
+using json = nlohmann::json;
+
+std::string row_text(const json& row) {
+  return row.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Passes the rows on as they come and keeps each result row's outcome (sample lines, which
+// carry "event", are not result rows), so that a run of several rows can end with its own.
+class row_tee final : public std::streambuf {
+ public:
+  explicit row_tee(std::ostream& out) : out_(out) {}
+  std::vector<json> outcomes;  ///< {"status", "blocker", "error"} of each result row
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    out_.put(static_cast<char>(c));
+    if (c != '\n') {
+      line_ += static_cast<char>(c);
+      return c;
+    }
+    auto row = json::parse(line_, nullptr, false);
+    line_.clear();
+    if (row.is_object() && row.contains("status") && !row.contains("event")) {
+      outcomes.push_back({{"status", row["status"]},
+                          {"blocker", row.value("blocker", json())},
+                          {"error", row.value("error", json())}});
+    }
+    return c;
+  }
+  int sync() override {
+    out_.flush();
+    return 0;
+  }
+
+ private:
+  std::ostream& out_;
+  std::string line_;
+};
+
+// Options a mode would silently ignore are refused instead, naming what the mode reads.
+std::string misplaced_option(const bench_options& p) {
+  if (p.mode == "cluster" && p.bytes) {
+    return "--bytes/--tensors do not apply to --mode cluster (it publishes --layout, default "
+           "synthetic:65536:4)";
+  }
+  if (p.mode == "fanout" && (!p.layout.empty() || p.tensors)) {
+    return "--layout/--tensors do not apply to --mode fanout (it publishes --bytes in 16 "
+           "tensors)";
+  }
+  return "";
+}
+
+int bench_mode(bench_state& s, std::ostream& out) {
   const bench_options& p = s.point;
   if (p.mode == "cluster") {
     s.cluster.repeat = p.smoke ? 3 : p.repeat;
     if (!p.layout.empty()) s.cluster.layout = p.layout;
-    return cluster_bench_run(s.cluster, std::cout);
+    return cluster_bench_run(s.cluster, out);
   }
   if (p.mode == "fanout") {
     if (p.bytes) s.fanout.bytes = p.bytes;
     if (p.ucx_chunk_bytes) s.fanout.chunk_bytes = p.ucx_chunk_bytes;
     s.fanout.repeat = p.smoke ? 1 : p.repeat;
     if (p.smoke && !p.bytes) s.fanout.bytes = std::uint64_t{8} << 20;
-    return fanout_bench_run(s.fanout, std::cout);
+    return fanout_bench_run(s.fanout, out);
   }
-  return bench_run(p, std::cout);
+  return bench_run(p, out);
+}
+
+// Runs the mode. Every run ends with a line that is its result (docs/benchmark.md): a mode that
+// printed several rows (ucx's two transports, one per cluster size or fan-out plan) gets a last
+// line {"event": "result"} with the worst outcome; a failure that escaped the mode still prints
+// a row.
+int bench_dispatch(bench_state& s) {
+  const bench_options& p = s.point;
+  row_tee tee(std::cout);
+  std::ostream out(&tee);
+  auto fail_row = [&](const std::string& why) {
+    out << row_text({{"mode", p.mode}, {"status", "fail"}, {"blocker", nullptr}, {"error", why}})
+        << std::endl;
+    return 1;
+  };
+  int code = 0;
+  if (auto why = misplaced_option(p); !why.empty()) return fail_row(why);
+  try {
+    code = bench_mode(s, out);
+  } catch (const std::exception& e) {
+    code = fail_row(std::string("bench stopped: ") + e.what());
+  }
+  out.flush();
+  if (tee.outcomes.size() < 2) return code;
+  json worst = tee.outcomes.front();
+  auto rank = [](const json& o) {
+    return o["status"] == "fail" ? 2 : o["status"] == "blocked" ? 1 : 0;
+  };
+  json statuses = json::array();
+  for (const auto& o : tee.outcomes) {
+    statuses.push_back(o["status"]);
+    if (rank(o) > rank(worst)) worst = o;
+  }
+  json result = {{"event", "result"},           {"mode", p.mode},
+                 {"status", worst["status"]},   {"blocker", worst["blocker"]},
+                 {"rows", tee.outcomes.size()}, {"statuses", statuses}};
+  if (!worst["error"].is_null()) result["error"] = worst["error"];
+  std::cout << row_text(result) << std::endl;
+  return rank(worst) == 2 ? 1 : rank(worst) == 1 ? 2 : 0;
 }
 
 // The flags of every mode but fanout.
@@ -66,10 +160,15 @@ void add_point_flags(CLI::App* bench, bench_state& s) {
       "model whose checkpoint layout (tensor names, shapes, bf16) to publish, with random "
       "contents: " +
           join(layout_names()) + " (default qwen2.5-0.5b)");
-  auto* bytes = bench->add_option("--bytes", opt.bytes,
-                                  "publish a synthetic update of this many bytes instead of a "
-                                  "model layout");
-  bench->add_option("--tensors", opt.tensors, "number of tensors of the synthetic update")
+  auto* bytes = bench
+                    ->add_option("--bytes", opt.bytes,
+                                 "publish a synthetic update of this many bytes instead of a "
+                                 "model layout")
+                    ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 44));
+  bench
+      ->add_option("--tensors", opt.tensors,
+                   "number of tensors of the synthetic update (default 16)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000000}))
       ->needs(bytes);
   layout->excludes(bytes);
   bench

@@ -180,7 +180,8 @@ std::optional<double> perftest_gbps(const std::string& tls, const std::string& t
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
       ::kill(server, SIGKILL);
       ::waitpid(server, nullptr, 0);
-      return *why = "ucx_perftest is not installed (Debian package ucx-utils)", std::nullopt;
+      return *why = "blocked: ucx_perftest is not installed (Debian package ucx-utils)",
+             std::nullopt;
     }
   }
   ::kill(server, SIGKILL);

@@ -270,7 +270,9 @@ int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
       auto row = row_of(o, f, c, 1, true);
       if (!f.error.empty()) row["error"] = f.error, code = 1;
       if (c == 1 && f.error.empty()) baseline = f.overhead;
-      row["baseline"] = {{"name", "single-consumer-overhead"}, {"seconds", baseline}};
+      // null, not a number, when the baseline run failed
+      row["baseline"] = {{"name", "single-consumer-overhead"},
+                         {"seconds", baseline >= 0 ? json(baseline) : json(nullptr)}};
       row["ratio_to_baseline"] = baseline > 0 ? f.overhead / baseline : 0.0;
       out << row.dump() << std::endl;
       continue;
@@ -282,7 +284,8 @@ int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
       auto row = row_of(o, f, c, processes, leader);
       if (!f.error.empty()) row["error"] = f.error, code = 1;
       if (!leader && f.error.empty()) direct = f.overhead;
-      row["baseline"] = {{"name", "no-node-leader-overhead"}, {"seconds", direct}};
+      row["baseline"] = {{"name", "no-node-leader-overhead"},
+                         {"seconds", direct >= 0 ? json(direct) : json(nullptr)}};
       row["ratio_to_baseline"] = direct > 0 ? f.overhead / direct : 0.0;
       out << row.dump() << std::endl;
     }

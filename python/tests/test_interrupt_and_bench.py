@@ -64,3 +64,16 @@ def test_bench_prints_one_json_row_per_figure(capsys):
         assert r["status"] == "pass" and r["layout"] == "synthetic:4194304:8"
     assert rows[0]["ratio"] > 0 and rows[1]["tensors"] == 8
     assert rows[2]["longest_gate_wait_s"] >= 0
+
+
+def test_bench_prints_a_row_for_a_figure_that_fails(capsys):
+    # Every figure still prints its row, with the reason, and the exit code says so.
+    assert bench.main(["--layout", "synthetic:65536:4", "--repeat", "1",
+                       "--transport", "no-such-transport"]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["mode"] for r in rows] == ["python-publish", "python-import", "python-install"]
+    for r in rows:
+        assert r["status"] == "fail" and "unknown transport" in r["error"]
+    assert bench.main(["--layout", "no-such-layout", "--repeat", "1"]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[0]["status"] == "fail" and "no-such-layout" in rows[0]["error"]

@@ -125,19 +125,23 @@ def bench_install(model, transport: str, repeat: int, layout: str) -> Dict:
     t = threading.Thread(target=reader, daemon=True)
     t.start()
     installs, waits, totals = [], [], []
-    for v in range(1, repeat + 2):
-        m = pub.publish(model, weight_version=v)
-        ex._handle.reset_longest_wait()
-        ex.update_weights(m)
-        r = ex.last_report
-        if v > 1:
-            installs.append(r["timings"]["install"])
-            totals.append(r["timings"]["total"])
-            waits.append(ex.longest_wait())
-        pub.release(m.update_id)
-    stop.set()
-    t.join()
-    ex.release_weights()
+    try:
+        for v in range(1, repeat + 2):
+            m = pub.publish(model, weight_version=v)
+            ex._handle.reset_longest_wait()
+            try:
+                ex.update_weights(m)
+            finally:
+                pub.release(m.update_id)
+            r = ex.last_report
+            if v > 1:
+                installs.append(r["timings"]["install"])
+                totals.append(r["timings"]["total"])
+                waits.append(ex.longest_wait())
+    finally:
+        stop.set()
+        t.join()
+        ex.release_weights()
     return {"mode": "python-install", "transport": transport, "repeat": repeat,
             "install_s": median(installs), "update_total_s": median(totals),
             "longest_gate_wait_s": max(waits), "median_longest_gate_wait_s": median(waits),
@@ -157,18 +161,34 @@ def main(argv=None) -> int:
     if a.repeat < 1:
         p.error("--repeat must be at least 1")
     torch.set_num_threads(2)
-    model = layout_module(a.layout)
     want = a.only or ["publish", "import", "install"]
+    statuses = []
+    try:
+        model = layout_module(a.layout)
+    except (wsync.WeightSyncError, ValueError, RuntimeError) as e:
+        print(json.dumps({"mode": "python-" + want[0], "layout": a.layout, "status": "fail",
+                          "blocker": None, "error": str(e)}), flush=True)
+        return 1
     for name in want:
-        if name == "publish":
-            row = bench_publish(model, a.transport, a.repeat)
-        elif name == "import":
-            row = bench_import(model, a.transport, a.repeat)
-        else:
-            row = bench_install(model, a.transport, a.repeat, a.layout)
+        # A figure that fails still prints its row (with the reason) and the next one runs.
+        try:
+            if name == "publish":
+                row = bench_publish(model, a.transport, a.repeat)
+            elif name == "import":
+                row = bench_import(model, a.transport, a.repeat)
+            else:
+                row = bench_install(model, a.transport, a.repeat, a.layout)
+        except Exception as e:  # noqa: BLE001 -- every failure becomes a row
+            blocked = isinstance(e, wsync.BlockedError)
+            row = {"mode": "python-" + name, "transport": a.transport,
+                   "status": "blocked" if blocked else "fail",
+                   "blocker": str(e) if blocked else None}
+            if not blocked:
+                row["error"] = f"{type(e).__name__}: {e}"
         row["layout"] = a.layout
+        statuses.append(row["status"])
         print(json.dumps(row), flush=True)
-    return 0
+    return 1 if "fail" in statuses else 2 if "blocked" in statuses else 0
 
 
 if __name__ == "__main__":

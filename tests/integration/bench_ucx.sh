@@ -8,7 +8,10 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 fail() { echo "bench_ucx: $*"; cat "$out"; exit 1; }
 "$wsync" bench --smoke --mode ucx --repeat 3 >"$out" 2>&1 || fail "exit status $?"
-results=$(grep '"mode":"ucx"' "$out" | grep -v '"event":"sample"' || true)
+# The run's result comes last: both rows passed.
+tail -n 1 "$out" | grep -q '"event":"result".*"status":"pass".*"statuses":\["pass","pass"\]' ||
+  fail "the last line is not the run's result"
+results=$(grep '"mode":"ucx"' "$out" | grep -v '"event":"' || true)
 rows=$(grep -c . <<<"$results" | tr -d ' ')
 [ "$rows" = 2 ] || fail "expected 2 result rows, got $rows"
 for tls in tcp sm; do

@@ -4,6 +4,11 @@
 set -uo pipefail
 wsync="$1"
 out=$("$wsync" bench --mode cluster --consumers 1,4 --repeat 3 2>/dev/null) || { echo "$out"; exit 1; }
+# Two rows, then the run's result on the last line.
+result=$(tail -n 1 <<<"$out")
+case "$result" in *'"event":"result"'*'"rows":2'*'"status":"pass"'*) ;;
+  *) echo "cluster_bench: the last line is not the run's result: $result"; exit 1 ;; esac
+out=$(grep -v '"event":"result"' <<<"$out")
 [ "$(grep -c '"mode":"cluster"' <<<"$out")" -eq 2 ] || { echo "cluster_bench: want 2 rows: $out"; exit 1; }
 grep -q '"status":"fail"' <<<"$out" && { echo "cluster_bench: $out"; exit 1; }
 last=$(tail -n 1 <<<"$out")
