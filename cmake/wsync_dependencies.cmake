@@ -74,7 +74,8 @@ elseif(NOT WSYNC_WITH_CUDA STREQUAL "OFF")
     message(STATUS "wsync: CUDA ${CUDAToolkit_VERSION} is older than 12.0: the GPU parts are off")
   elseif(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)
+      # A100 and its 8.x kin (80 runs on 86 and 89), H100/H200, and PTX of 90 for newer GPUs.
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
     endif()
     enable_language(CUDA)
     if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)  # CMake 3.25 knows nvcc up to C++17

@@ -47,10 +47,13 @@ class host_trainer final : public nccl::broadcast_endpoint {
   std::deque<std::vector<std::byte>> sends;
   std::size_t receives_done = 0;
   std::uint64_t allocated_bytes = 0;
+  int allocations_left = -1;  ///< allocate() fails once this reaches 0 (-1: never)
 
   memory_location memory() const override { return {}; }
 
   result<nccl::block> allocate(std::uint64_t nbytes) override {
+    if (allocations_left == 0) return make_error(errc::io_error, "out of device memory (test)");
+    if (allocations_left > 0) --allocations_left;
     auto v = std::make_shared<std::vector<std::byte>>(nbytes, std::byte{0xee});
     allocated_bytes += nbytes;
     return nccl::block{v->data(), nbytes, v};
@@ -103,6 +106,10 @@ class host_trainer final : public nccl::broadcast_endpoint {
     return out;
   }
 
+  void abort(const std::string& why) override {
+    if (aborted_.empty()) aborted_ = why;
+    queue_.clear();
+  }
   std::string broken() const override { return aborted_; }
   std::string describe() const override { return "host trainer (rank 1 of 2)"; }
 

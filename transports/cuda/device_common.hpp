@@ -31,10 +31,6 @@ inline std::string cuda_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-inline std::string driver_text(CUresult r) {
-  return "CUresult " + std::to_string(static_cast<int>(r));
-}
-
 inline const char* kind_name(sharing k) {
   return k == sharing::ipc ? "cuda-ipc" : "cuda-vmm";
 }
@@ -71,10 +67,14 @@ struct driver_api {
   decltype(&cuMemExportToShareableHandle) export_handle = nullptr;
   decltype(&cuMemImportFromShareableHandle) import_handle = nullptr;
   decltype(&cuDeviceGetAttribute) attribute = nullptr;
+  decltype(&cuGetErrorName) error_name = nullptr;
 };
 
 /// The functions, looked up once; errc::blocked naming those the driver lacks.
 result<const driver_api*> driver();
+
+/// A driver error as its name and number: "CUDA_ERROR_OUT_OF_MEMORY (CUresult 2)".
+std::string driver_text(CUresult r);
 
 inline CUmemAllocationProp vmm_props(int device) {
   CUmemAllocationProp p{};

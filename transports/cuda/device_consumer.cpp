@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -101,15 +102,38 @@ class consumer final : public consumer_transport {
       spans.emplace_back(mp.base + h->offsets[i], m.segments[i].nbytes);
     }
     ++mp.holds;
-    held_[m.update_id] = {key, mp.id};
+    held_[m.update_id] = {key, mp.id, *control, h->slot, h->generation};
     return spans;
+  }
+
+  // The slot's generation, as the shared-memory ring checks it: the publisher bumps it before
+  // it rewrites the slot, so unchanged after the reads ended means none read a rewritten byte.
+  result<void> intact(const update_id& id) const override {
+    std::lock_guard lock(mutex_);
+    auto it = held_.find(id);
+    if (it == held_.end()) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id + " is not imported from " + kind_name(kind_));
+    }
+    const auto& h = it->second;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const auto gen = h.control->page->generation[h.slot].load(std::memory_order_acquire);
+    if (gen != h.generation) {
+      return make_error(errc::unknown_update,
+                        "unknown update_id: " + id + " was rewritten in " + kind_name(kind_) +
+                            " memory while it was read: its slot now holds generation " +
+                            std::to_string(gen) + ", the import had " +
+                            std::to_string(h.generation) + " (update_id=" + id + ")");
+    }
+    return {};
   }
 
   void release(const update_id& id) override {
     std::lock_guard lock(mutex_);
     auto it = held_.find(id);
     if (it == held_.end()) return;
-    auto [key, slot_id] = it->second;
+    auto key = it->second.key;
+    auto slot_id = it->second.slot_id;
     held_.erase(it);
     // Reads queued on the legacy stream finish before the publisher may rewrite the slot.
     cudaSetDevice(device_);
@@ -219,7 +243,9 @@ class consumer final : public consumer_transport {
   result<std::pair<const std::byte*, CUmemGenericAllocationHandle>> vmm_open(
       const handle& h, const weight_update_manifest& m) {
     auto fail = [&](errc code, const std::string& why) -> error {
-      return {code, "cuda-vmm: " + why + " (" + update_context(m) + ")"};
+      // "blocked:" first, as every blocked text starts.
+      return {code, std::string(code == errc::blocked ? "blocked: " : "") + "cuda-vmm: " + why +
+                        " (" + update_context(m) + ")"};
     };
     auto d = driver();
     if (!d) return d.error();
@@ -258,8 +284,7 @@ class consumer final : public consumer_transport {
                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     ::close(fd);  // the allocation handle keeps the memory
     if (r != CUDA_SUCCESS) {
-      return fail(errc::blocked,
-                  "blocked: cuMemImportFromShareableHandle failed (" + driver_text(r) + ")");
+      return fail(errc::blocked, "cuMemImportFromShareableHandle failed (" + driver_text(r) + ")");
     }
     auto va = vmm_map(**d, vmm, h.capacity, device_);
     if (!va) {
@@ -316,11 +341,18 @@ class consumer final : public consumer_transport {
 
   sharing kind_;
   int device_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<control_map>> controls_;  // pool -> its page
   std::unordered_map<std::string, mapping> maps_;                 // "<pool>/<slot>" -> opened
   std::vector<mapping> retired_;
-  std::unordered_map<update_id, std::pair<std::string, std::string>> held_;  // -> key, slot id
+  struct held_import {
+    std::string key;      // "<pool>/<slot>"
+    std::string slot_id;  // which allocation of that slot
+    std::shared_ptr<control_map> control;
+    std::uint64_t slot = 0;
+    std::uint64_t generation = 0;
+  };
+  std::unordered_map<update_id, held_import> held_;
 };
 
 }  // namespace

@@ -307,9 +307,13 @@ class publisher final : public publisher_transport {
     if (n != 32) return;
     int fd = -1;
     {
+      // A copy of the descriptor: once the lock is dropped the slot may be freed (its fd
+      // closed, the number reused by the next allocation's), and the answer must still be this
+      // slot's memory.
       std::lock_guard lock(mutex_);
       for (const auto& s : slots_) {
-        if (s->id == std::string(id, 32)) fd = s->vmm_fd;
+        if (s->id == std::string(id, 32) && s->vmm_fd >= 0)
+          fd = ::fcntl(s->vmm_fd, F_DUPFD_CLOEXEC, 0);
       }
     }
     if (fd < 0) {
@@ -318,6 +322,7 @@ class publisher final : public publisher_transport {
       return;
     }
     (void)fd_passing::send_with_fd(c, "ok", 2, fd);
+    ::close(fd);
   }
 
   pool_config cfg_;

@@ -35,6 +35,7 @@ result<const driver_api*> driver() {
     get(a.export_handle, "cuMemExportToShareableHandle");
     get(a.import_handle, "cuMemImportFromShareableHandle");
     get(a.attribute, "cuDeviceGetAttribute");
+    get(a.error_name, "cuGetErrorName");
     if (!missing.empty()) {
       return make_error(errc::blocked, "blocked: the CUDA driver does not provide " + missing);
     }
@@ -42,6 +43,16 @@ result<const driver_api*> driver() {
   }();
   if (!api) return api.error();
   return &*api;
+}
+
+std::string driver_text(CUresult r) {
+  const std::string number = "CUresult " + std::to_string(static_cast<int>(r));
+  const char* name = nullptr;
+  auto d = driver();
+  if (d && (*d)->error_name(r, &name) == CUDA_SUCCESS && name) {
+    return std::string(name) + " (" + number + ")";
+  }
+  return number;
 }
 
 result<CUdeviceptr> vmm_map(const driver_api& d, CUmemGenericAllocationHandle handle,

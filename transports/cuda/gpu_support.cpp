@@ -106,6 +106,13 @@ result<void> copy_to_host(void* dst, const void* src, std::size_t bytes) {
   return {};
 }
 
+result<void> set_device(int device) {
+  if (auto e = cudaSetDevice(device); e != cudaSuccess) {
+    return cuda_failure("cudaSetDevice(" + std::to_string(device) + ")", e);
+  }
+  return {};
+}
+
 result<int> device_of(const void* p) {
   cudaPointerAttributes a{};
   if (auto e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
@@ -263,6 +270,10 @@ result<void> copy_to_host(void*, const void*, std::size_t) {
 
 result<std::vector<std::uint64_t>> copy_with_checksums(std::span<const device_copy>, std::uint64_t,
                                                        void*) {
+  return not_built();
+}
+
+result<void> set_device(int) {
   return not_built();
 }
 

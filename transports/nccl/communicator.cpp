@@ -295,15 +295,16 @@ result<void> communicator::warm_up(std::chrono::milliseconds timeout) {
   const auto deadline = clock::now() + timeout;
   (void)cudaSetDevice(s.device);
   float* one = nullptr;
+  // A failure before the all_reduce is queued aborts too: rank 0 is already inside its own.
   if (auto e = cudaMalloc(&one, sizeof(float)); e != cudaSuccess) {
-    return make_error(errc::io_error, s.who() + ": cudaMalloc failed (" + cuda_text(e) + ")");
+    return s.fail(errc::io_error, s.who() + ": cudaMalloc failed (" + cuda_text(e) + ")");
   }
   struct freer {
     float* p;
     ~freer() { (void)cudaFree(p); }
   } hold{one};
   if (auto e = cudaMemsetAsync(one, 0, sizeof(float), s.stream); e != cudaSuccess) {
-    return make_error(errc::io_error, s.who() + ": cudaMemsetAsync failed (" + cuda_text(e) + ")");
+    return s.fail(errc::io_error, s.who() + ": cudaMemsetAsync failed (" + cuda_text(e) + ")");
   }
   const auto r = nccl_library().all_reduce(one, one, 1, ncclFloat32, ncclSum, s.comm, s.stream);
   if (auto c = s.call(r, deadline, "the warm-up all_reduce"); !c) return c;

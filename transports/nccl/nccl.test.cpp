@@ -208,6 +208,31 @@ TEST(nccl_receiver, a_trainer_that_stops_or_sends_other_sizes_fails_the_receive_
   }
 }
 
+TEST(nccl_receiver, a_receiver_that_cannot_allocate_aborts_the_group) {
+  // Rank 0 broadcasts the update anyway: were the group kept, the next update's receives would
+  // take this one's bytes.
+  auto u = make_update(4);
+  for (bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "unpacked");
+    testing::host_trainer trainer;
+    trainer.sends = testing::trainer_broadcasts(u.bytes, packed, packed ? 100 : 0);
+    trainer.allocations_left = packed ? 1 : 0;  // packed: the staging buffer fails
+    packing how{packed, 100, 2};
+    auto got =
+        receive_tensors(trainer, u.specs, how, chunked, std::chrono::steady_clock::now() + 1s);
+    ASSERT_FALSE(got);
+    EXPECT_NE(got.error().message.find("out of device memory"), std::string::npos)
+        << got.error().message;
+    EXPECT_EQ(trainer.broken(), got.error().message);
+    trainer.allocations_left = -1;
+    auto again =
+        receive_tensors(trainer, u.specs, how, chunked, std::chrono::steady_clock::now() + 1s);
+    ASSERT_FALSE(again);
+    EXPECT_NE(again.error().message.find("the group was aborted"), std::string::npos)
+        << again.error().message;
+  }
+}
+
 // --- with a CUDA device and NCCL ---------------------------------------------------------------
 
 TEST(nccl_gpu, a_one_rank_group_joins_warms_up_and_broadcasts_in_buckets) {

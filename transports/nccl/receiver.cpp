@@ -15,6 +15,12 @@ result<received_tensors> receive_tensors(broadcast_endpoint& endpoint,
     return make_error(errc::io_error, endpoint.describe() + ": the group was aborted: " + why);
   }
   received_tensors out;
+  // Until every broadcast of the update was received, a failure here leaves rank 0's later
+  // broadcasts unmatched: the next update's receives would take them. So the group is aborted.
+  auto out_of_step = [&](error e) -> error {
+    endpoint.abort(e.message);
+    return e;
+  };
   std::uint64_t total = 0;
   std::vector<std::uint64_t> sizes;
   for (const auto& s : specs) {
@@ -23,7 +29,7 @@ result<received_tensors> receive_tensors(broadcast_endpoint& endpoint,
     total += (s.nbytes + tensor_alignment - 1) / tensor_alignment * tensor_alignment;
   }
   auto segment = endpoint.allocate(std::max<std::uint64_t>(total, 1));
-  if (!segment) return segment.error();
+  if (!segment) return out_of_step(segment.error());
   out.segment = std::move(*segment);
   out.segment.nbytes = total;
   std::byte* base = out.segment.data;
@@ -31,34 +37,36 @@ result<received_tensors> receive_tensors(broadcast_endpoint& endpoint,
   if (!how.packed) {
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (auto r = endpoint.receive({base + out.offsets[i], specs[i].nbytes}, deadline); !r) {
-        return r.error();
+        return out_of_step(r.error());
       }
     }
   } else {
     auto groups = nccl_plan::vllm_packed_groups(sizes, how.buffer_bytes);
-    if (!groups) return groups.error();
+    if (!groups) return out_of_step(groups.error());
     std::uint64_t largest = 0;
     for (const auto& g : *groups) largest = std::max(largest, g.nbytes);
     // One staging buffer: the endpoint runs receives and copies in order, so group k + 1 lands
     // only after group k was copied out of it.
     auto staging = endpoint.allocate(std::max<std::uint64_t>(largest, 1));
-    if (!staging) return staging.error();
+    if (!staging) return out_of_step(staging.error());
     out.staging_bytes = largest;
     for (const auto& g : *groups) {
-      if (auto r = endpoint.receive({staging->data, g.nbytes}, deadline); !r) return r.error();
+      if (auto r = endpoint.receive({staging->data, g.nbytes}, deadline); !r) {
+        return out_of_step(r.error());
+      }
       std::uint64_t at = 0;
       for (std::size_t i = g.first; i < g.first + g.count; ++i) {
         if (auto r = endpoint.copy(base + out.offsets[i], staging->data + at, specs[i].nbytes);
             !r) {
-          return r.error();
+          return out_of_step(r.error());
         }
         at += specs[i].nbytes;
       }
     }
     // Keep the staging buffer until the copies out of it are done.
-    if (auto r = endpoint.wait(deadline); !r) return r.error();
+    if (auto r = endpoint.wait(deadline); !r) return out_of_step(r.error());
   }
-  if (auto r = endpoint.wait(deadline); !r) return r.error();
+  if (auto r = endpoint.wait(deadline); !r) return out_of_step(r.error());
 
   std::vector<std::span<const std::byte>> ranges;
   for (std::size_t i = 0; i < specs.size(); ++i) {

@@ -133,9 +133,13 @@ result<void> weight_publisher::copy_to_device(std::span<const tensor_source> ten
       if (auto ok = (*s)->wait_for(t.stream, t.cuda_device); !ok) return ok.error();
     }
   }
-  // Device tensors, chunked method: one kernel pass copies and hashes every byte.
-  const bool all_on_device = std::all_of(tensors.begin(), tensors.end(),
-                                         [](const tensor_source& t) { return t.cuda_device >= 0; });
+  // Tensors on the slot's device, chunked method: one kernel pass copies and hashes every byte.
+  // Not for tensors on another device: the kernel would read them without peer access (an
+  // illegal address that ruins the context); cudaMemcpyAsync below moves them between devices.
+  const int device = transport_->memory().cuda_device;
+  const bool all_on_device =
+      std::all_of(tensors.begin(), tensors.end(),
+                  [&](const tensor_source& t) { return t.cuda_device == device; });
   if (all_on_device && method.algorithm == checksum_algorithm::xxh3_64_chunked) {
     std::vector<gpu::device_copy> copies(tensors.size());
     for (std::size_t i = 0; i < tensors.size(); ++i) {

@@ -78,6 +78,10 @@ class stream {
   int device_ = -1;
 };
 
+/// Makes `device` current on the calling thread: kernels and the default stream it then starts
+/// run there.
+result<void> set_device(int device);
+
 /// The CUDA device of `p` (a device pointer, or host memory CUDA mapped for a device), or -1 for
 /// host memory CUDA does not know.
 result<int> device_of(const void* p);

@@ -66,6 +66,10 @@ class broadcast_endpoint {
   /// The checksum of each range (in memory(), after wait()) by `method`.
   virtual result<std::vector<std::uint64_t>> checksums(
       std::span<const std::span<const std::byte>> ranges, const checksum_method& method) = 0;
+  /// Aborts the group (this member's side): every later call fails. For a receiver that can no
+  /// longer take rank 0's broadcasts in step (it could not allocate, say): matching later
+  /// broadcasts to the wrong receives would install the wrong bytes.
+  virtual void abort(const std::string& why) = 0;
   /// Empty while usable; why not once the group was aborted.
   virtual std::string broken() const = 0;
   /// "NCCL rank 1 of 2 on cuda:0" and the like, for messages.
