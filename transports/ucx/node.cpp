@@ -185,6 +185,7 @@ void node::shutdown() {
 }
 
 void node::close_endpoint(ucp_ep_h ep, bool force) {
+  sends_done_at_.erase(ep);
   forget_rkeys(ep);
   forget_requests_of(ep);
   ucp_request_param_t p{};
@@ -275,9 +276,9 @@ void node::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   static_cast<node*>(arg)->drop_endpoint(ep, std::string("failed: ") + ucs_status_string(status));
 }
 
-void node::drop_endpoint(ucp_ep_h ep, const std::string& why) {
+bool node::drop_endpoint(ucp_ep_h ep, const std::string& why) {
   auto it = std::find_if(eps_.begin(), eps_.end(), [&](const auto& e) { return e.second == ep; });
-  if (it == eps_.end()) return;  // closing already
+  if (it == eps_.end()) return false;  // closing already
   eps_.erase(it);
   closing_.push_back(ep);
   forget_requests_of(ep);
@@ -291,6 +292,7 @@ void node::drop_endpoint(ucp_ep_h ep, const std::string& why) {
                                          why + " (" + job->context + ")"));
     }
   }
+  return true;
 }
 
 bool node::endpoint_shared(ucp_ep_h ep, const pull_job* job) const {

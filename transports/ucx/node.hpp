@@ -217,7 +217,7 @@ class node {
   // Forgets `ep` (it failed, or its peer stopped taking what we send): it is closed from the
   // loop, fetches it asked for are dropped and lanes pulling through it go on from their next
   // source, told `why`.
-  void drop_endpoint(ucp_ep_h ep, const std::string& why);
+  bool drop_endpoint(ucp_ep_h ep, const std::string& why);  // false: closing already
   // Whether anything but `job` still uses `ep`: another job's lane, a send, a held fetch.
   bool endpoint_shared(ucp_ep_h ep, const pull_job* job) const;
   result<ucp_ep_h> endpoint(const std::string& address, const std::string& context);
@@ -280,6 +280,9 @@ class node {
   std::uint64_t next_tag_ = 1;
   std::uint64_t sends_in_flight_ = 0;  // active messages and chunk sends
   std::unordered_set<chunk_send*> chunk_sends_;
+  // When a chunk send on each endpoint last completed: a peer still taking chunks is slow, not
+  // gone, and its endpoint is not closed for one late send.
+  std::unordered_map<ucp_ep_h, clock_type::time_point> sends_done_at_;
 };
 
 // What a node serves of an update in `s`: a publisher's (`landed`: every chunk is there, none

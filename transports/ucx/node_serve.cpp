@@ -153,8 +153,9 @@ void node::serve(served_update& u, const fetch_request& r) {
   auto* send = new chunk_send{this, u.s, r.reply_ep,
                               clock_type::now() + std::chrono::milliseconds(cfg_.timeout_ms)};
   p.user_data = send;
-  p.cb.send = [](void* request, ucs_status_t, void* user) {
+  p.cb.send = [](void* request, ucs_status_t status, void* user) {
     auto* c = static_cast<chunk_send*>(user);
+    if (status == UCS_OK) c->owner->sends_done_at_[c->ep] = clock_type::now();
     --c->owner->sends_in_flight_;
     c->owner->chunk_sends_.erase(c);
     if (c->owner->pool_) c->owner->pool_->busy_end(c->s);  // gone at worker destruction
@@ -196,23 +197,32 @@ void node::expire_early(clock_type::time_point now) {
   }
 }
 
-// A chunk send still running past its deadline (the serving side's timeout_ms) is one its
-// requester no longer waits for: it timed out, or moved to another source, and cancelled its
-// receive. UCX cannot cancel a send, and a rendezvous nobody matches never ends, keeping the
-// slot it reads busy. Closing the endpoint ends every send on it; the requester, should it
-// still be there, sees the connection fail and pulls from its next source.
+// A chunk send still running past its deadline (the serving side's timeout_ms), to a peer
+// that took no chunk from us for that long, is one its requester no longer waits for: it timed
+// out, or moved to another source, and cancelled its receive. UCX cannot cancel a send, and a
+// rendezvous nobody matches never ends, keeping the slot it reads busy. Closing the endpoint
+// ends every send on it; the requester, should it still be there, sees the connection fail
+// (over transports that report a failed peer; over shared memory only, at its own deadline)
+// and pulls from its next source.
 void node::expire_sends(clock_type::time_point now) {
+  const auto patience = std::chrono::milliseconds(cfg_.timeout_ms);
   std::vector<ucp_ep_h> stuck;
   for (const auto* c : chunk_sends_) {
-    if (c->deadline <= now && std::find(stuck.begin(), stuck.end(), c->ep) == stuck.end()) {
-      stuck.push_back(c->ep);
+    if (c->deadline > now || std::find(stuck.begin(), stuck.end(), c->ep) != stuck.end()) continue;
+    if (auto done = sends_done_at_.find(c->ep);
+        done != sends_done_at_.end() && now - done->second < patience) {
+      continue;  // still taking chunks: slow, not gone
     }
+    stuck.push_back(c->ep);
   }
   for (auto ep : stuck) {
-    log_warn("ucx: " + side_ + " closes a connection whose peer has not taken a chunk within " +
-             std::to_string(cfg_.timeout_ms) + " ms (option timeout_ms); its slot is free again");
-    drop_endpoint(ep, "was closed: the source's chunks to this node went untaken for " +
-                          std::to_string(cfg_.timeout_ms) + " ms");
+    if (drop_endpoint(ep, "was closed: the source's chunks to this node went untaken for " +
+                              std::to_string(cfg_.timeout_ms) + " ms")) {
+      log_warn("ucx: " + side_ + " closed a connection whose peer took no chunk within " +
+               std::to_string(cfg_.timeout_ms) +
+               " ms (option timeout_ms); the slot those chunks "
+               "held is free again");
+    }
   }
   close_failed_endpoints();
 }
