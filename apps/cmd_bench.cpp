@@ -1,5 +1,6 @@
 // `wsync bench`: one subcommand, three drivers (bench/): point to point, cluster, fan-out.
 
+#include <algorithm>
 #include <charconv>
 #include <iostream>
 #include <memory>
@@ -29,8 +30,8 @@ std::string row_text(const json& row) {
   return row.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// Passes the rows on as they come and keeps each result row's outcome (sample lines, which
-// carry "event", are not result rows), so that a run of several rows can end with its own.
+// Passes the rows on as they come and keeps each result row's outcome (sample lines are not
+// result rows), so that a run of several rows can end with its own.
 class row_tee final : public std::streambuf {
  public:
   explicit row_tee(std::ostream& out) : out_(out) {}
@@ -46,7 +47,8 @@ class row_tee final : public std::streambuf {
     }
     auto row = json::parse(line_, nullptr, false);
     line_.clear();
-    if (row.is_object() && row.contains("status") && !row.contains("event")) {
+    // Samples are not results; other events (fanout's kill_leader row) are.
+    if (row.is_object() && row.contains("status") && row.value("event", "") != "sample") {
       outcomes.push_back({{"status", row["status"]},
                           {"blocker", row.value("blocker", json())},
                           {"error", row.value("error", json())}});
@@ -129,7 +131,9 @@ int bench_dispatch(bench_state& s) {
                  {"rows", tee.outcomes.size()}, {"statuses", statuses}};
   if (!worst["error"].is_null()) result["error"] = worst["error"];
   std::cout << row_text(result) << std::endl;
-  return rank(worst) == 2 ? 1 : rank(worst) == 1 ? 2 : 0;
+  const int summary = rank(worst) == 2 ? 1 : rank(worst) == 1 ? 2 : 0;
+  // The worse of the two (1 over 2 over 0): the mode may know of a failure no row shows.
+  return code == 1 || summary == 1 ? 1 : std::max(code, summary);
 }
 
 // The flags of every mode but fanout.

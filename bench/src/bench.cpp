@@ -64,11 +64,6 @@ std::uint64_t mem_available() {
   return 0;
 }
 
-std::string host_name() {
-  char host[256] = {};
-  return ::gethostname(host, sizeof host - 1) == 0 ? host : "unknown";
-}
-
 // --- the publisher side and the run -----------------------------------------------------------
 
 struct samples {
@@ -299,6 +294,10 @@ std::optional<run_stop> consumer_start(point_run& r) {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     return failed(std::string("socketpair: ") + std::strerror(errno));
   }
+  // Everything the child needs is made before the fork: nothing that can throw runs in the child
+  // before it is in bench_consumer_process (an exception would unwind into our code there).
+  auto topts = r.topts;
+  if (r.nccl) topts["device"] = "1";
   r.out.flush();
   r.child = ::fork();
   if (r.child < 0) return failed(std::string("fork: ") + std::strerror(errno));
@@ -306,8 +305,6 @@ std::optional<run_stop> consumer_start(point_run& r) {
     // A terminal's Ctrl-C reaches the whole group: the parent stops the consumer itself.
     ::signal(SIGINT, SIG_IGN);
     ::close(fds[0]);
-    auto topts = r.topts;
-    if (r.nccl) topts["device"] = "1";
     bench_consumer_process(fds[1], r.opt.verify, r.transport_name, topts, consumer_rank);
   }
   ::close(fds[1]);

@@ -247,7 +247,8 @@ json row_of(const cluster_bench_options& o, const run_figures& f, int consumers,
                            : json(nullptr)}}},
           {"consumer_process_fds", or_null(f.consumer_fds)},
           {"env",
-           {{"cores", std::thread::hardware_concurrency()},
+           {{"host", host_name()},
+            {"cores", std::thread::hardware_concurrency()},
             {"transport_notes",
              "coordinator, publisher and " +
                  (processes == 1 ? std::string("one process holding every consumer rank")

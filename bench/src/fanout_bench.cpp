@@ -74,7 +74,11 @@ child spawn(const emulated_cluster& cluster, unsigned node, const std::function<
       channel_send(fds[1], {{"type", "error"}, {"reason", ok.error().message}});
       ::_exit(1);
     }
-    body(fds[1]);
+    try {
+      body(fds[1]);
+    } catch (...) {
+      ::_exit(1);  // never unwind into the parent's code in this forked copy
+    }
     ::_exit(0);
   }
   ::close(fds[1]);
@@ -315,6 +319,8 @@ json base_row(const fanout_bench_options& o) {
           {"nodes", o.nodes},
           {"ranks_per_node", o.ranks_per_node},
           {"bytes", fanout_update_bytes(o)},  // what moves: --bytes rounded to whole tensors
+          {"layout", "synthetic:" + std::to_string(fanout_update_bytes(o)) + ":" +
+                         std::to_string(fanout_tensors)},
           {"tensors", fanout_tensors},
           {"repeat", o.repeat},
           {"rate_mbit", o.rate_mbit},
@@ -408,7 +414,8 @@ json plan_row(fanout_run& run, const fanout_bench_options& o, json row, plan_sha
   row["timings_s"] = {{"commit", median(commit)}, {"publish", median(publish)}};
   row = with_baseline(std::move(row), median(commit), baseline);
   if (last) row.update(route_of(*last, run));
-  row["env"] = {{"cores", std::thread::hardware_concurrency()},
+  row["env"] = {{"host", host_name()},
+                {"cores", std::thread::hardware_concurrency()},
                 {"transport_notes",
                  "ucx over tcp on each node's veth (UCX_TLS=tcp, UCX_NET_DEVICES=wsync0); links "
                  "tbf-limited both ways; ranks of a node pull from their leader over TCP "

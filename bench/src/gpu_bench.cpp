@@ -90,7 +90,7 @@ bool gpu_mode(const std::string& mode) {
 
 int gpu_bench_run(const bench_options& opt, std::ostream& out) {
   json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
-  row["env"] = {{"cores", std::thread::hardware_concurrency()}};
+  row["env"] = {{"host", host_name()}, {"cores", std::thread::hardware_concurrency()}};
   if (opt.mode == "gpu-checksum") return checksum_mode(opt, out, row);
   auto t = make_transport(opt.mode);
   if (!t) {

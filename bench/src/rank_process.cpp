@@ -93,7 +93,9 @@ json bench_consumer::handle(const weight_update_manifest& m, double decode_s) {
 [[noreturn]] void bench_consumer_process(int fd, bool verify, const std::string& transport_name,
                                          const transport_options& options, std::int32_t rank) {
   int code = 0;
-  {
+  // An exception must end this process here: it must not unwind into the parent's code, which
+  // this forked copy of the stack would then run on (printing rows, stopping "its" consumer).
+  try {
     auto t = make_transport(transport_name, options);
     auto c = t ? (*t)->make_consumer() : result<std::unique_ptr<consumer_transport>>(t.error());
     if (!c) {
@@ -119,6 +121,11 @@ json bench_consumer::handle(const weight_update_manifest& m, double decode_s) {
         break;
       }
     }
+  } catch (const std::exception& e) {
+    channel_send(fd, {{"type", "error"}, {"reason", std::string("consumer: ") + e.what()}});
+    code = 1;
+  } catch (...) {
+    code = 1;
   }
   ::close(fd);
   ::_exit(code);

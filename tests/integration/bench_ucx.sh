@@ -5,9 +5,9 @@
 set -euo pipefail
 wsync="$1"
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 fail() { echo "bench_ucx: $*"; cat "$out"; exit 1; }
-"$wsync" bench --smoke --mode ucx --repeat 3 >"$out" 2>&1 || fail "exit status $?"
+"$wsync" bench --smoke --mode ucx --repeat 3 >"$out" 2>"$out.err" || { cat "$out.err"; fail "exit status $?"; }
 # The run's result comes last: both rows passed.
 tail -n 1 "$out" | grep -q '"event":"result".*"status":"pass".*"statuses":\["pass","pass"\]' ||
   fail "the last line is not the run's result"

@@ -1,8 +1,12 @@
 #pragma once
-// What every benchmark measures with: a monotonic clock in seconds and the median of samples.
+// What every benchmark measures with: a monotonic clock in seconds, the median of samples, and
+// the host name every row's env carries.
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <vector>
 
 namespace wsync {
@@ -18,6 +22,12 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   auto n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/// This machine's name, for a row's `env.host`.
+inline std::string host_name() {
+  char host[256] = {};
+  return ::gethostname(host, sizeof host - 1) == 0 ? host : "unknown";
 }
 
 }  // namespace wsync
