@@ -144,10 +144,9 @@ subcommand add_consumer(CLI::App& app) {
   cons->add_option("--count", opt.count, "consumer ranks to run in this process")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  cons->add_option("--node", opt.node,
-                   "node name shown in status; the consumer processes of one node (one host) "
-                   "share a node leader that carries their updates and reports")
-      ->capture_default_str();
+  add_node(cons, opt.node,
+           "node name shown in status; the consumer processes of one node (one host) share a "
+           "node leader that carries their updates and reports");
   cons->add_flag("!--no-node-leader", opt.node_leader,
                  "never lead this node's other consumer processes (it opens no loopback port); "
                  "it still reports through the node's leader if another process leads");

@@ -94,7 +94,7 @@ subcommand add_publisher(CLI::App& app) {
       ->envname("WORLD_SIZE")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  pub->add_option("--node", opt.node, "node name shown in status")->capture_default_str();
+  add_node(pub, opt.node, "node name shown in status");
   add_transport(pub, opt.transport, state->transport_settings);
   add_content_flags(pub, opt);
   add_token(pub, opt.coordinator.token);

@@ -1,5 +1,7 @@
 #include "common.hpp"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdlib>
 #include <iostream>
@@ -44,6 +46,14 @@ CLI::Option* add_milliseconds(CLI::App* cmd, const std::string& name,
           name, [&field](const std::int64_t& ms) { field = std::chrono::milliseconds(ms); }, help)
       ->check(CLI::Range(min_ms, max_ms))
       ->default_str(std::to_string(field.count()));
+}
+
+void add_node(CLI::App* cmd, std::string& node, const std::string& help) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0 && host[0] != '\0') node = host;
+  cmd->add_option("--node", node, help + " (default: this host's name)")
+      ->envname("WSYNC_NODE")
+      ->capture_default_str();
 }
 
 void add_token(CLI::App* cmd, std::string& token) {

@@ -22,6 +22,11 @@ CLI::Option* add_milliseconds(CLI::App* cmd, const std::string& name,
                               std::int64_t min_ms = 1,
                               std::int64_t max_ms = std::int64_t{7} * 24 * 3600 * 1000);
 
+/// --node (or $WSYNC_NODE) into `node`, by default this host's name, as the Python ranks name
+/// their node: ranks of one host then share a node (its leader, its shared-memory peers) and
+/// ranks of different hosts never do, without a flag.
+void add_node(CLI::App* cmd, std::string& node, const std::string& help);
+
 /// --token (or $WSYNC_TOKEN), never read from a config file.
 void add_token(CLI::App* cmd, std::string& token);
 

@@ -331,6 +331,7 @@ std::string status_json(coordinator_state& st) {
     ranks.push_back({{"rank", rank},
                      {"node", info.node},
                      {"role", "publisher"},
+                     {"model", info.model_id},
                      {"state", "joined"},
                      {"active_weight_version", nullptr},
                      {"received_from", nullptr},
@@ -342,9 +343,11 @@ std::string status_json(coordinator_state& st) {
   for (const auto& [rank, info] : st.book.consumers()) models.insert(info.model_id);
   for (const auto& [rank, info] : st.book.publishers()) models.insert(info.model_id);
   std::map<std::int32_t, const rank_progress*> latest;  // consumer -> newest entry
+  std::map<std::string, std::uint64_t> committed_of;    // model -> its latest committed version
   for (const auto& model : models) {
     if (const auto* c = st.book.latest_committed(model)) {
       committed_version = std::max(committed_version, c->weight_version);
+      committed_of[model] = c->weight_version;
     }
     for (const auto* u : st.book.updates(model)) {
       updates.push_back(outcome_json(*u));
@@ -368,16 +371,20 @@ std::string status_json(coordinator_state& st) {
     if (p && p->state != rank_state::acknowledged && p->state != rank_state::released) {
       all_ok = false;
     }
+    // Each rank against its own model's committed version: models version independently.
+    const auto committed = committed_of.find(info.model_id);
+    all_ok = all_ok &&
+             st.active_version[rank] == (committed == committed_of.end() ? 0 : committed->second);
     ranks.push_back({{"rank", rank},
                      {"node", info.node},
                      {"role", "consumer"},
+                     {"model", info.model_id},
                      {"state", state},
                      {"active_weight_version", st.active_version[rank]},
                      {"received_from", p ? json(p->received_from) : json(nullptr)},
                      {"reason", p && !p->reason.empty() ? json(p->reason) : json(nullptr)},
                      {"via", std::move(via)}});
   }
-  for (const auto& [rank, v] : st.active_version) all_ok = all_ok && v == committed_version;
   return json{{"status", all_ok && st.committed > 0 ? "pass" : "fail"},
               {"versions", st.committed},
               {"committed_version", committed_version},

@@ -1,5 +1,6 @@
 #include "wsync/cluster/demo.hpp"
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -53,7 +54,10 @@ int demo_run(const demo_options& o, std::ostream& out) {
                                     : "publisher pid " + std::to_string(pid) +
                                           " did not finish within 10 minutes";
       } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        failure = "publisher pid " + std::to_string(pid) + " failed";
+        failure = "publisher pid " + std::to_string(pid) + " failed (" +
+                  (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                     : "signal " + std::to_string(WTERMSIG(status))) +
+                  "; its log is above)";
       }
     }
   }
@@ -66,7 +70,14 @@ int demo_run(const demo_options& o, std::ostream& out) {
         {"status", "fail"}, {"versions", 0}, {"committed_version", 0}, {"ranks", json::array()}};
     if (failure.empty()) failure = "no status from the coordinator: " + err;
   }
-  if (auto left = cluster.leftovers(); !left.empty()) failure = "left in /dev/shm: " + left.front();
+  // Ranks that had to be killed leave their segments: say so (after any earlier failure) and
+  // remove them, so a failed demo leaves /dev/shm as it found it.
+  if (auto left = cluster.leftovers(); !left.empty()) {
+    failure += (failure.empty() ? "" : "; ") + std::string("left in /dev/shm: ") + left.front() +
+               (left.size() > 1 ? " and " + std::to_string(left.size() - 1) + " more" : "") +
+               " (removed)";
+    for (const auto& name : left) ::shm_unlink(("/" + name).c_str());
+  }
   if (status.value("committed_version", 0u) != o.versions && failure.empty()) {
     failure = "committed version " + std::to_string(status.value("committed_version", 0u)) +
               ", expected " + std::to_string(o.versions);

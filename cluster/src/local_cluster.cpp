@@ -57,6 +57,9 @@ pid_t local_cluster::start(const std::vector<std::string>& args, const std::stri
     argv.push_back(nullptr);
     // The token goes through the environment, not the command line that `ps` shows.
     ::setenv("WSYNC_TOKEN", coordinator_.token.c_str(), 1);
+    // The cluster lives on loopback, and this launcher talks to it without TLS: certificates
+    // exported for real clusters must not switch its processes to TLS.
+    for (const char* v : {"WSYNC_TLS_CERT", "WSYNC_TLS_KEY", "WSYNC_TLS_CA"}) ::unsetenv(v);
     ::execv(exe_.c_str(), argv.data());
     ::_exit(127);
   }
@@ -75,6 +78,16 @@ std::string local_cluster::start_coordinator(std::chrono::milliseconds update_de
     if (in >> port) {
       coordinator_.port = static_cast<std::uint16_t>(port);
       return {};
+    }
+    // One that exited says so now, with its status, rather than after the whole wait.
+    int status = 0;
+    if (coordinator_pid_ > 0 && ::waitpid(coordinator_pid_, &status, WNOHANG) == coordinator_pid_) {
+      running_.erase(std::remove(running_.begin(), running_.end(), coordinator_pid_),
+                     running_.end());
+      return "the coordinator exited before it listened (" +
+             (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                : "signal " + std::to_string(WTERMSIG(status))) +
+             "; its log is above)";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -153,9 +166,11 @@ void local_cluster::stop_all() {
   }
   auto rest = running_;
   std::stable_partition(rest.begin(), rest.end(), [&](pid_t p) { return p != coordinator_pid_; });
+  const auto backstop = clock_type::now() + std::chrono::seconds(10);  // one for all of them
   for (auto pid : rest) {
     int status = 0;
-    await_exit(pid, std::chrono::seconds(10), status);
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(backstop - clock_type::now());
+    await_exit(pid, std::max(left, std::chrono::milliseconds(0)), status);
   }
   stopping_all_ = false;
 }

@@ -6,7 +6,9 @@
 #include "wsync/cluster/standalone_publisher.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "wsync/actors/stop_signals.hpp"
@@ -36,7 +38,12 @@ int publish_into_directory(const publisher_options& o, const std::string& manife
   cfg.source_rank = o.rank;
   weight_publisher publisher(std::move(*pt), "file-mmap", cfg);
   std::ofstream out;
-  if (!manifest_out.empty()) out.open(manifest_out);
+  if (!manifest_out.empty()) {
+    out.open(manifest_out);
+    if (!out) {
+      return log_error(who + ": --manifest-out " + manifest_out + ": " + std::strerror(errno)), 2;
+    }
+  }
   for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
     if (v != o.first_version && o.interval.count() > 0 && stop_requested_within(o.interval)) break;
     // No expected consumer: the buffer is free for this process at once; CURRENT and the
@@ -66,9 +73,17 @@ int publisher_standalone_run(const publisher_options& o, const std::string& mani
                      o.transport + " and its --transport-option settings"),
            2;
   }
+  // Every version stays published until this process stops, one shared-memory slot each.
+  if (o.versions > 64) {
+    return log_error("publisher rank " + std::to_string(o.rank) + ": --versions " +
+                     std::to_string(o.versions) +
+                     ": --standalone over shared memory holds every version in its own slot, "
+                     "at most 64"),
+           2;
+  }
   auto shard = shard_load(publisher_shard(o));
   if (!shard) return log_error(shard.error().message), 1;
-  auto slots = std::to_string(std::max<std::uint64_t>(2, std::min<std::uint64_t>(o.versions, 64)));
+  auto slots = std::to_string(std::max<std::uint64_t>(2, o.versions));
   auto t = make_transport("shared-memory", {{"slots", slots}});
   if (!t) return log_error(t.error().message), 1;
   auto pt = (*t)->make_publisher();
@@ -78,17 +93,29 @@ int publisher_standalone_run(const publisher_options& o, const std::string& mani
   cfg.source_rank = o.rank;
   cfg.release_when_answered = false;  // held until this process stops
   weight_publisher publisher(std::move(*pt), "shared-memory", cfg);
-  std::string tmp = manifest_out + ".tmp";
+  // The manifests appear whole or not at all: written aside, renamed into place.
+  const std::string tmp = manifest_out + ".tmp";
+  auto give_up = [&](const std::string& why) {
+    std::remove(tmp.c_str());
+    for (const auto& id : publisher.held_updates()) (void)publisher.release(id);
+    log_error(why);
+    return 1;
+  };
   {
     std::ofstream out(tmp);
+    if (!out) return give_up("publisher: cannot write " + tmp + ": " + std::strerror(errno));
     for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
       auto m = publisher.publish(shard->tensors, v, {}, {{"rank", std::to_string(o.rank)}});
-      if (!m) return log_error(m.error().message), 1;
+      if (!m) return give_up(m.error().message);
       out << manifest_to_json(*m) << "\n";
     }
-    if (!out) return log_error("publisher: cannot write " + manifest_out), 1;
+    out.flush();
+    if (!out) return give_up("publisher: cannot write " + tmp);
   }
-  std::rename(tmp.c_str(), manifest_out.c_str());
+  if (std::rename(tmp.c_str(), manifest_out.c_str()) != 0) {
+    return give_up("publisher: cannot rename " + tmp + " to " + manifest_out + ": " +
+                   std::strerror(errno));
+  }
   log_info("publisher rank " + std::to_string(o.rank) + ": " + std::to_string(o.versions) +
            " version(s) in shared memory, manifests in " + manifest_out +
            "; holding them until SIGINT/SIGTERM");

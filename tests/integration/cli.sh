@@ -101,6 +101,10 @@ out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null --transp
   fail "publisher --standalone accepted a transport it does not use"
 grep -q -- "--standalone publishes over shared memory or file-mmap only" <<<"$out" ||
   fail "publisher --standalone: ignored transport not explained: $out"
+out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null --versions 65 2>&1) &&
+  fail "publisher --standalone accepted more versions than it has slots"
+grep -q -- "--versions 65: --standalone over shared memory holds every version in its own slot" <<<"$out" ||
+  fail "publisher --standalone --versions 65 not explained: $out"
 # file-mmap without its directory: both standalone sides name the missing option.
 out=$("$wsync" publisher --standalone --rank 0 --transport file-mmap 2>&1) &&
   fail "publisher --standalone --transport file-mmap ran without dir"

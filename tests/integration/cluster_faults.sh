@@ -102,7 +102,7 @@ grep -q '"acknowledged":true,"data_s":[0-9.e-]*,"rank":1,' "$work/publisher.log"
 tail -n 1 "$work/publisher.log" | grep -q '"phase":"committed"' || fail "last version not committed"
 s=$(status)
 for r in 0 2; do
-  grep -q "\"active_weight_version\":3,\"node\":\"n0\",\"rank\":$r" <<<"$s" ||
+  grep -qE "\"active_weight_version\":3,\"model\":\"[^\"]*\",\"node\":\"[^\"]*\",\"rank\":$r," <<<"$s" ||
     fail "consumer $r is not on version 3: $s"
 done
 stop_all

@@ -28,7 +28,7 @@ timeout 120 "$wsync" publisher --coordinator "$addr" --rank 0 --node n0 --layout
   fail "not every consumer acknowledged every version"
 status=$("$wsync" status --coordinator "$addr" --json)
 expect() {  # rank, received_from
-  grep -q "\"rank\":$1,\"received_from\":\"$2\"" <<<"$(tr -d ' ' <<<"$status" | sed 's/"node":"n[0-9]",//g; s/"active_weight_version":[0-9]*,//g; s/"reason":null,//g')" ||
+  grep -q "\"rank\":$1,\"received_from\":\"$2\"" <<<"$(tr -d ' ' <<<"$status" | sed 's/"model":"[^"]*",//g; s/"node":"n[0-9]",//g; s/"active_weight_version":[0-9]*,//g; s/"reason":null,//g')" ||
     fail "rank $1 should have received from \"$2\": $status"
 }
 expect 0 'stripes:publisher:0|rank:2(network)'
@@ -41,7 +41,7 @@ expect 3 'rank:2(sharedmemory)'
   >"$work/consumer4.log" 2>&1 &
 pids+=("$!")
 for _ in $(seq 400); do
-  status=$("$wsync" status --coordinator "$addr" --json)
+  status=$("$wsync" status --coordinator "$addr" --json | sed 's/"model":"[^"]*",//g')
   grep -q '"active_weight_version":3,"node":"n1","rank":4' <<<"$status" && break
   sleep 0.05
 done
