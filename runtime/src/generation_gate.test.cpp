@@ -13,8 +13,13 @@ namespace {
 
 // Spins (yielding) until `cond` holds; the gate's own counters make this deterministic.
 template <class F>
-void await(F cond) {
-  while (!cond()) std::this_thread::yield();
+bool await(F cond) {  // false after 10 s: the test fails instead of hanging
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 TEST(generation_gate, install_waits_for_running_generations) {
@@ -30,7 +35,7 @@ TEST(generation_gate, install_waits_for_running_generations) {
     std::unique_lock l(gate);
     note(2);
   });
-  await([&] { return gate.waiting_writers() == 1; });
+  EXPECT_TRUE(await([&] { return gate.waiting_writers() == 1; }));
   note(1);
   gate.unlock_shared();
   writer.join();
@@ -46,13 +51,13 @@ TEST(generation_gate, new_generations_queue_behind_a_waiting_install) {
     int expected = 0;
     EXPECT_TRUE(step.compare_exchange_strong(expected, 1));  // before generation B
   });
-  await([&] { return gate.waiting_writers() == 1; });
+  EXPECT_TRUE(await([&] { return gate.waiting_writers() == 1; }));
   std::thread late_reader([&] {
     std::shared_lock l(gate);  // generation B must not overtake the install
     EXPECT_EQ(step.load(), 1);
   });
   // B is held back while A still runs: a gate without writer preference would let it in.
-  await([&] { return gate.waiting_readers() == 1; });
+  EXPECT_TRUE(await([&] { return gate.waiting_readers() == 1; }));
   EXPECT_EQ(gate.active_readers(), 1u);
   gate.unlock_shared();
   writer.join();

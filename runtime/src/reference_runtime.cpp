@@ -55,6 +55,7 @@ result<void> reference_runtime::stage(std::span<const imported_update* const> sh
   set->weights.weight_version = m.weight_version;
   set->weights.id = m.update_id;
   set->weights.tensors.resize(views.size());
+  set->copied = copy;
   if (copy) set->storage.resize(views.size());
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& view = views[i];

@@ -149,7 +149,12 @@ result<std::unique_ptr<safetensors_file>> safetensors_file::open(const std::stri
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return bad(std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size < 8) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return bad(std::string("fstat: ") + std::strerror(err));
+  }
+  if (st.st_size < 8) {
     ::close(fd);
     return bad("shorter than its 8-byte header length");
   }

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "wsync/manifest/validate.hpp"
 
@@ -91,12 +92,19 @@ result<shard_tensors> shard_load(const shard_spec& spec) {
   auto layout = layout_parse(spec.layout);
   if (!layout) return layout.error();
   std::uint64_t state = 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(spec.rank);
-  for (std::size_t i = 0; i < layout->tensors.size(); ++i) {
-    if (!falls_to(i, spec)) continue;
-    const auto& t = layout->tensors[i];
-    auto& b = s.storage.emplace_back(t.nbytes());
-    pattern_fill(b.data(), b.size(), state);
-    s.tensors.push_back({t.name, t.dtype, t.shape, {}, b.data(), b.size()});
+  try {
+    for (std::size_t i = 0; i < layout->tensors.size(); ++i) {
+      if (!falls_to(i, spec)) continue;
+      const auto& t = layout->tensors[i];
+      auto& b = s.storage.emplace_back(t.nbytes());
+      pattern_fill(b.data(), b.size(), state);
+      s.tensors.push_back({t.name, t.dtype, t.shape, {}, b.data(), b.size()});
+    }
+  } catch (const std::bad_alloc&) {
+    return make_error(errc::invalid_argument,
+                      "layout: " + spec.layout + ": this rank's share of its " +
+                          std::to_string(layout->bytes()) +
+                          " bytes does not fit in memory (rank=" + std::to_string(spec.rank) + ")");
   }
   if (s.tensors.empty()) return no_tensor("layout", spec);
   return s;

@@ -92,7 +92,8 @@ class consumer final : public consumer_transport {
                             update_context(m) + ")");
     }
     // Reads on the legacy default stream (and the streams that synchronise with it) wait for
-    // the publisher's copies; the host does not.
+    // the publisher's expose() record; the copies before it completed before expose (see
+    // publisher_transport::expose). The host does not wait.
     if (auto e = cudaStreamWaitEvent(cudaStreamLegacy, mp.event, 0); e != cudaSuccess) {
       return make_error(errc::io_error, who + ": cudaStreamWaitEvent failed (" + cuda_text(e) +
                                             ") (" + update_context(m) + ")");

@@ -7,8 +7,9 @@
 //   - cuda-vmm: cuMemCreate with a POSIX file-descriptor handle, granularity-aligned; the
 //     descriptor goes once per slot and consumer over a Unix socket (SCM_RIGHTS, peer checked
 //     with SO_PEERCRED) and is imported with cuMemImportFromShareableHandle + cuMemMap.
-// Each slot has an interprocess event the publisher records at expose(); an import makes the
-// consumer's legacy default stream wait on it (no host synchronisation). A small host
+// Each slot has an interprocess event the publisher records at expose() (after the caller's
+// copies completed); an import makes the consumer's legacy default stream wait on it (no host
+// synchronisation). A small host
 // shared-memory page per pool carries each slot's generation, so a consumer never imports a
 // slot that was already rewritten for a newer update.
 

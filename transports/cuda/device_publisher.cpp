@@ -90,8 +90,10 @@ class publisher final : public publisher_transport {
       return make_error(errc::unknown_update, "unknown update_id: " + id +
                                                   " was not acquired from " + kind_name(cfg_.kind));
     }
-    // The copies into the slot were queued (and waited for) before expose; a consumer's stream
-    // waits on this record before it reads.
+    // The caller's copies into the slot completed before expose (publisher_transport::expose
+    // asks that: weight_publisher synchronizes its stream when it takes the digests). This
+    // record, on a stream of our own, orders nothing more; consumers' streams wait on it as on
+    // a marker that the slot was sealed.
     cudaSetDevice(cfg_.device);
     if (auto e = cudaEventRecord(s->event, stream_); e != cudaSuccess) {
       return make_error(errc::io_error, std::string(kind_name(cfg_.kind)) +

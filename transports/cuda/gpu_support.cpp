@@ -106,11 +106,13 @@ result<void> copy_to_host(void* dst, const void* src, std::size_t bytes) {
   return {};
 }
 
-result<void> set_device(int device) {
+result<int> set_device(int device) {
+  int was = 0;
+  if (auto e = cudaGetDevice(&was); e != cudaSuccess) return cuda_failure("cudaGetDevice", e);
   if (auto e = cudaSetDevice(device); e != cudaSuccess) {
     return cuda_failure("cudaSetDevice(" + std::to_string(device) + ")", e);
   }
-  return {};
+  return was;
 }
 
 result<int> device_of(const void* p) {
@@ -273,7 +275,7 @@ result<std::vector<std::uint64_t>> copy_with_checksums(std::span<const device_co
   return not_built();
 }
 
-result<void> set_device(int) {
+result<int> set_device(int) {
   return not_built();
 }
 

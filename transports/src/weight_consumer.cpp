@@ -104,8 +104,14 @@ void weight_consumer::version_done_locked(const imported_update& u, bool acknowl
 result<std::vector<std::uint64_t>> weight_consumer::checksums_of(const imported_update& u) const {
   const std::size_t tensors = u.tensors.size();
   if (!u.memory.host()) {
-    // On the update's device, whichever this thread had current (an HTTP pool thread, say).
-    if (auto on = gpu::set_device(u.memory.cuda_device); !on) return on.error();
+    // On the update's device, whichever this thread had current (an HTTP pool thread, say),
+    // and that one current again afterwards.
+    auto was = gpu::set_device(u.memory.cuda_device);
+    if (!was) return was.error();
+    struct restore {
+      int device;
+      ~restore() { (void)gpu::set_device(device); }
+    } back{*was};
     std::vector<gpu::device_range> ranges(tensors);
     for (std::size_t i = 0; i < tensors; ++i) {
       ranges[i] = {u.tensors[i].data, u.tensors[i].descriptor->nbytes};

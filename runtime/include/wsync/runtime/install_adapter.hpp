@@ -19,7 +19,7 @@ class install_adapter {
   /// or indexes its tensors. On failure nothing readers see has changed and the adapter holds
   /// nothing of it. The shards' views stay valid at least until activate() or discard()
   /// returns, and longer when references_import() is true (then until the next activation).
-  /// The update is named by its first shard's update_id.
+  /// Shards come ordered by source rank; the update is named by the first one's update_id.
   virtual result<void> stage(std::span<const imported_update* const> shards) = 0;
 
   /// Switches readers to the staged update `id`. Runs under the exclusive side of the gate.

@@ -42,7 +42,9 @@ class reference_runtime final : public install_adapter {
   result<void> stage(std::span<const imported_update* const> shards) override;
   void activate(const update_id& id) noexcept override;
   void discard(const update_id& id) noexcept override;
-  bool references_import() const override { return mode_ == install_mode::view; }
+  /// After an activation: whether the active weights are views into the import (view mode with
+  /// host shards; device shards are always copied to the host, and need not be held).
+  bool references_import() const override { return !active_->copied; }
 
   generation_gate& gate() { return gate_; }
 
@@ -64,7 +66,8 @@ class reference_runtime final : public install_adapter {
  private:
   struct buffer_set {
     runtime_weights weights;
-    std::vector<std::vector<std::byte>> storage;  // copy mode only
+    std::vector<std::vector<std::byte>> storage;  // when copied
+    bool copied = false;  // the tensors live in `storage`, not in the import
   };
 
   install_mode mode_;

@@ -27,6 +27,8 @@ struct rollout_report {
   update_id id;  ///< the update's name: the update_id of its lowest source rank's shard
   std::vector<update_id> shard_ids;  ///< every shard, in the order given
   std::uint64_t weight_version = 0;
+  /// Readers serve the update (even when the consumer's own acknowledge then failed, which only
+  /// a concurrent caller on the same weight_consumer causes: logged).
   bool acknowledged = false;
   std::optional<wsync::error> failure;  ///< set when rejected
   std::vector<update_id> released;      ///< shards of the previous update released by this call

@@ -78,9 +78,9 @@ class stream {
   int device_ = -1;
 };
 
-/// Makes `device` current on the calling thread: kernels and the default stream it then starts
-/// run there.
-result<void> set_device(int device);
+/// Makes `device` current on the calling thread (kernels and the default stream it then starts
+/// run there); returns the device that was current, for the caller to put back.
+result<int> set_device(int device);
 
 /// The CUDA device of `p` (a device pointer, or host memory CUDA mapped for a device), or -1 for
 /// host memory CUDA does not know.

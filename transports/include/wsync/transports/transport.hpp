@@ -102,7 +102,9 @@ class publisher_transport {
     return {};
   }
 
-  /// Seals what the caller wrote and returns the opaque handle consumers import with.
+  /// Seals what the caller wrote and returns the opaque handle consumers import with. Device
+  /// memory: the caller's writes must have completed (its streams synchronized, as
+  /// weight_publisher does); expose orders consumers after nothing else.
   virtual result<std::string> expose(const update_id& id) = 0;
 
   /// Called by weight_publisher once the manifest is built around expose()'s handle and its
