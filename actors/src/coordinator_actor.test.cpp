@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <nlohmann/json.hpp>
 
 #include "guard.hpp"
@@ -196,6 +198,42 @@ TEST_F(coordinator_actor_test,
   auto table = json::parse(outcome);
   EXPECT_EQ(table["phase"], "committed");
   EXPECT_EQ(table["ranks"][0]["state"], "acknowledged");
+}
+
+TEST_F(coordinator_actor_test, each_rank_is_judged_by_its_own_models_committed_version) {
+  // Model a at version 5, model b at version 2: both are current, the cluster passes.
+  caf::scoped_actor pub_a{sys()}, pub_b{sys()}, con_a{sys()}, con_b{sys()};
+  for (auto [self, model] : {std::pair{&pub_a, "a"}, std::pair{&pub_b, "b"}}) {
+    // No publisher_ranks: each model's shards come from the publishers joined for it.
+    auto hello = hello_make(token, model == std::string("a") ? 0 : 1, "publisher", "n0", model);
+    ASSERT_EQ(join(*self, hello), std::make_pair(token, std::string()));
+  }
+  ASSERT_EQ(join(con_a, hello_make(token, 1, "consumer", "n0", "a")).second, "");
+  ASSERT_EQ(join(con_b, hello_make(token, 2, "consumer", "n0", "b")).second, "");
+  for (auto [self, consumer, model, version, rank] :
+       {std::tuple{&pub_a, &con_a, "a", 5, 1}, std::tuple{&pub_b, &con_b, "b", 2, 2}}) {
+    auto m = shard(version);
+    m.model_id = model;
+    m.update_id = std::string("u-") + model;
+    m.source_rank = rank - 1;  // publisher rank 0 publishes a, 1 publishes b
+    (*self)->send(coordinator_, publish_atom::value, token, manifest_to_json(m));
+    const std::string key = std::string(model) + "@" + std::to_string(version);
+    (*consumer)->receive([](update_atom, const update_available&) {},
+                         caf::after(5s) >> [] { ADD_FAILURE() << "no update"; });
+    (*consumer)->send(coordinator_, report_atom::value,
+                      rank_report{token, key, rank, "acknowledged", "",
+                                  static_cast<std::uint64_t>(version), 0.01, ""});
+    (*self)->receive([](const std::string&, const std::string&) {},
+                     caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+  }
+  auto s = status();
+  EXPECT_EQ(s["status"], "pass") << s.dump();
+  EXPECT_EQ(s["committed_version"], 5);
+  for (const auto& r : s["ranks"]) {
+    if (r["role"] == "consumer") {
+      EXPECT_EQ(r["model"], r["rank"] == 1 ? "a" : "b") << r.dump();
+    }
+  }
 }
 
 TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_answers_in_one_batch) {
