@@ -28,6 +28,11 @@ int consumer_start(consumer_state& s) {
   if (const char* dev = std::getenv("WSYNC_SERVER_DEV_MODE"); dev && std::string(dev) == "1") {
     s.enable_http = true;
   }
+  if (s.standalone && opt.count != 1) {
+    std::cerr << "wsync: --count " << opt.count
+              << ": a standalone consumer is one rank; start one process per rank\n";
+    return 2;
+  }
   if (s.standalone && opt.transport == "file-mmap") {
     if (s.enable_http || !s.coordinator.empty()) {
       std::cerr << "wsync: --standalone --transport file-mmap: polls the directory; takes no "

@@ -27,6 +27,17 @@ int publisher_start(publisher_state& s) {
   }
   if (s.standalone) {
     if (!transport_settings_from(s.transport_settings, opt.transport_settings)) return 2;
+    // Flags the standalone publisher would not act on are refused, not ignored.
+    if (opt.json) {
+      std::cerr << "wsync: --json: a standalone publisher has no outcomes to print (no "
+                   "coordinator collects answers); drop it\n";
+      return 2;
+    }
+    if (opt.interval.count() > 0 && opt.transport != "file-mmap") {
+      std::cerr << "wsync: --interval-ms: --standalone over shared memory publishes every "
+                   "version at once and holds them; only --transport file-mmap paces versions\n";
+      return 2;
+    }
     if (s.manifest_out.empty() && opt.transport != "file-mmap") {
       std::cerr << "wsync: --standalone: needs --manifest-out FILE (or --transport file-mmap "
                    "--transport-option dir=DIR)\n";

@@ -351,6 +351,15 @@ std::optional<run_stop> device_source_fill(point_run& r) {
   auto name = gpu::device_name();
   if (!name) return blocked(name.error().message);
   r.row["device"] = *name;
+  // The source, the baseline's copy of it and every slot (plus the checksum's scratch pool) on
+  // cuda:0: a layout that cannot fit is blocked with the sizes, as on the host.
+  const std::uint64_t need = r.src_bytes * (2 + r.slots) + (std::uint64_t{256} << 20);
+  if (auto free = gpu::memory_free(0); free && *free < need) {
+    return blocked("blocked: layout " + r.layout.name + " needs about " +
+                   std::to_string(need >> 20) + " MiB on cuda:0 (source, baseline copy and " +
+                   std::to_string(r.slots) + " slots of " + std::to_string(r.src_bytes >> 20) +
+                   " MiB) but only " + std::to_string(*free >> 20) + " MiB are free");
+  }
   auto src = gpu::device_buffer::make(r.src_bytes);
   if (!src) return failed(src.error().message);
   if (auto up = src->upload(r.source->data(), r.src_bytes); !up) return failed(up.error().message);

@@ -101,6 +101,15 @@ out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null --transp
   fail "publisher --standalone accepted a transport it does not use"
 grep -q -- "--standalone publishes over shared memory or file-mmap only" <<<"$out" ||
   fail "publisher --standalone: ignored transport not explained: $out"
+for flag in "--json" "--interval-ms 5"; do
+  # shellcheck disable=SC2086
+  out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null $flag 2>&1) &&
+    fail "publisher --standalone accepted $flag, which it ignores"
+  grep -q -- "${flag%% *}:" <<<"$out" || fail "publisher --standalone $flag: not explained: $out"
+done
+out=$("$wsync" consumer --standalone --enable-weight-transfer --count 2 2>&1) &&
+  fail "consumer --standalone accepted --count 2"
+grep -q -- "--count 2: a standalone consumer is one rank" <<<"$out" || fail "--count 2 not explained: $out"
 out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null --versions 65 2>&1) &&
   fail "publisher --standalone accepted more versions than it has slots"
 grep -q -- "--versions 65: --standalone over shared memory holds every version in its own slot" <<<"$out" ||

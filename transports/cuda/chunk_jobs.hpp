@@ -150,6 +150,34 @@ std::uint64_t plan_jobs(const Ranges& ranges, std::uint64_t chunk, std::vector<c
   return blocks;
 }
 
+/// A run of consecutive jobs, rebased so that its first job's first block is 0, with the whole
+/// blocks it holds and the index of its first job among all.
+struct job_batch {
+  std::vector<chunk_job> jobs;
+  std::uint64_t blocks = 0;
+  std::size_t first = 0;
+};
+
+/// Splits `jobs` (as plan_jobs made them) into runs of at most `max_blocks` whole blocks (a job
+/// larger than that is a run of its own): the kernels' scratch, one sum per block, is then
+/// bounded by a run, not by the update (64 bytes per KiB: 2.5 GiB for a 40 GiB update).
+inline std::vector<job_batch> batch_jobs(const std::vector<chunk_job>& jobs,
+                                         std::uint64_t max_blocks) {
+  std::vector<job_batch> out;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const std::uint64_t b = blocks_of(jobs[j].len);
+    if (out.empty() || (out.back().blocks + b > max_blocks && !out.back().jobs.empty())) {
+      out.push_back({{}, 0, j});
+    }
+    auto& run = out.back();
+    chunk_job job = jobs[j];
+    job.first_block = run.blocks;
+    run.jobs.push_back(job);
+    run.blocks += b;
+  }
+  return out;
+}
+
 /// Runs the kernels (gpu_checksum.cu, built with CUDA only): one digest per job into `digests`
 /// (host memory). Returns a cudaError_t (0 = success) and, on failure, what failed.
 int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std::uint64_t* digests,

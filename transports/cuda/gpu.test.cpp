@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -204,6 +205,37 @@ TEST(gpu_kernel_plan, copies_every_byte_while_hashing) {
   EXPECT_EQ(digests, detail::run_on_cpu(plain_jobs, blocks, checksum_default_secret()));
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     EXPECT_EQ(std::memcmp(to[i], ranges[i].data, sizes[i]), 0) << "size " << sizes[i];
+  }
+}
+
+// Large updates are hashed in runs of jobs (bounded scratch): run by run, rebased, the digests
+// are those of the whole, at every run size down to one block.
+TEST(gpu_kernel_plan, runs_of_jobs_give_the_digests_of_the_whole) {
+  constexpr std::uint64_t chunk = 4096;
+  const std::vector<std::size_t> sizes = {0, 5000, 17, 9000, 4096, 1025, 12288 + 7, 241};
+  std::vector<std::vector<unsigned char>> bytes;
+  std::vector<device_range> ranges;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    bytes.push_back(random_bytes(sizes[i], 80 + i));
+    ranges.push_back({bytes.back().data(), sizes[i]});
+  }
+  std::vector<detail::chunk_job> jobs;
+  std::vector<std::size_t> first;
+  const auto blocks = detail::plan_jobs(ranges, chunk, jobs, first);
+  const auto whole = detail::run_on_cpu(jobs, blocks, checksum_default_secret());
+  for (std::uint64_t max_blocks : {std::uint64_t{1}, std::uint64_t{3}, std::uint64_t{4}, blocks}) {
+    SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
+    std::vector<std::uint64_t> got(jobs.size(), 0);
+    std::size_t covered = 0;
+    for (const auto& run : detail::batch_jobs(jobs, max_blocks)) {
+      EXPECT_EQ(run.first, covered);
+      EXPECT_TRUE(run.blocks <= max_blocks || run.jobs.size() == 1) << run.blocks;
+      auto part = detail::run_on_cpu(run.jobs, run.blocks, checksum_default_secret());
+      std::copy(part.begin(), part.end(), got.begin() + static_cast<std::ptrdiff_t>(run.first));
+      covered += run.jobs.size();
+    }
+    EXPECT_EQ(covered, jobs.size());
+    EXPECT_EQ(got, whole);
   }
 }
 

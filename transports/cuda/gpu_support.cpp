@@ -43,6 +43,18 @@ result<void> ready() {
   return {};
 }
 
+result<std::uint64_t> memory_free(int device) {
+  if (auto r = ready(); !r) return r.error();
+  if (auto e = cudaSetDevice(device); e != cudaSuccess) {
+    return cuda_failure("cudaSetDevice(" + std::to_string(device) + ")", e);
+  }
+  std::size_t free = 0, total = 0;
+  if (auto e = cudaMemGetInfo(&free, &total); e != cudaSuccess) {
+    return cuda_failure("cudaMemGetInfo", e);
+  }
+  return static_cast<std::uint64_t>(free);
+}
+
 result<std::string> device_name(int device) {
   if (auto r = ready(); !r) return r.error();
   cudaDeviceProp prop{};
@@ -194,9 +206,16 @@ result<std::vector<std::uint64_t>> run_chunks(std::span<const device_range> rang
   std::vector<std::size_t> first;  // range i's jobs: [first[i], first[i+1])
   const std::uint64_t blocks = detail::plan_jobs(ranges, chunk_bytes, jobs, first, copy_to);
   std::vector<std::uint64_t> digests(jobs.size());
-  if (!jobs.empty()) {
+  // In runs of at most 4 Mi blocks (4 GiB hashed, 256 MiB of block sums): one run for any update
+  // up to that, so the scratch the memory pool keeps covers it; larger ones take several.
+  constexpr std::uint64_t max_blocks = std::uint64_t{4} << 20;
+  for (const auto& run : blocks > max_blocks ? detail::batch_jobs(jobs, max_blocks)
+                                             : std::vector<detail::job_batch>{{jobs, blocks, 0}}) {
+    if (run.jobs.empty()) continue;
     const char* what = "";
-    if (int e = detail::chunk_digests(jobs, blocks, digests.data(), stream, &what); e != 0) {
+    if (int e =
+            detail::chunk_digests(run.jobs, run.blocks, digests.data() + run.first, stream, &what);
+        e != 0) {
       return cuda_failure(std::string("chunked checksum: ") + what, static_cast<cudaError_t>(e));
     }
   }
@@ -236,6 +255,10 @@ error not_built() {
 }  // namespace
 
 result<void> ready() {
+  return not_built();
+}
+
+result<std::uint64_t> memory_free(int) {
   return not_built();
 }
 

@@ -20,6 +20,9 @@ namespace wsync::gpu {
 /// "blocked: no CUDA device (<CUDA error name>: <CUDA error text>)".
 result<void> ready();
 
+/// Free bytes of device memory on `device` now (cudaMemGetInfo).
+result<std::uint64_t> memory_free(int device = 0);
+
 /// "NVIDIA H100 80GB HBM3" and the like, for benchmark rows.
 result<std::string> device_name(int device = 0);
 
@@ -94,7 +97,8 @@ struct device_range {
 
 /// The checksum of each range by the chunked method (xxh3-64-chunked with `chunk_bytes`; see
 /// wsync/manifest/checksum.hpp), computed on the current device on `stream` (a cudaStream_t;
-/// nullptr: the default stream). Waits for the result. Scratch: 64 bytes per KiB hashed.
+/// nullptr: the default stream). Waits for the result. Scratch: 64 bytes per KiB hashed, in runs
+/// of at most 4 GiB hashed (256 MiB).
 result<std::vector<std::uint64_t>> chunked_checksums(std::span<const device_range> ranges,
                                                      std::uint64_t chunk_bytes,
                                                      void* stream = nullptr);
