@@ -65,7 +65,18 @@ struct endpoint_state {
     std::vector<std::int32_t> ranks;
   };
   std::map<caf::actor_addr, member_endpoint> members;  ///< while it leads: endpoints it carries
-  std::map<std::int32_t, caf::actor_addr> carried;     ///< their ranks
+  /// Attaches for a leadership this endpoint has not heard of (yet): the coordinator tells the
+  /// leader and the members in separate messages, so a member's attach may come first. Answered
+  /// at this endpoint's next `lead` (accepted when it names that leadership), or dropped once
+  /// too many wait (the member's request then times out and it reports straight).
+  struct waiting_attach {
+    attach_request request;
+    consumer_actor handle;
+    caf::typed_response_promise<std::string, std::string> promise;
+  };
+  std::deque<waiting_attach> attaches_waiting;
+  static constexpr std::size_t max_attaches_waiting = 64;
+  std::map<std::int32_t, caf::actor_addr> carried;  ///< their ranks
   /// Members whose reports sit in `pending`, and the newest batch number taken from each: they
   /// hear it (flushed_atom) once the batch went on to the coordinator.
   std::map<caf::actor_addr, std::uint64_t> unconfirmed_from;
@@ -295,6 +306,44 @@ void attach(endpoint_pointer self, const endpoint_state_ptr& st, std::uint16_t p
           [=](caf::error& err) { fail(self->system().render(err)); });
 }
 
+// Takes a member endpoint's ranks on, for the leadership this endpoint holds: (token, refusal).
+std::tuple<std::string, std::string> attach_accept(endpoint_pointer self,
+                                                   const endpoint_state_ptr& st,
+                                                   const attach_request& req,
+                                                   const consumer_actor& handle) {
+  if (st->lead_epoch == 0 || req.epoch != st->lead_epoch) {
+    return {st->token, "attach refused: epoch: this endpoint does not lead its node in it"};
+  }
+  if (req.ranks.empty()) return {st->token, "attach refused: ranks: none given"};
+  for (auto rank : req.ranks) {
+    if (st->ranks.count(rank)) {
+      return {st->token,
+              "attach refused: ranks: rank " + std::to_string(rank) + " is this endpoint's own"};
+    }
+  }
+  if (!handle) return {st->token, "attach refused: no sender to carry"};
+  auto [m, fresh] = st->members.try_emplace(handle.address());
+  m->second.handle = handle;
+  for (auto rank : m->second.ranks) st->carried.erase(rank);
+  m->second.ranks = req.ranks;
+  for (auto rank : req.ranks) st->carried[rank] = handle.address();
+  if (fresh) self->monitor(handle);
+  // Before the answer: the coordinator hears it carries them before any of their reports.
+  self->send(st->coordinator, carry_atom::value,
+             carry_notice{st->token, st->lead_epoch, req.ranks, true});
+  return {st->token, ""};
+}
+
+// Answers the attaches that waited for this endpoint's `lead`, now that it came.
+void attaches_settle(endpoint_pointer self, const endpoint_state_ptr& st) {
+  auto waiting = std::move(st->attaches_waiting);
+  st->attaches_waiting.clear();
+  for (auto& w : waiting) {
+    auto [token, refusal] = attach_accept(self, st, w.request, w.handle);
+    w.promise.deliver(std::move(token), std::move(refusal));
+  }
+}
+
 // The endpoint of a process's consumer ranks: joins them, hands each update to the workers of
 // the ranks it names, and sends their reports on in batches.
 consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_actor coordinator,
@@ -460,37 +509,31 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
           detach(self, st);
           st->lead_epoch = epoch;
           log_info(st->who + ": leads the consumer endpoints of its node");
+          attaches_settle(self, st);
           return;
         }
         if (st->member_epoch == epoch) return;
         stop_leading(self, st, true);
         detach(self, st);
+        attaches_settle(self, st);  // refused: this endpoint leads nothing now
         attach(self, st, port, epoch);
       },
-      [=](attach_atom, const attach_request& req) -> std::tuple<std::string, std::string> {
-        if (req.token != st->token) return {"", "attach refused: token: wrong cluster token"};
-        if (st->lead_epoch == 0 || req.epoch != st->lead_epoch) {
-          return {st->token, "attach refused: epoch: this endpoint does not lead its node in it"};
-        }
-        if (req.ranks.empty()) return {st->token, "attach refused: ranks: none given"};
-        for (auto rank : req.ranks) {
-          if (st->ranks.count(rank)) {
-            return {st->token, "attach refused: ranks: rank " + std::to_string(rank) +
-                                   " is this endpoint's own"};
-          }
+      [=](attach_atom, const attach_request& req) -> caf::result<std::string, std::string> {
+        if (req.token != st->token) {
+          return {std::string(), std::string("attach refused: token: wrong cluster token")};
         }
         auto handle = caf::actor_cast<consumer_actor>(self->current_sender());
-        if (!handle) return {st->token, "attach refused: no sender to carry"};
-        auto [m, fresh] = st->members.try_emplace(handle.address());
-        m->second.handle = handle;
-        for (auto rank : m->second.ranks) st->carried.erase(rank);
-        m->second.ranks = req.ranks;
-        for (auto rank : req.ranks) st->carried[rank] = handle.address();
-        if (fresh) self->monitor(handle);
-        // Before the answer: the coordinator hears it carries them before any of their reports.
-        self->send(st->coordinator, carry_atom::value,
-                   carry_notice{st->token, st->lead_epoch, req.ranks, true});
-        return {st->token, ""};
+        if (req.epoch != st->lead_epoch && handle) {
+          // A leadership this endpoint has not heard of: its own `lead` may still be on the way.
+          if (st->attaches_waiting.size() >= endpoint_state::max_attaches_waiting) {
+            st->attaches_waiting.pop_front();  // its promise breaks: that member reports straight
+          }
+          auto promise = self->make_response_promise<std::string, std::string>();
+          st->attaches_waiting.push_back({req, handle, promise});
+          return promise;
+        }
+        auto [token, refusal] = attach_accept(self, st, req, handle);
+        return {std::move(token), std::move(refusal)};
       },
       [=](report_atom, report_batch& b) {
         auto m = st->members.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));

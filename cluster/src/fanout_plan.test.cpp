@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace wsync {
@@ -18,6 +19,11 @@ plan_request random_request() {
     const int ranks = *rc::gen::inRange(1, 7);
     for (int k = 0; k < ranks; ++k) r.consumers.push_back({rank++, "n" + std::to_string(n)});
   }
+  // In any order: the planner must not rely on ranks arriving sorted.
+  const auto turn = static_cast<std::size_t>(*rc::gen::inRange(0, static_cast<int>(rank)));
+  std::rotate(r.consumers.begin(), r.consumers.begin() + static_cast<std::ptrdiff_t>(turn),
+              r.consumers.end());
+  if (*rc::gen::arbitrary<bool>()) std::reverse(r.consumers.begin(), r.consumers.end());
   const int publishers = *rc::gen::inRange(1, 5);
   for (int p = 0; p < publishers; ++p) {
     const bool shared = *rc::gen::arbitrary<bool>();
@@ -67,6 +73,24 @@ void check_delivery(const fanout_plan& plan) {
     }
     for (const auto& c : req.consumers) RC_ASSERT(received[c.rank] == 1);
     for (const auto& [node, n] : network_in) RC_ASSERT(n <= 1);
+  }
+}
+
+// `children` is `hops` seen from the sources: each rank fed by a relay is listed exactly once,
+// under that relay, and nobody else is listed (a rank listed twice would be sent it twice).
+void check_children(const fanout_plan& plan) {
+  std::map<std::int32_t, int> listed;
+  for (const auto& [relay, kids] : plan.children) {
+    for (auto kid : kids) {
+      ++listed[kid];
+      RC_ASSERT(plan.hops.count(kid) == 1u);
+      const auto& hop = plan.hops.at(kid);
+      RC_ASSERT(!hop.from_publishers);
+      RC_ASSERT(hop.from == relay);
+    }
+  }
+  for (const auto& [rank, hop] : plan.hops) {
+    RC_ASSERT(listed[rank] == (hop.from_publishers ? 0 : 1));
   }
 }
 
@@ -138,6 +162,7 @@ RC_GTEST_PROP(fanout_plan, every_consumer_gets_every_segment_exactly_once, ()) {
   auto plan = plan_fanout(req);
   RC_ASSERT(bool(plan));
   check_delivery(*plan);
+  check_children(*plan);
   check_leaders(*plan);
   check_stripes(*plan);
   check_stripe_load(*plan);
@@ -174,6 +199,7 @@ RC_GTEST_PROP(fanout_plan, a_dead_leader_only_re_sources_its_subtree, ()) {
     RC_ASSERT(next->hops.at(rank) == hop);  // nobody else restarts
   }
   check_delivery(*next);
+  check_children(*next);
   check_leaders(*next);
   check_stripes(*next);
 }
