@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -521,7 +522,15 @@ TEST_F(shared_memory_test, a_restarted_publisher_does_not_pile_up_old_mappings) 
     publisher_.reset();
     transport_.reset();
   }
-  EXPECT_LE(open_fds(), fds_before + 1);  // the last slot's descriptor, nothing per restart
+  // The last slot's descriptor, nothing per restart. One more descriptor was seen once, with
+  // tests running side by side (its cause not pinned down); a leak stays, so the count may
+  // settle for up to a second before it is judged.
+  auto settled = open_fds();
+  for (int i = 0; i < 100 && settled > fds_before + 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    settled = open_fds();
+  }
+  EXPECT_LE(settled, fds_before + 1);
 }
 
 // Many ranks in one process (wsync consumer --count 1024) share one descriptor per slot: a
