@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "consumer_endpoint.hpp"
 #include "consumer_rank.hpp"
 #include "guard.hpp"
 #include "runtime_support.hpp"
@@ -30,64 +31,6 @@ using namespace consumer_detail;
 // that a node's answers reach the coordinator in one batch; a slow rank delays its peers' news
 // by no more than this (the commit waits for every rank anyway).
 constexpr auto report_linger = std::chrono::milliseconds(20);
-
-struct endpoint_state {
-  coordinator_actor coordinator;
-  std::map<std::int32_t, rank_slot> ranks;
-  std::shared_ptr<report_outbox> box;
-  std::string token;
-  std::string who;            ///< "consumer rank 3" or "consumer ranks 0..1023", for the log
-  bool joined = false;        ///< every rank accepted by the current coordinator
-  bool reconnecting = false;  ///< a reconnect is scheduled
-  std::uint64_t join_round = 0;
-  /// Names the current round in the endpoint's own retry messages: random, so that a peer that
-  /// forges one cannot make a rank join again.
-  std::uint64_t join_nonce = 0;
-  std::size_t accepted = 0;  ///< ranks accepted in this round
-  std::chrono::milliseconds backoff{200};
-  /// Reports taken from the box, not yet sent; answers still owed, by update key.
-  std::vector<rank_report> pending;
-  std::optional<std::chrono::steady_clock::time_point> pending_since, linger_due;
-  std::map<std::string, std::set<std::int32_t>> owed;
-  /// Per update key still owed: the ranks that rejected it (the log says so once it is done).
-  std::map<std::string, std::vector<std::int32_t>> rejected;
-  /// Per rank: the updates (parsed_update::identity) it was handed lately, newest first, so
-  /// that a resend reaches it at most once.
-  std::map<std::int32_t, std::deque<std::string>> handed;
-  caf::io::middleman_actor connector;  ///< opens connections without blocking
-
-  // Node leadership (docs/cluster.md, "Node leaders"). An endpoint leads its node, is a member
-  // attached to its node's leader, or reports straight to the coordinator.
-  std::uint16_t node_port = 0;   ///< where it takes its node's endpoints; 0: not offered
-  std::uint64_t lead_epoch = 0;  ///< while it leads: the coordinator's epoch; else 0
-  struct member_endpoint {
-    consumer_actor handle;
-    std::vector<std::int32_t> ranks;
-  };
-  std::map<caf::actor_addr, member_endpoint> members;  ///< while it leads: endpoints it carries
-  /// Attaches for a leadership this endpoint has not heard of (yet): the coordinator tells the
-  /// leader and the members in separate messages, so a member's attach may come first. Answered
-  /// at this endpoint's next `lead` (accepted when it names that leadership), or dropped once
-  /// too many wait (the member's request then times out and it reports straight).
-  struct waiting_attach {
-    attach_request request;
-    consumer_actor handle;
-    caf::typed_response_promise<std::string, std::string> promise;
-  };
-  std::deque<waiting_attach> attaches_waiting;
-  static constexpr std::size_t max_attaches_waiting = 64;
-  std::map<std::int32_t, caf::actor_addr> carried;  ///< their ranks
-  /// Members whose reports sit in `pending`, and the newest batch number taken from each: they
-  /// hear it (flushed_atom) once the batch went on to the coordinator.
-  std::map<caf::actor_addr, std::uint64_t> unconfirmed_from;
-  consumer_actor leader;           ///< as a member: the leader it reports through (or null)
-  std::uint64_t member_epoch = 0;  ///< as a member: the leadership it attached (or attaches) to
-  std::uint64_t batch_seq = 0;     ///< numbers the batches sent to the leader
-  std::deque<report_batch> unconfirmed;  ///< sent to the leader, not yet passed on
-};
-
-using endpoint_pointer = consumer_actor::pointer;
-using endpoint_state_ptr = std::shared_ptr<endpoint_state>;
 
 void schedule_reconnect(endpoint_pointer self, const endpoint_state_ptr& st) {
   if (st->reconnecting) return;
@@ -213,134 +156,6 @@ void flush(endpoint_pointer self, const endpoint_state_ptr& st) {
   if (!st->linger_due) {
     st->linger_due = *st->pending_since + report_linger;
     self->delayed_send(self, *st->linger_due - now, flush_atom::value);
-  }
-}
-
-// This endpoint's own ranks.
-std::vector<std::int32_t> own_ranks(const endpoint_state_ptr& st) {
-  std::vector<std::int32_t> out;
-  for (const auto& [rank, slot] : st->ranks) out.push_back(rank);
-  return out;
-}
-
-// Stops reporting through the node's leader: the coordinator hears that the ranks are carried no
-// more, and what the leader had not passed on goes to it straight (a report it did pass on
-// arrives twice; the coordinator refuses the second).
-void detach(endpoint_pointer self, const endpoint_state_ptr& st) {
-  if (st->leader) self->demonitor(st->leader.address());
-  st->leader = nullptr;
-  if (st->member_epoch != 0) {
-    self->send(st->coordinator, carry_atom::value,
-               carry_notice{st->token, st->member_epoch, own_ranks(st), false});
-  }
-  st->member_epoch = 0;
-  std::vector<rank_report> replay;
-  for (auto& b : st->unconfirmed) {
-    for (auto& r : b.reports) replay.push_back(std::move(r));
-  }
-  st->unconfirmed.clear();
-  if (!replay.empty()) {
-    self->send(st->coordinator, report_atom::value, report_batch{st->token, std::move(replay)});
-  }
-}
-
-// A member endpoint is carried no more (it went away, or this endpoint stops leading): its ranks
-// are owed nothing here, and the coordinator hears it unless `tell` is false.
-void member_gone(endpoint_pointer self, const endpoint_state_ptr& st, const caf::actor_addr& addr,
-                 bool tell) {
-  auto m = st->members.find(addr);
-  if (m == st->members.end()) return;
-  for (auto rank : m->second.ranks) {
-    st->carried.erase(rank);
-    for (auto& [key, ranks] : st->owed) ranks.erase(rank);
-  }
-  std::erase_if(st->owed, [](const auto& kv) { return kv.second.empty(); });
-  if (tell) {
-    self->send(st->coordinator, carry_atom::value,
-               carry_notice{st->token, st->lead_epoch, m->second.ranks, false});
-  }
-  self->demonitor(m->second.handle.address());
-  st->unconfirmed_from.erase(addr);
-  st->members.erase(m);
-}
-
-// Stops leading the node: every member is let go.
-void stop_leading(endpoint_pointer self, const endpoint_state_ptr& st, bool tell) {
-  while (!st->members.empty()) member_gone(self, st, st->members.begin()->first, tell);
-  st->lead_epoch = 0;
-}
-
-// Attaches this endpoint's ranks to its node's leader at 127.0.0.1:port for leadership `epoch`.
-// Until the leader accepts (or when it cannot be reached), reports go straight to the
-// coordinator, which routes nothing through the leader before the leader says it carries them.
-void attach(endpoint_pointer self, const endpoint_state_ptr& st, std::uint16_t port,
-            std::uint64_t epoch) {
-  st->member_epoch = epoch;
-  auto fail = [=](const std::string& why) {
-    if (epoch != st->member_epoch) return;
-    st->member_epoch = 0;
-    log_warn(st->who + ": cannot attach to its node's leader at 127.0.0.1:" + std::to_string(port) +
-             " (" + why + "); reporting straight to the coordinator");
-  };
-  self->request(st->connector, std::chrono::seconds(5), caf::connect_atom::value,
-                std::string("127.0.0.1"), port)
-      .then(
-          [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-            if (epoch != st->member_epoch) return;
-            if (!ptr) return fail("nothing published there");
-            auto leader = caf::actor_cast<consumer_actor>(ptr);
-            self->request(leader, std::chrono::seconds(5), attach_atom::value,
-                          attach_request{st->token, epoch, own_ranks(st)})
-                .then(
-                    [=](const std::string& token, const std::string& refusal) {
-                      if (epoch != st->member_epoch) return;
-                      if (token != st->token || !refusal.empty()) {
-                        return fail(refusal.empty() ? "wrong token" : refusal);
-                      }
-                      st->leader = leader;
-                      self->monitor(leader);
-                      log_info(st->who + ": reports through its node's leader");
-                    },
-                    [=](caf::error& err) { fail(self->system().render(err)); });
-          },
-          [=](caf::error& err) { fail(self->system().render(err)); });
-}
-
-// Takes a member endpoint's ranks on, for the leadership this endpoint holds: (token, refusal).
-std::tuple<std::string, std::string> attach_accept(endpoint_pointer self,
-                                                   const endpoint_state_ptr& st,
-                                                   const attach_request& req,
-                                                   const consumer_actor& handle) {
-  if (st->lead_epoch == 0 || req.epoch != st->lead_epoch) {
-    return {st->token, "attach refused: epoch: this endpoint does not lead its node in it"};
-  }
-  if (req.ranks.empty()) return {st->token, "attach refused: ranks: none given"};
-  for (auto rank : req.ranks) {
-    if (st->ranks.count(rank)) {
-      return {st->token,
-              "attach refused: ranks: rank " + std::to_string(rank) + " is this endpoint's own"};
-    }
-  }
-  if (!handle) return {st->token, "attach refused: no sender to carry"};
-  auto [m, fresh] = st->members.try_emplace(handle.address());
-  m->second.handle = handle;
-  for (auto rank : m->second.ranks) st->carried.erase(rank);
-  m->second.ranks = req.ranks;
-  for (auto rank : req.ranks) st->carried[rank] = handle.address();
-  if (fresh) self->monitor(handle);
-  // Before the answer: the coordinator hears it carries them before any of their reports.
-  self->send(st->coordinator, carry_atom::value,
-             carry_notice{st->token, st->lead_epoch, req.ranks, true});
-  return {st->token, ""};
-}
-
-// Answers the attaches that waited for this endpoint's `lead`, now that it came.
-void attaches_settle(endpoint_pointer self, const endpoint_state_ptr& st) {
-  auto waiting = std::move(st->attaches_waiting);
-  st->attaches_waiting.clear();
-  for (auto& w : waiting) {
-    auto [token, refusal] = attach_accept(self, st, w.request, w.handle);
-    w.promise.deliver(std::move(token), std::move(refusal));
   }
 }
 
