@@ -139,53 +139,44 @@ TEST_F(executor_test, installs_acknowledges_and_releases_the_previous_update) {
   EXPECT_TRUE(publisher_->held_updates().empty());
 }
 
+// An install that fails (an error, or an exception out of the adapter: out of memory, say) is a
+// reject: the shards go back, the previous version stays, the next version installs.
 TEST_F(executor_test, failed_install_keeps_the_previous_version) {
-  auto consumer = make_consumer();
-  reference_runtime rt;
-  flaky_adapter adapter(rt);
-  rollout_executor ex(consumer, adapter, rt.gate());
-  report(ex.update_weights(publish(1)));
-  adapter.fail_ = true;
-  auto m2 = publish(2);
-  auto r2 = ex.update_weights(m2);
-  EXPECT_FALSE(r2.acknowledged);
-  ASSERT_TRUE(r2.failure);
-  EXPECT_EQ(r2.failure->code, errc::install_failed);
-  EXPECT_NE(r2.failure->message.find("at consumer rank 0"), std::string::npos)
-      << r2.failure->message;
-  EXPECT_TRUE(r2.released_self);
-  EXPECT_TRUE(r2.released.empty());  // the previous update is still held for the readers
-  report(r2);
-  EXPECT_EQ(*consumer.state(m2.update_id), update_state::released);
-  EXPECT_EQ(ex.active_weight_version(), 1u);
-  EXPECT_EQ(rt.active_version(), 1u);
-  EXPECT_EQ(torn(rt), 0u);
-  adapter.fail_ = false;
-  auto r3 = ex.update_weights(publish(3));  // recovers with the next version
-  EXPECT_TRUE(r3.acknowledged);
-  EXPECT_EQ(rt.active_version(), 3u);
-}
-
-TEST_F(executor_test, an_install_that_throws_is_a_reject_and_gives_the_shards_back) {
-  auto consumer = make_consumer();
-  reference_runtime rt;
-  flaky_adapter adapter(rt);
-  rollout_executor ex(consumer, adapter, rt.gate());
-  report(ex.update_weights(publish(1)));
-  adapter.throw_ = true;
-  auto m2 = publish(2);
-  auto r2 = ex.update_weights(m2);  // must not throw
-  EXPECT_FALSE(r2.acknowledged);
-  ASSERT_TRUE(r2.failure);
-  EXPECT_EQ(r2.failure->code, errc::install_failed);
-  EXPECT_NE(r2.failure->message.find(m2.update_id), std::string::npos) << r2.failure->message;
-  EXPECT_TRUE(r2.released_self);
-  report(r2);
-  EXPECT_EQ(*consumer.state(m2.update_id), update_state::released);
-  EXPECT_EQ(rt.active_version(), 1u);
-  adapter.throw_ = false;
-  EXPECT_TRUE(ex.update_weights(publish(3)).acknowledged);
-  EXPECT_EQ(rt.active_version(), 3u);
+  for (bool throws : {false, true}) {
+    SCOPED_TRACE(throws ? "the adapter throws" : "the adapter returns an error");
+    auto consumer = make_consumer();
+    reference_runtime rt;
+    flaky_adapter adapter(rt);
+    rollout_executor ex(consumer, adapter, rt.gate());
+    const std::uint64_t v = publisher_->last_version() + 1;
+    report(ex.update_weights(publish(v)));
+    (throws ? adapter.throw_ : adapter.fail_) = true;
+    auto m2 = publish(v + 1);
+    auto r2 = ex.update_weights(m2);  // must not throw
+    EXPECT_FALSE(r2.acknowledged);
+    ASSERT_TRUE(r2.failure);
+    EXPECT_EQ(r2.failure->code, errc::install_failed);
+    if (throws) {
+      EXPECT_NE(r2.failure->message.find(m2.update_id), std::string::npos) << r2.failure->message;
+    } else {
+      EXPECT_NE(r2.failure->message.find("at consumer rank 0"), std::string::npos)
+          << r2.failure->message;
+    }
+    EXPECT_TRUE(r2.released_self);
+    EXPECT_TRUE(r2.released.empty());  // the previous update is still held for the readers
+    report(r2);
+    EXPECT_EQ(*consumer.state(m2.update_id), update_state::released);
+    EXPECT_EQ(ex.active_weight_version(), v);
+    EXPECT_EQ(rt.active_version(), v);
+    EXPECT_EQ(torn(rt), 0u);
+    adapter.throw_ = adapter.fail_ = false;
+    auto r3 = ex.update_weights(publish(v + 2));  // recovers with the next version
+    EXPECT_TRUE(r3.acknowledged);
+    EXPECT_EQ(rt.active_version(), v + 2);
+    report(r3);
+    EXPECT_EQ(ex.release_active(), std::vector<update_id>{r3.id});
+    EXPECT_TRUE(publisher_->on_released(r3.id, 0));
+  }
 }
 
 TEST_F(executor_test, corrupted_byte_is_a_checksum_mismatch_and_a_reject) {
