@@ -145,12 +145,7 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
   if (info.role == rank_role::consumer) {
     // Catch-up: the newest committed version, as a fresh entry in that update's table.
     if (auto* latest = latest_committed_mutable(info.model_id)) {
-      set_state(*latest, fresh_entry(*latest, info.rank), rank_state::pending, now);
-      latest->publishers_released = false;
-      std::vector<weight_update_manifest> shards;
-      for (const auto& [r, m] : latest->shards) shards.push_back(m);
-      out.push_back(
-          {book_effect::kind::distribute, latest->key, {info.rank}, std::move(shards), true});
+      catch_up(*latest, {info.rank}, now, out);
     }
   }
   return out;
@@ -360,10 +355,14 @@ void coordinator_book::catch_up_joined_meanwhile(update_record& u, coord_clock::
         info.active_weight_version >= u.weight_version) {
       continue;
     }
-    set_state(u, fresh_entry(u, r), rank_state::pending, now);
     ranks.push_back(r);
   }
-  if (ranks.empty()) return;
+  if (!ranks.empty()) catch_up(u, std::move(ranks), now, out);
+}
+
+void coordinator_book::catch_up(update_record& u, std::vector<std::int32_t> ranks,
+                                coord_clock::time_point now, effects& out) {
+  for (auto r : ranks) set_state(u, fresh_entry(u, r), rank_state::pending, now);
   u.publishers_released = false;
   std::vector<weight_update_manifest> shards;
   for (const auto& [r, m] : u.shards) shards.push_back(m);

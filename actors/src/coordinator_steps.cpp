@@ -178,7 +178,7 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         send_to(self, st.consumers, e.ranks, drop_atom::value, st.token, e.key);
         break;
       case book_effect::kind::outcome: {
-        const update_record* u = e.record ? e.record.get() : st.book.find(e.key);
+        const update_record* u = e.record.get();  // the finished record (outcome_of)
         if (!u) break;
         if (u->phase == update_phase::committed) ++st.committed;
         log_info("update " + e.key + " " + std::string(update_phase_name(u->phase)) +

@@ -134,9 +134,9 @@ struct point_run {
   std::uint64_t bytes = 0;  ///< the layout's, without alignment padding
   transport_options topts;
 
-  int channel = -1;   ///< two processes: our end of the socket to the consumer process
-  pid_t child = -1;   ///< two processes: the consumer process, until it is reaped
-  pid_t reaped = -1;  ///< the consumer process once reaped (its /dev/shm names are checked)
+  int channel = -1;         ///< two processes: our end of the socket to the consumer process
+  pid_t consumer_pid = -1;  ///< two processes: the consumer process (for notes and checks)
+  pid_t child = -1;         ///< the same until it is reaped, then -1
 
   std::uint64_t src_bytes = 0;  ///< the source tensors, packed with the publisher's alignment
   std::optional<host_buffer> source;
@@ -174,7 +174,6 @@ void consumer_stop(point_run& r, std::chrono::seconds grace, int* wstatus) {
     ::waitpid(r.child, &status, 0);
   }
   if (wstatus) *wstatus = status;
-  r.reaped = r.child;
   r.child = -1;
 }
 
@@ -299,7 +298,7 @@ std::optional<run_stop> consumer_start(point_run& r) {
   auto topts = r.topts;
   if (r.nccl) topts["device"] = "1";
   r.out.flush();
-  r.child = ::fork();
+  r.child = r.consumer_pid = ::fork();
   if (r.child < 0) return failed(std::string("fork: ") + std::strerror(errno));
   if (r.child == 0) {
     // A terminal's Ctrl-C reaches the whole group: the parent stops the consumer itself.
@@ -531,7 +530,7 @@ bool run_shutdown(point_run& r, bool ok) {
   }
   r.publisher.reset();
   r.t.reset();
-  if (auto left = shm_segments_of({::getpid(), r.reaped}); !left.empty()) {
+  if (auto left = shm_segments_of({::getpid(), r.consumer_pid}); !left.empty()) {
     ok = false, r.rr.error = "left in /dev/shm: " + left.front();
   }
   return ok;
@@ -614,12 +613,12 @@ bool row_fill(point_run& r, bool ok) {
                   r.fmm_dir.path + " (" + r.fs_type +
                   "); publish = copy into the writable mapping + fdatasync + STAMP and CURRENT "
                   "renames with fsyncs; the consumer is a separate process (pid " +
-                  std::to_string(r.child) + ") mapping the files read-only per update"
+                  std::to_string(r.consumer_pid) + ") mapping the files read-only per update"
       : opt.mode == "local"
           ? "local-clone: publisher and consumer in one process; import copies"
           : opt.mode + ": " + std::to_string(r.slots) +
                 "-slot pooled ring; consumer is a separate process (pid " +
-                std::to_string(r.child) + ")" +
+                std::to_string(r.consumer_pid) + ")" +
                 (r.ucx ? ", pulls chunks over UCX_TLS=" + opt.ucx_tls + " with " +
                              row["op"].get<std::string>() + " into its own registered slots"
                  : r.nccl ? ", on cuda:1: NCCL broadcasts from the publisher's slot into the "
@@ -654,19 +653,11 @@ int bench_one(const bench_options& opt, std::ostream& out) {
     if (r.cp_s) {
       r.cp_sync_s = cp_seconds(r.fmm_dir.path, r.source->data(), r.src_bytes, r.repeat, true, &why);
     }
-    if (!r.cp_s || !r.cp_sync_s) {
-      consumer_stop(r, std::chrono::seconds(0));  // nothing was published: it holds nothing
-      return row_finish(r, "fail", "cp baseline: " + why);
-    }
+    if (!r.cp_s || !r.cp_sync_s) return row_finish(r, "fail", "cp baseline: " + why);
   }
-  if (auto stop = device_source_fill(r)) {
-    consumer_stop(r, std::chrono::seconds(0));
-    return row_finish(r, stop->status, stop->why);
-  }
-  if (auto stop = publisher_start(r)) {
-    consumer_stop(r, std::chrono::seconds(0));
-    return row_finish(r, stop->status, stop->why);
-  }
+  // A stop from here on leaves the consumer to ~point_run, which ends it (it holds nothing).
+  if (auto stop = device_source_fill(r)) return row_finish(r, stop->status, stop->why);
+  if (auto stop = publisher_start(r)) return row_finish(r, stop->status, stop->why);
   bool ok = updates_run(r);
   ok = run_shutdown(r, ok);
   ok = row_fill(r, ok);

@@ -54,9 +54,7 @@ int demo_run(const demo_options& o, std::ostream& out) {
                                     : "publisher pid " + std::to_string(pid) +
                                           " did not finish within 10 minutes";
       } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        failure = "publisher pid " + std::to_string(pid) + " failed (" +
-                  (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
-                                     : "signal " + std::to_string(WTERMSIG(status))) +
+        failure = "publisher pid " + std::to_string(pid) + " failed (" + exit_text(status) +
                   "; its log is above)";
       }
     }

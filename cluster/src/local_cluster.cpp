@@ -67,6 +67,11 @@ pid_t local_cluster::start(const std::vector<std::string>& args, const std::stri
   return pid;
 }
 
+std::string exit_text(int status) {
+  return WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                           : "signal " + std::to_string(WTERMSIG(status));
+}
+
 std::string local_cluster::start_coordinator(std::chrono::milliseconds update_deadline) {
   const auto port_file = (dir_ / "coordinator.port").string();
   coordinator_pid_ = start({"coordinator", "--port", "0", "--port-file", port_file,
@@ -80,13 +85,8 @@ std::string local_cluster::start_coordinator(std::chrono::milliseconds update_de
       return {};
     }
     // One that exited says so now, with its status, rather than after the whole wait.
-    int status = 0;
-    if (coordinator_pid_ > 0 && ::waitpid(coordinator_pid_, &status, WNOHANG) == coordinator_pid_) {
-      running_.erase(std::remove(running_.begin(), running_.end(), coordinator_pid_),
-                     running_.end());
-      return "the coordinator exited before it listened (" +
-             (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
-                                : "signal " + std::to_string(WTERMSIG(status))) +
+    if (int status = 0; await_exit(coordinator_pid_, std::chrono::milliseconds(0), status, false)) {
+      return "the coordinator exited before it listened (" + exit_text(status) +
              "; its log is above)";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -95,9 +95,8 @@ int publisher_standalone_run(const publisher_options& o, const std::string& mani
   weight_publisher publisher(std::move(*pt), "shared-memory", cfg);
   // The manifests appear whole or not at all: written aside, renamed into place.
   const std::string tmp = manifest_out + ".tmp";
-  auto give_up = [&](const std::string& why) {
+  auto give_up = [&](const std::string& why) {  // ~weight_publisher frees what it published
     std::remove(tmp.c_str());
-    for (const auto& id : publisher.held_updates()) (void)publisher.release(id);
     log_error(why);
     return 1;
   };

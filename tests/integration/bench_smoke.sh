@@ -22,6 +22,7 @@ for field in '"mode":"'"$mode"'"' '"status":"pass"' '"blocker":null' '"layout":'
              '"env":{' '"host":' '"cores":' '"transport_notes":'; do
   case "$last" in *"$field"*) ;; *) fail "missing $field" ;; esac
 done
+case "$last" in *"(pid -1)"*) fail "transport_notes name no consumer process" ;; esac
 # The consumer must end on the last version published.
 wv=$(sed -E 's/.*"weight_version":([0-9]+).*/\1/' <<<"$last")
 av=$(sed -E 's/.*"active_weight_version":([0-9]+).*/\1/' <<<"$last")

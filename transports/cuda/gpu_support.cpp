@@ -204,14 +204,12 @@ result<std::vector<std::uint64_t>> run_chunks(std::span<const device_range> rang
   if (auto r = ready(); !r) return r.error();
   std::vector<detail::chunk_job> jobs;
   std::vector<std::size_t> first;  // range i's jobs: [first[i], first[i+1])
-  const std::uint64_t blocks = detail::plan_jobs(ranges, chunk_bytes, jobs, first, copy_to);
+  detail::plan_jobs(ranges, chunk_bytes, jobs, first, copy_to);
   std::vector<std::uint64_t> digests(jobs.size());
   // In runs of at most 4 Mi blocks (4 GiB hashed, 256 MiB of block sums): one run for any update
   // up to that, so the scratch the memory pool keeps covers it; larger ones take several.
   constexpr std::uint64_t max_blocks = std::uint64_t{4} << 20;
-  for (const auto& run : blocks > max_blocks ? detail::batch_jobs(jobs, max_blocks)
-                                             : std::vector<detail::job_batch>{{jobs, blocks, 0}}) {
-    if (run.jobs.empty()) continue;
+  for (const auto& run : detail::batch_jobs(jobs, max_blocks)) {
     const char* what = "";
     if (int e =
             detail::chunk_digests(run.jobs, run.blocks, digests.data() + run.first, stream, &what);

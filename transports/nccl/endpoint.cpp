@@ -80,10 +80,8 @@ result<std::unique_ptr<broadcast_endpoint>> join_endpoint(const unique_id& id, i
   if (!comm) return comm.error();
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
-  if (auto w = comm->warm_up(std::max(left, std::chrono::milliseconds(1))); !w) {
-    comm->abort(w.error().message);  // rank 0 may be inside its all_reduce: not a clean close
-    return w.error();
-  }
+  // A failed warm-up aborted the communicator itself (rank 0 may be inside its all_reduce).
+  if (auto w = comm->warm_up(std::max(left, std::chrono::milliseconds(1))); !w) return w.error();
   return std::unique_ptr<broadcast_endpoint>(std::make_unique<nccl_endpoint>(std::move(*comm)));
 }
 

@@ -245,6 +245,7 @@ class node {
   void op_done(pull_op* op, ucs_status_t status);
   void op_account(pull_op* op, ucs_status_t status);
   void pull_cancel(pull_job& job, std::size_t i, bool force_endpoint);
+  void abandon_inflight(pull_job& job, pull_lane& lane, bool retry);
   void pull_check_done(const std::shared_ptr<pull_job>& job);
 
   ucx_settings cfg_;

@@ -49,16 +49,22 @@ void node::source_failed(pull_job& job, std::size_t i, error why) {
 void node::pull_abort(const std::shared_ptr<pull_job>& job, error why) {
   if (!job->failure) job->failure = std::move(why);
   for (std::size_t k = 0; k < job->lanes.size(); ++k) pull_cancel(*job, k, true);
-  for (auto& lane : job->lanes) {
-    for (auto* op : lane.ops) {
-      op->abandoned = true;
-      pool_->busy_begin(job->landing);
-      ops_by_tag_.erase(op->tag);
-    }
-    lane.ops.clear();
-    lane.inflight = 0;
-  }
+  for (auto& lane : job->lanes) abandon_inflight(*job, lane, false);
   pull_check_done(job);
+}
+
+// Gives up what `lane` still has in flight: UCX may yet end each op (its callback then only
+// frees it), and the landing slot stays busy until it does. With `retry`, their chunks are
+// pulled again.
+void node::abandon_inflight(pull_job& job, pull_lane& lane, bool retry) {
+  for (auto* op : lane.ops) {
+    op->abandoned = true;
+    pool_->busy_begin(job.landing);
+    ops_by_tag_.erase(op->tag);
+    if (retry) lane.retry.emplace_back(op->segment, op->offset);
+  }
+  lane.ops.clear();
+  lane.inflight = 0;
 }
 
 void node::on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
@@ -117,14 +123,7 @@ void node::switch_sources() {
         // slot stays busy until every given-up receive ended, so it cannot land in a later
         // update either.
         if (clock_type::now() - lane.switching_since < std::chrono::milliseconds(200)) continue;
-        for (auto* op : lane.ops) {
-          op->abandoned = true;
-          pool_->busy_begin(job->landing);
-          ops_by_tag_.erase(op->tag);
-          lane.retry.emplace_back(op->segment, op->offset);
-        }
-        lane.ops.clear();
-        lane.inflight = 0;
+        abandon_inflight(*job, lane, true);
       }
       lane.switching = false;
       lane.get = false;  // fallbacks are relays, or publishers reached through relay handles

@@ -224,7 +224,7 @@ void node::expire_sends(clock_type::time_point now) {
                "held is free again");
     }
   }
-  close_failed_endpoints();
+  // The loop closes what drop_endpoint queued, on its next turn.
 }
 
 served_update served_from(slot* s, std::vector<std::uint64_t> offsets,

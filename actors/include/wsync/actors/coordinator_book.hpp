@@ -189,6 +189,10 @@ class coordinator_book {
   void distribute(update_record& u, coord_clock::time_point now, effects& out);
   void check_finished(update_record& u, coord_clock::time_point now, effects& out);
   void catch_up_joined_meanwhile(update_record& u, coord_clock::time_point now, effects& out);
+  // Sends committed update `u` to `ranks` again as a catch-up: fresh pending entries, its
+  // memory held again until they answer.
+  void catch_up(update_record& u, std::vector<std::int32_t> ranks, coord_clock::time_point now,
+                effects& out);
   void abort(update_record& u, const std::string& reason, coord_clock::time_point now,
              effects& out);
   void check_released(update_record& u, effects& out);

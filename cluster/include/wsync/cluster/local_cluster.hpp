@@ -13,6 +13,9 @@
 
 namespace wsync {
 
+/// A wait status as people read it: "exit code 3", "signal 9".
+std::string exit_text(int status);
+
 class local_cluster {
  public:
   explicit local_cluster(std::string self_exe);

@@ -27,7 +27,7 @@ class generation_gate {
   std::uint64_t active_readers() const;
   /// Installs waiting for the exclusive side (for status and tests).
   std::uint64_t waiting_writers() const;
-  /// Generations held back by an install (for status and tests).
+  /// Generations held back by an install (for tests).
   std::uint64_t waiting_readers() const;
 
  private:
