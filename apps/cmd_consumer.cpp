@@ -23,10 +23,41 @@ struct consumer_state {
   follow_options follow;  // --standalone --transport file-mmap: poll DIR/CURRENT
 };
 
+// Options this run would not act on are refused, not ignored. Compared with their defaults, not
+// counted, so that a configuration printed by --dump-config (every setting) loads again.
+std::string misplaced_option(const consumer_state& s) {
+  const consumer_state d;
+  const bool follow = s.standalone && s.options.transport == "file-mmap";
+  if (s.follow.poll != d.follow.poll && !follow) {
+    return "--poll-ms: only --standalone --transport file-mmap polls a directory";
+  }
+  const http_options& h = s.http.http;
+  const http_options& dh = d.http.http;
+  const weight_transfer_config& r = s.http.rank;
+  const weight_transfer_config& dr = d.http.rank;
+  const bool http_set = h.host != dh.host || h.port != dh.port || h.port_file != dh.port_file ||
+                        h.api != dh.api || r.world_size != dr.world_size ||
+                        r.data_parallel != dr.data_parallel;
+  const bool nccl_set = r.cuda_device != dr.cuda_device || r.nccl_timeout != dr.nccl_timeout;
+  if ((http_set || nccl_set) && !s.enable_http) {
+    return "--http-*, --world-size, --data-parallel, --cuda-device and --nccl-timeout-ms set "
+           "the HTTP surface: add --enable-weight-transfer (or set WSYNC_SERVER_DEV_MODE=1)";
+  }
+  if (nccl_set && !s.standalone) {
+    return "--cuda-device/--nccl-timeout-ms: vLLM's NCCL mode is the standalone rank's (with "
+           "--coordinator, updates come from the coordinator and the HTTP phases answer 409)";
+  }
+  return "";
+}
+
 int consumer_start(consumer_state& s) {
   consumer_options& opt = s.options;
   if (const char* dev = std::getenv("WSYNC_SERVER_DEV_MODE"); dev && std::string(dev) == "1") {
     s.enable_http = true;
+  }
+  if (auto why = misplaced_option(s); !why.empty()) {
+    std::cerr << "wsync: consumer: " << why << "\n";
+    return 2;
   }
   if (s.standalone && opt.count != 1) {
     std::cerr << "wsync: --count " << opt.count

@@ -35,6 +35,15 @@ for bad in 0 -1; do
 done
 out=$("$wsync" consumer --standalone --poll-ms 0 --dump-config 2>&1) && fail "--poll-ms 0 accepted"
 grep -q -- "--poll-ms" <<<"$out" || fail "--poll-ms 0 not named: $out"
+# Options the run would not act on are refused, naming what turns them on.
+for case in "--http-port 9000|--http-\*" "--world-size 2|--world-size" "--poll-ms 50|--poll-ms" \
+            "--enable-weight-transfer --cuda-device 1|--cuda-device"; do
+  args=${case%%|*}
+  # shellcheck disable=SC2086
+  out=$(WSYNC_TOKEN=t timeout 20 "$wsync" consumer --coordinator 127.0.0.1:9 --model m $args 2>&1)
+  [ $? -eq 2 ] || fail "consumer $args: ignored instead of refused: $out"
+  grep -q -- "${case#*|}" <<<"$out" || fail "consumer $args: option not named: $out"
+done
 for bad in 127.0.0.1:9abc :7700 127.0.0.1:+7700 127.0.0.1:0 127.0.0.1:65536; do
   out=$(WSYNC_TOKEN=t "$wsync" status --coordinator "$bad" 2>&1) && fail "--coordinator $bad accepted"
   grep -q "host:port" <<<"$out" || fail "--coordinator $bad: no host:port hint: $out"
