@@ -16,6 +16,7 @@ class http_follower final : public consumer_observer {
  public:
   http_follower(const standalone_options& o, std::string coordinator)
       : service_(o.rank, std::move(coordinator)), gateway_(service_, o.http) {}
+  ~http_follower() override { stopping(); }  // consumer_run may end without calling it
   result<std::uint16_t> start() { return gateway_.start(); }
   void rank_started(std::int32_t rank, reference_runtime& runtime) override {
     service_.add_rank(rank, runtime);
@@ -25,8 +26,9 @@ class http_follower final : public consumer_observer {
     service_.record_update(rank, key, report, bytes);
   }
   void stopping() override {
-    // No generation may run on a runtime that is about to go: those in flight or held by a
-    // pause end, then the gateway's threads are joined.
+    // Each step may run twice (here, then from the destructor). No generation may run on a runtime
+    // that is about to go: those in flight or held by a pause end, then the gateway's threads are
+    // joined.
     service_.detach_ranks();
     service_.stop_generating();
     gateway_.stop();
@@ -40,6 +42,9 @@ class http_follower final : public consumer_observer {
 }  // namespace
 
 int consumer_http_run(consumer_options options, const standalone_options& http) {
+  // Before the gateway starts its threads: a stop signal must reach consumer_run's wait, not
+  // kill the process from one of them.
+  block_stop_signals();
   http_follower follower(http,
                          options.coordinator.host + ":" + std::to_string(options.coordinator.port));
   auto port = follower.start();

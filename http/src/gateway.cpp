@@ -29,6 +29,7 @@ struct http_gateway::impl {
   int listen_fd = -1;                // the socket the server listens on, once bound
   std::set<std::string> post_paths;  // the routes that read their body themselves (capped)
   std::atomic<int> generating{0};    // /generate calls being served
+  std::atomic<bool> listen_ended{false};
 };
 
 namespace {
@@ -206,9 +207,9 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
   });
   server.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (!r.body.empty()) return;  // a route answered with its own error
-    std::string why = r.status == 404   ? "path: no route " + q.path
-                      : r.status == 405 ? "method: " + q.method + " is not allowed on " + q.path
-                                        : "request: HTTP " + std::to_string(r.status);
+    // httplib answers a route called with another method 404 as well.
+    std::string why =
+        r.status == 404 ? "path: no route " + q.path : "request: HTTP " + std::to_string(r.status);
     r.set_content(error_json(why), "application/json");
   });
   const std::string& api = impl_->options.api;
@@ -241,7 +242,15 @@ result<std::uint16_t> http_gateway::start() {
                       "http: cannot listen on " + o.host + ":" + std::to_string(o.port));
   }
   if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
-  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  impl_->thread = std::thread([this] {
+    impl_->server.listen_after_bind();
+    impl_->listen_ended = true;
+  });
+  // httplib's stop() does nothing until the listen loop runs: a stop() that came first would
+  // leave the loop serving and its join waiting for good.
+  while (!impl_->server.is_running() && !impl_->listen_ended) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   if (!o.port_file.empty()) {
     std::string tmp = o.port_file + ".tmp";
     std::ofstream(tmp) << port << "\n";

@@ -65,14 +65,14 @@ class http_gateway_test : public ::testing::Test {
   }
 
   // start -> update(manifest of `version`) -> finish; returns finish's status.
-  int install(std::uint64_t version) {
+  int install(std::uint64_t version, const std::string& finish_body = "") {
     auto m = publisher_->publish(tensors_.fill(version), version, {0});
     EXPECT_TRUE(m) << m.error().message;
     if (!m) return 0;
     EXPECT_EQ(post_status("/start_weight_update"), 200);
     auto body = json{{"update_info", {{"manifest", json::parse(manifest_to_json(*m))}}}}.dump();
     EXPECT_EQ(post_status("/update_weights", body), 200);
-    auto r = post("/finish_weight_update");
+    auto r = post("/finish_weight_update", finish_body);
     // The previous version's slot goes back once this one is active.
     if (r && r->status == 200 && previous_) (void)publisher_->release(*previous_);
     if (r && r->status == 200) previous_ = m->update_id;
@@ -158,7 +158,14 @@ TEST_F(http_gateway_test, a_failed_version_is_retried) {
   EXPECT_NE(failed->body.find("version 2 stays active"), std::string::npos) << failed->body;
   ASSERT_TRUE(publisher_->release(bad->update_id));
   EXPECT_EQ(install(3), 200);
-  EXPECT_EQ(get_json("/status")["active_weight_version"], 3);
+  auto status = get_json("/status");
+  EXPECT_EQ(status["active_weight_version"], 3);
+  // The retry's answer replaces the failed one: version 3 shows committed, not rejected.
+  const auto& last = status["updates"].back();
+  EXPECT_EQ(last["weight_version"], 3);
+  EXPECT_EQ(last["phase"], "committed") << last.dump();
+  EXPECT_EQ(last["ranks"].size(), 1u) << last.dump();
+  EXPECT_EQ(status["status"], "pass");
   // 3 again is old now.
   auto again = publisher_->publish(tensors_.fill(3), 3, {0});
   ASSERT_FALSE(again);  // the publisher still holds the active 3
@@ -170,6 +177,30 @@ TEST_F(http_gateway_test, a_failed_version_is_retried) {
   EXPECT_EQ(refused->status, 400);
   EXPECT_NE(refused->body.find("weight_version must increase monotonically"), std::string::npos)
       << refused->body;
+}
+
+TEST_F(http_gateway_test, finish_takes_the_manifests_number_or_a_free_form_label) {
+  ASSERT_EQ(install(1, R"({"weight_version": "1"})"), 200);
+  EXPECT_EQ(get_json("/weight_info")["weight_version"], "1");
+  // vLLM's weight_version is free text: anything but a number labels the version.
+  ASSERT_EQ(install(2, R"({"weight_version": "step-12"})"), 200);
+  EXPECT_EQ(get_json("/weight_info")["weight_version"], "step-12");
+  EXPECT_EQ(get_json("/status")["active_weight_version"], 2);
+  // A number that is not the manifests' contradicts them.
+  auto m = publisher_->publish(tensors_.fill(3), 3, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  ASSERT_EQ(post_status("/start_weight_update"), 200);
+  ASSERT_EQ(
+      post_status("/update_weights",
+                  json{{"update_info", {{"manifest", json::parse(manifest_to_json(*m))}}}}.dump()),
+      200);
+  auto r = post("/finish_weight_update", R"({"weight_version": "4"})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"].get<std::string>().rfind(
+                "weight_version: \"4\" differs from the manifests' 3", 0),
+            0u)
+      << r->body;
 }
 
 TEST_F(http_gateway_test, thirty_two_clients_hammer_status_and_metrics_during_updates) {

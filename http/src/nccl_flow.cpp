@@ -266,17 +266,10 @@ std::string weight_transfer_service::impl::nccl_receive(nccl_entry entry, int& s
   if (!got) {
     // The group cannot be trusted after a failed receive (NCCL aborted it, or the broadcasts
     // and the receives no longer line up): drop it and the update with it.
-    nccl_lost = got.error().message;
-    nccl_group.reset();
-    std::vector<update_id> ids;
-    for (const auto& s : shards) ids.push_back(s.update_id);
-    nccl_forget(ids);
-    shards.clear();
-    current = phase::uninitialized;
+    nccl_drop(got.error().message);
     status = 500;
-    log_warn("rank " + std::to_string(config.rank) + ": NCCL receive failed: " + nccl_lost);
-    return "update_weights: receiving " + std::to_string(specs.size()) +
-           " tensors from the trainer failed: " + nccl_lost +
+    return "update_weights: rank " + std::to_string(config.rank) + " receiving " +
+           std::to_string(specs.size()) + " tensors from the trainer failed: " + nccl_lost +
            "; the group is left and the update dropped: call /init_weight_transfer_engine again";
   }
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -286,6 +279,18 @@ std::string weight_transfer_service::impl::nccl_receive(nccl_entry entry, int& s
   received->add(m.update_id, std::move(got->segment));
   shards.push_back(std::move(m));
   return "";
+}
+
+void weight_transfer_service::impl::nccl_drop(const std::string& why) {
+  log_warn("rank " + std::to_string(config.rank) + ": leaving the trainer's NCCL group: " + why);
+  nccl_lost = why;
+  if (nccl_group) nccl_group->abort(why);
+  nccl_group.reset();
+  std::vector<update_id> ids;
+  for (const auto& s : shards) ids.push_back(s.update_id);
+  nccl_forget(ids);
+  shards.clear();
+  current = phase::uninitialized;
 }
 
 void weight_transfer_service::impl::nccl_forget(const std::vector<update_id>& ids) {

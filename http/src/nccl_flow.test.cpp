@@ -83,11 +83,14 @@ class nccl_flow_test : public ::testing::Test {
       joined_rank = rank;
       joined_device = device;
       auto t = std::make_unique<testing::host_trainer>();
+      t->on_end = &ended;
       trainer = t.get();
       return result<std::unique_ptr<nccl::broadcast_endpoint>>(std::move(t));
     };
     return c;
   }
+
+  testing::host_trainer::ending ended;  // the last trainer the rank dropped
 
   json init_info(bool packed = false, std::uint64_t buffer = 1 << 30) const {
     nccl::unique_id id{};
@@ -180,10 +183,27 @@ TEST_F(nccl_flow_test, update_info_is_checked_before_a_byte_moves) {
   model_step m(3);
   trainer->sends = testing::trainer_broadcasts(m.bytes, false, 0);
   ASSERT_EQ(service_.start("").status, 200);
+  // A refused call drops the group (the trainer's broadcasts for it would otherwise be taken
+  // by the next call) having received nothing; the rank joins again for the next case. The
+  // answer is the field's problem, then why the group went.
+  const std::string dropped =
+      "; the trainer's broadcasts for this call have no receiver, so the "
+      "NCCL group is aborted and the update dropped: call "
+      "/init_weight_transfer_engine again";
   auto refused = [&](const json& info) {
+    const auto before = trainer->receives_done;
     auto r = update(info);
     EXPECT_EQ(r.status, 400) << r.body;
-    return error_of(r);
+    EXPECT_EQ(ended.receives_done, before) << r.body;
+    EXPECT_NE(ended.aborted.find("update_weights was refused"), std::string::npos) << r.body;
+    ended = {};
+    auto why = error_of(r);
+    const auto at = why.size() >= dropped.size() ? why.size() - dropped.size() : 0;
+    EXPECT_EQ(why.substr(at), dropped) << r.body;
+    EXPECT_EQ(init(init_info()).status, 200);
+    trainer->sends = testing::trainer_broadcasts(m.bytes, false, 0);
+    EXPECT_EQ(service_.start("").status, 200);
+    return why.substr(0, at);
   };
   auto with = [&](const char* key, std::size_t i, const json& v) {
     auto info = m.update_info();
@@ -214,25 +234,41 @@ TEST_F(nccl_flow_test, update_info_is_checked_before_a_byte_moves) {
   info = m.update_info();
   info["packed_buffer_size_bytes"] = 0;
   EXPECT_EQ(refused(info), "update_info.packed_buffer_size_bytes: must be a positive integer");
-  EXPECT_EQ(trainer->receives_done, 0u);  // nothing was received for a refused call
 
   // A list is checked whole before its first entry is received: a bad later entry, or a name
   // two entries share, refuses the call with nothing received.
   auto bad_second = m.update_info(2, 5);
   bad_second["dtype_names"][1] = "complex64";
-  auto r = update(json::array({m.update_info(0, 2), bad_second}));
-  EXPECT_EQ(r.status, 400) << r.body;
-  EXPECT_EQ(error_of(r).rfind("update_info[1].dtype_names[1]: \"complex64\"", 0), 0u) << r.body;
-  r = update(json::array({m.update_info(0, 2), m.update_info(1, 5)}));
-  EXPECT_EQ(r.status, 400) << r.body;
-  EXPECT_EQ(error_of(r), "update_info[1].names[0]: \"layers.0.w\" is already in this update");
-  EXPECT_EQ(trainer->receives_done, 0u);
+  EXPECT_EQ(refused(json::array({m.update_info(0, 2), bad_second}))
+                .rfind("update_info[1].dtype_names[1]: \"complex64\"", 0),
+            0u);
+  EXPECT_EQ(refused(json::array({m.update_info(0, 2), m.update_info(1, 5)})),
+            "update_info[1].names[0]: \"layers.0.w\" is already in this update");
 
   // The good call still works, and a name cannot come twice in one update.
   ASSERT_EQ(update(m.update_info(0, 2)).status, 200);
   trainer->sends.push_front(m.bytes[0]);
   EXPECT_EQ(refused(m.update_info(0, 1)),
             "update_info.names[0]: \"embed\" is already in this update");
+}
+
+TEST_F(nccl_flow_test, an_update_call_out_of_order_drops_the_group) {
+  // The trainer broadcasts while its /update_weights is in flight, so a call refused for its
+  // phase leaves broadcasts behind just as a malformed one does.
+  ASSERT_EQ(init(init_info()).status, 200);
+  model_step one(1);
+  trainer->sends = testing::trainer_broadcasts(one.bytes, false, 0);
+  auto r = update(one.update_info());
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_EQ(error_of(r).rfind("update_weights: out of order: the weight transfer is 'ready'", 0),
+            0u)
+      << r.body;
+  EXPECT_NE(error_of(r).find("NCCL group is aborted"), std::string::npos) << r.body;
+  EXPECT_EQ(ended.receives_done, 0u);
+  EXPECT_FALSE(ended.aborted.empty());
+  r = service_.start("");
+  EXPECT_EQ(r.status, 409);
+  EXPECT_NE(error_of(r).find("call /init_weight_transfer_engine first"), std::string::npos);
 }
 
 TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_join_again) {
@@ -249,8 +285,9 @@ TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_j
   ASSERT_EQ(service_.start("").status, 200);
   auto r = update(two.update_info());
   EXPECT_EQ(r.status, 500) << r.body;
-  EXPECT_EQ(error_of(r).rfind("update_weights: receiving 5 tensors from the trainer failed: ", 0),
-            0u)
+  EXPECT_EQ(
+      error_of(r).rfind("update_weights: rank 0 receiving 5 tensors from the trainer failed: ", 0),
+      0u)
       << r.body;
   EXPECT_NE(error_of(r).find("call /init_weight_transfer_engine again"), std::string::npos);
   // Step 1 is still served, whole; the rank waits for a new group.
@@ -291,6 +328,13 @@ TEST_F(nccl_flow_test, nccl_mode_and_manifest_transports_do_not_mix) {
   EXPECT_EQ(error_of(r),
             "init_info.transport: \"shared-memory\" differs from NCCL mode, which this rank was "
             "initialised with");
+
+  // wsync's own nccl transport takes its group from a coordinator: over HTTP, NCCL is vLLM's mode.
+  weight_transfer_service named(config());
+  r = named.init(R"({"init_info": {"transport": "nccl"}})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(error_of(r).rfind("init_info.transport: \"nccl\" over HTTP is vLLM's NCCL mode", 0), 0u)
+      << r.body;
 
   weight_transfer_service other(config());
   ASSERT_EQ(other.init(R"({"init_info": {}})").status, 200);  // shared memory

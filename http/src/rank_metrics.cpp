@@ -62,7 +62,14 @@ void weight_transfer_service::impl::record(std::int32_t rank, const std::string&
     recent.push_back({key, r.weight_version, {}});
     it = std::prev(recent.end());
   }
-  it->ranks.push_back(std::move(answer));
+  // A version retried after a failed install has the same key: the rank's latest answer stands.
+  auto mine = std::find_if(it->ranks.begin(), it->ranks.end(),
+                           [&](const rank_answer& a) { return a.rank == rank; });
+  if (mine != it->ranks.end()) {
+    *mine = std::move(answer);
+  } else {
+    it->ranks.push_back(std::move(answer));
+  }
   while (recent.size() > status_history) recent.pop_front();
 }
 

@@ -176,7 +176,8 @@ struct weight_transfer_service::impl {
 
   std::string conflict(std::string_view call, std::string_view hint) const {
     return std::string(call) + ": out of order: the weight transfer is '" + phase_name(current) +
-           "'" + (hint.empty() ? "" : " (" + std::string(hint) + ")");
+           "' on rank " + std::to_string(config.rank) +
+           (hint.empty() ? "" : " (" + std::string(hint) + ")");
   }
 
   // update and finish need a started phase: say which call comes first.
@@ -205,13 +206,15 @@ struct weight_transfer_service::impl {
 
   // NCCL mode: joins the group of a checked init_info (phase_mutex held).
   http_reply nccl_init(const json& info);
-  bool nccl_mode() const { return transport == "nccl"; }
+  bool nccl_mode() const { return received != nullptr; }
   // NCCL mode: one update_info, checked and ready to receive.
   struct nccl_entry {
     std::vector<nccl::tensor_spec> specs;
     nccl::packing how;
     weight_update_manifest manifest;  ///< its checksums come with the receive
   };
+  // /update_weights, under phase_mutex.
+  http_reply update_weights(std::string_view body);
   // NCCL mode: checks one update_info (at `where`) before a byte moves; its names must not be
   // in `taken` (the names received or checked before it in this update), and join it.
   // "" or the first problem.
@@ -220,6 +223,9 @@ struct weight_transfer_service::impl {
   // NCCL mode: receives a checked entry's tensors and adds them to `shards` as one more
   // manifest. "" or the reason, with the HTTP status in `status`.
   std::string nccl_receive(nccl_entry entry, int& status);
+  // NCCL mode: aborts and leaves the group, and drops the update received so far (`why` is
+  // kept in nccl_lost). The rank needs an init again.
+  void nccl_drop(const std::string& why);
   // NCCL mode: frees what was received for `ids` and not imported.
   void nccl_forget(const std::vector<update_id>& ids);
 

@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "service_state.hpp"
@@ -213,6 +214,13 @@ std::optional<refusal> weight_transfer_service::impl::open_transport(
     return refusal{400, where + ": \"" + name + "\" differs from \"" + transport +
                             "\", which this rank was initialised with"};
   }
+  if (name == "nccl") {
+    // wsync's own nccl transport takes its group from a coordinator; over HTTP the trainer
+    // makes the group and says so in vLLM's fields.
+    return refusal{400, where +
+                            ": \"nccl\" over HTTP is vLLM's NCCL mode: send "
+                            "init_info.nccl_unique_id_b64, rank_offset and world_size instead"};
+  }
   auto t = make_transport(name, options);
   if (!t) return refusal{400, where + ": " + t.error().message};
   auto c = (*t)->make_consumer();
@@ -269,16 +277,17 @@ std::string http_detail::check_chunk(const json& info, const std::string& where,
   if (!info.contains("names")) {
     return field(where, "names") + ": missing (" + dtype_key + " / shapes need it)";
   }
+  // Looked up by name once each: a list of every tensor of a large model, under phase_mutex.
+  std::unordered_map<std::string_view, const tensor_descriptor*> by_name;
+  for (const auto& m : known) {
+    for (const auto& d : m.tensors) by_name[d.name] = &d;
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const auto& name = info["names"][i];
     std::string at = "[" + std::to_string(i) + "]";
     if (!name.is_string()) return field(where, "names") + at + ": must be a string";
-    const tensor_descriptor* t = nullptr;
-    for (const auto& m : known) {
-      for (const auto& d : m.tensors) {
-        if (d.name == name.get<std::string>()) t = &d;
-      }
-    }
+    auto found = by_name.find(name.get_ref<const std::string&>());
+    const tensor_descriptor* t = found == by_name.end() ? nullptr : found->second;
     if (!t) {
       return field(where, "names") + at + ": \"" + name.get<std::string>() +
              "\" is not in the manifest";
@@ -349,6 +358,25 @@ std::string weight_transfer_service::impl::accept_manifest(
 
 http_reply weight_transfer_service::update(std::string_view body) {
   if (auto r = impl_->refuse_when_following("update_weights")) return *r;
+  std::lock_guard lock(impl_->phase_mutex);
+  auto& s = *impl_;
+  auto r = s.update_weights(body);
+  if (r.status != 200 && s.nccl_group) {
+    // The trainer broadcasts while this call is in flight: a call refused before its receives
+    // leaves those broadcasts to be taken by the next one, as the wrong tensors. The group goes.
+    const auto why = nlohmann::json::parse(r.body, nullptr, false).value("error", r.body);
+    s.nccl_drop("update_weights was refused (" + why + ")");
+    return fail(r.status, why +
+                              "; the trainer's broadcasts for this call have no receiver, so the "
+                              "NCCL group is aborted and the update dropped: call "
+                              "/init_weight_transfer_engine again");
+  }
+  return r;
+}
+
+// Under phase_mutex.
+http_reply weight_transfer_service::impl::update_weights(std::string_view body) {
+  auto& s = *this;
   http_reply error;
   auto j = parse_body(body, false, error);
   if (!j) return error;
@@ -365,8 +393,6 @@ http_reply weight_transfer_service::update(std::string_view body) {
   } else {
     return fail(400, "update_info: must be a JSON object (or a non-empty list of them)");
   }
-  std::lock_guard lock(impl_->phase_mutex);
-  auto& s = *impl_;
   if (s.current != phase::started) {
     return fail(409, s.not_started("update_weights"));
   }
@@ -392,24 +418,24 @@ http_reply weight_transfer_service::update(std::string_view body) {
     return reply(200, {{"message", "Weights updated"}});
   }
   // Check every chunk before keeping any: a refused request changes nothing.
-  auto shards = s.shards;
+  auto taken = s.shards;
   for (std::size_t k = 0; k < infos.size(); ++k) {
     const auto& info = infos[k];
     std::string where =
         infos.size() == 1 ? "update_info" : "update_info[" + std::to_string(k) + "]";
     if (info.contains("manifest")) {
-      if (auto why = s.accept_manifest(info["manifest"], where + ".manifest", shards);
+      if (auto why = s.accept_manifest(info["manifest"], where + ".manifest", taken);
           !why.empty()) {
         return fail(400, why);
       }
-    } else if (shards.empty()) {
+    } else if (taken.empty()) {
       return fail(400, where + ".manifest: missing, and no manifest of this update came before");
     }
-    if (auto why = check_chunk(info, where, shards, "dtype_names"); !why.empty()) {
+    if (auto why = check_chunk(info, where, taken, "dtype_names"); !why.empty()) {
       return fail(400, why);
     }
   }
-  s.shards = std::move(shards);
+  s.shards = std::move(taken);
   return reply(200, {{"message", "Weights updated"}});
 }
 
@@ -435,23 +461,35 @@ http_reply weight_transfer_service::finish(std::string_view body) {
     return fail(409, s.not_started("finish_weight_update"));
   }
   if (s.shards.empty()) {
-    return fail(
-        409, s.conflict("finish_weight_update", "no /update_weights since /start_weight_update"));
+    // Nothing to install; the started phase ends anyway, or a trainer that lost track (it
+    // restarted, or its re-init failed) could never start again: init and start refuse while
+    // an update is started.
+    auto why = s.conflict("finish_weight_update",
+                          "no /update_weights since /start_weight_update; the empty update is "
+                          "dropped, start again");
+    s.current = phase::ready;
+    return fail(409, why);
   }
   const auto& first = s.shards.front();
   std::string key = update_key(first.model_id, first.weight_version);
   // NCCL mode numbers versions itself (active + 1): the trainer's weight_version is a label.
+  // With manifests, a number must be theirs; any other text (vLLM's free-form "step-12") is a
+  // label too.
   const bool label_only = s.nccl_mode();
-  if (version && !label_only && *version != std::to_string(first.weight_version)) {
+  const bool number =
+      version && !version->empty() &&
+      std::all_of(version->begin(), version->end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (number && !label_only && *version != std::to_string(first.weight_version)) {
     return fail(400, "weight_version: \"" + *version + "\" differs from the manifests' " +
                          std::to_string(first.weight_version) + " (" + update_context(first) + ")");
   }
+  const auto label = label_only || !number ? version : std::nullopt;
   auto shards = std::move(s.shards);  // `first` is gone from here on
   s.shards.clear();
   s.current = phase::ready;
   std::vector<update_id> ids;
   for (const auto& m : shards) ids.push_back(m.update_id);
-  auto r = s.install(std::move(shards), label_only ? version : std::nullopt);
+  auto r = s.install(std::move(shards), label);
   if (!r.acknowledged) {
     if (label_only) s.nccl_forget(ids);  // what the executor did not import
     return fail(500, "finish_weight_update: install failed, version " +

@@ -57,6 +57,10 @@ grep -q '^wsync_updates_committed_total 4' <<<"$metrics" || fail "committed coun
 kill -TERM "$consumer"
 for _ in $(seq 200); do kill -0 "$consumer" 2>/dev/null || break; sleep 0.05; done
 kill -0 "$consumer" 2>/dev/null && fail "the consumer did not stop on SIGTERM"
+# Stopped by its own handler (ranks released, exit 0), not killed by the signal (143).
+wait "$consumer"
+rc=$?
+[ $rc -eq 0 ] || fail "the consumer exited $rc on SIGTERM: $(tail -5 "$work/consumer.log")"
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 wait 2>/dev/null
 pids=()

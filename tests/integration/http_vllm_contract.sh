@@ -70,6 +70,7 @@ expect update_without_start "$(post /update_weights "{\"update_info\":{\"manifes
 expect start "$(post /start_weight_update)" 200 'started'
 expect start_twice "$(post /start_weight_update)" 409 "'started'"
 expect finish_without_update "$(post /finish_weight_update)" 409 'no /update_weights'
+expect start_after_empty_finish "$(post /start_weight_update)" 200 'started'
 
 # Malformed or missing fields: 400 naming the field.
 expect bad_json "$(post /update_weights '{"update_info":')" 400 'invalid JSON'
@@ -83,6 +84,7 @@ expect length_mismatch "$(post /update_weights "{\"update_info\":{\"names\":[$na
 expect old_version "$(post /update_weights "{\"update_info\":{\"manifest\":$m1}}")" 400 'weight_version must increase monotonically'
 expect bad_mode "$(post '/pause?mode=sideways')" 400 'mode: .*sideways.* is not one of abort, wait, keep'
 expect bad_include_dp "$(get '/get_world_size?include_dp=maybe')" 400 'include_dp'
+expect wrong_method "$(get /pause)" 404 'path: no route /pause'
 expect status_unchanged "$(get /status)" 200 '"active_weight_version":2'
 
 # A failed install (a checksum that does not match the bytes): 500 with the reason, and the

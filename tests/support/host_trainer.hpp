@@ -48,6 +48,16 @@ class host_trainer final : public nccl::broadcast_endpoint {
   std::size_t receives_done = 0;
   std::uint64_t allocated_bytes = 0;
   int allocations_left = -1;  ///< allocate() fails once this reaches 0 (-1: never)
+  /// What a test may still read once the rank dropped the group (and this trainer with it).
+  struct ending {
+    std::size_t receives_done = 0;
+    std::string aborted;  ///< why the group was aborted; empty: it was not
+  };
+  ending* on_end = nullptr;  ///< filled in by the destructor
+
+  ~host_trainer() override {
+    if (on_end) *on_end = {receives_done, aborted_};
+  }
 
   memory_location memory() const override { return {}; }
 
