@@ -73,6 +73,11 @@ void add_content_flags(CLI::App* pub, publisher_options& opt) {
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 62))
       ->capture_default_str();
   add_milliseconds(pub, "--interval-ms", opt.interval, "pause between versions", 0);
+  add_milliseconds(pub, "--outcome-timeout-ms", opt.outcome_timeout,
+                   "how long a version's outcome may take before the publish fails; keep it "
+                   "above twice the coordinator's --update-deadline-ms (assembly, then "
+                   "distribution)",
+                   1000);
   pub->add_flag("--json", opt.json, "print each outcome as one JSON line");
 }
 

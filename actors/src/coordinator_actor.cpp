@@ -105,10 +105,15 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         auto sender = self->current_sender();
         const auto sender_addr = caf::actor_cast<caf::actor_addr>(sender);
         // Everything is checked before anything changes: a refused join leaves no trace.
-        if (auto m = st.members.find(sender_addr);
-            m != st.members.end() && m->second.role != role) {
-          return {st.token, "join refused: role: this endpoint already joined ranks as " +
-                                std::string(rank_role_name(m->second.role))};
+        if (auto m = st.members.find(sender_addr); m != st.members.end()) {
+          if (m->second.role != role) {
+            return {st.token, "join refused: role: this endpoint already joined ranks as " +
+                                  std::string(rank_role_name(m->second.role))};
+          }
+          // The same endpoint asking again for a rank it has: a retry of a join whose answer
+          // came late (a busy coordinator), not a restart. Treating it as one would fail the
+          // rank's in-flight updates and hand its node's leadership round again.
+          if (m->second.ranks.count(hello.rank) != 0) return {st.token, ""};
         }
         auto effects = st.book.join(info, coord_clock::now());  // checks, then registers
         if (!effects) return {st.token, effects.error().message};
@@ -232,6 +237,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
             .dump(-1, ' ', false, json::error_handler_t::replace);
       },
       [=](tick_atom) {
+        // Only its own timer drives the deadlines: each tick schedules the next, so a tick a
+        // peer sent would start one more chain of timers for good.
+        if (self->current_sender().get() != self->ctrl()) return;
         run_effects(self, self->state.book.expire(coord_clock::now()));
         self->delayed_send(self, tick_interval, tick_atom::value);
       },

@@ -200,6 +200,29 @@ TEST_F(coordinator_actor_test,
   EXPECT_EQ(table["ranks"][0]["state"], "acknowledged");
 }
 
+TEST_F(coordinator_actor_test, a_join_asked_again_by_the_same_endpoint_is_not_a_restart) {
+  caf::scoped_actor publisher{sys()};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  caf::scoped_actor consumer{sys()};
+  ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));
+  consumer->receive([](update_atom, const update_available&) {},
+                    caf::after(5s) >> [] { ADD_FAILURE() << "no update reached the consumer"; });
+  // The consumer's first join timed out on its side and it asked again: the answer is the
+  // same, and the update it is importing stays its to answer.
+  ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
+  auto rank = status()["updates"][0]["ranks"][0];
+  EXPECT_EQ(rank["state"], "pending") << rank.dump();
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.1, ""});
+  std::string outcome;
+  publisher->receive([&](const std::string&, const std::string& o) { outcome = o; },
+                     caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+  EXPECT_EQ(json::parse(outcome)["phase"], "committed") << outcome;
+}
+
 TEST_F(coordinator_actor_test, each_rank_is_judged_by_its_own_models_committed_version) {
   // Model a at version 5, model b at version 2: both are current, the cluster passes.
   caf::scoped_actor pub_a{sys()}, pub_b{sys()}, con_a{sys()}, con_b{sys()};

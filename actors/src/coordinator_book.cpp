@@ -388,6 +388,7 @@ void coordinator_book::abort(update_record& u, const std::string& reason,
   if (!holders.empty()) out.push_back({book_effect::kind::drop, u.key, holders, {}});
   out.push_back(outcome_of(u));
   check_released(u, out);  // nobody got it (aborted while assembling): publishers let go now
+  collect_garbage(u.model_id, &u);  // versions that only ever abort must not pile up either
 }
 
 bool coordinator_book::retry_must_wait(const weight_update_manifest& shard) const {

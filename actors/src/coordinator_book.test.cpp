@@ -342,6 +342,16 @@ TEST_F(book_test, history_is_bounded_but_keeps_the_catch_up_source) {
   EXPECT_EQ(book_.latest_committed("m")->weight_version, 10u);
 }
 
+TEST_F(book_test, history_is_bounded_when_every_version_aborts_while_assembling) {
+  for (std::uint64_t v = 1; v <= 12; ++v) {
+    ASSERT_TRUE(book_.publish(shard(0, v), now_));  // rank 1 never publishes
+    now_ += 11s;
+    ASSERT_FALSE(book_.expire(now_).empty());
+    ASSERT_EQ(book_.find("m@" + std::to_string(v))->phase, update_phase::aborted);
+  }
+  EXPECT_LE(book_.updates("m").size(), 5u);
+}
+
 // Two versions in flight when the rank they wait on leaves: both finish in one call, and the
 // second's history cleanup may drop the first before its outcome is carried out. The outcome
 // effect carries the finished record, so the trainer still hears it.

@@ -77,8 +77,9 @@ using coordinator_pointer = coordinator_base*;
 std::string refusal_text(const std::string& why, errc code);
 /// Carries out the book's effects: distributions, drops, outcomes, publisher releases.
 void run_effects(coordinator_pointer self, const std::vector<book_effect>& effects);
-/// Hands a publish to the book and carries out what it decides; `rp` hears the outcome.
-void accept_publish(coordinator_pointer self, const weight_update_manifest& m,
+/// Hands a publish to the book and carries out what it decides; `rp` hears the outcome. False
+/// when the book refused it (`rp` heard why).
+bool accept_publish(coordinator_pointer self, const weight_update_manifest& m,
                     coordinator_state::outcome_promise rp);
 /// A consumer let go of `key` (or left); release it at the publishers once nobody holds it.
 void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank);

@@ -195,23 +195,32 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         if (d == st.deferred.end()) break;
         auto retries = std::move(d->second);
         st.deferred.erase(d);
-        for (auto& [m, rp] : retries) accept_publish(self, m, rp);
+        for (auto& [m, rp] : retries) {
+          if (accept_publish(self, m, rp)) continue;
+          // Refused after waiting (a later version committed meanwhile): its publisher may
+          // have stopped waiting for the answer, and then keeps the memory unless told.
+          if (auto p = st.publishers.find(m.source_rank); p != st.publishers.end()) {
+            self->send(p->second, release_atom::value, st.token, e.key,
+                       std::vector<std::string>{m.update_id});
+          }
+        }
         break;
       }
     }
   }
 }
 
-void accept_publish(coordinator_pointer self, const weight_update_manifest& m,
+bool accept_publish(coordinator_pointer self, const weight_update_manifest& m,
                     coordinator_state::outcome_promise rp) {
   auto& st = self->state;
   auto effects = st.book.publish(m, coord_clock::now());
   if (!effects) {
     rp.deliver(st.token, refusal_text(effects.error().message, effects.error().code));
-    return;
+    return false;
   }
   st.waiting[update_key(m.model_id, m.weight_version)].push_back(rp);
   run_effects(self, *effects);
+  return true;
 }
 
 // A consumer let go of `key` (or left); release it at the publishers once nobody holds it.

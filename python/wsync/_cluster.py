@@ -193,7 +193,7 @@ class TrainerRank:
                  rank: Optional[int] = None, ranks: Optional[int] = None,
                  transport: str = "shared-memory", token: Optional[str] = None,
                  model_id: str = "model", options: Optional[Mapping] = None,
-                 node: Optional[str] = None, outcome_timeout: float = 60.0,
+                 node: Optional[str] = None, outcome_timeout: float = 90.0,
                  tls: Optional[Sequence[str]] = None) -> None:
         host, port = _address(coordinator)
         self.rank = launch_rank() if rank is None else int(rank)

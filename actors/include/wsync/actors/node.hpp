@@ -125,7 +125,8 @@ struct publisher_options {
   std::uint64_t first_version = 1;
   std::uint64_t versions = 5;  ///< publishes first_version .. first_version + versions - 1
   std::chrono::milliseconds interval{0};
-  std::chrono::milliseconds outcome_timeout{60000};
+  /// Above two default update deadlines (assembly, then distribution), with room to spare.
+  std::chrono::milliseconds outcome_timeout{90000};
   std::chrono::milliseconds heartbeat{200};
   bool json = false;  ///< print each outcome as one JSON line
 };
@@ -145,7 +146,8 @@ struct trainer_options {
   std::string transport = "shared-memory";  ///< the data plane, with its options
   transport_options transport_settings;
   std::string model_id;
-  std::chrono::milliseconds outcome_timeout{60000};
+  /// Above two default update deadlines (assembly, then distribution), with room to spare.
+  std::chrono::milliseconds outcome_timeout{90000};
   std::chrono::milliseconds heartbeat{200};
   /// Where the transport can (nccl): send each version from the tensors themselves, with no copy
   /// of it in transport memory (publish() still returns only once nothing reads them).
