@@ -131,10 +131,12 @@ class fm_consumer final : public consumer_transport {
     // Written whole, then renamed: the writer never reads half a lease.
     std::string tmp = cfg_.dir + "/leases/." + random_hex(6) + ".tmp";
     {
-      std::ofstream out(tmp);
-      out << who.dump();
-      out.close();
-      if (!out) {
+      const std::string text = who.dump();
+      int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      bool ok =
+          fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      if (fd >= 0) ok = ::close(fd) == 0 && ok;
+      if (!ok) {
         ::unlink(tmp.c_str());
         return make_error(errc::io_error,
                           "file-mmap: cannot write lease " + tmp + " (" + ctx(m) + ", field dir)");

@@ -38,7 +38,7 @@ class file_mmap_transport final : public transport {
     }
     // One writer per directory: two would rename CURRENT under each other.
     std::string lock_path = cfg_.dir + "/publisher.lock";
-    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
       return make_error(errc::io_error,
                         "file-mmap: open " + lock_path + ": " + errno_text(errno) + " (field dir)");

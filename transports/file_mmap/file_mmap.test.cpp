@@ -234,6 +234,39 @@ TEST_P(file_mmap_test, the_lease_of_a_dead_reader_expires) {
   EXPECT_TRUE(leases_in(dir_).empty());
 }
 
+TEST_P(file_mmap_test, files_are_the_owners_and_dead_lease_temporaries_are_swept) {
+  start_publisher(std::chrono::milliseconds(6000), {{"lease_timeout_ms", "1500"}});
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto c = consumer(0);
+  ASSERT_TRUE(c->import_update(*m1));
+  auto mode = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 0777;
+  };
+  // Weights, manifests and leases are the owner's alone, as shared memory's are.
+  EXPECT_EQ(mode(dir_ + "/buffer-0"), 0700u);
+  EXPECT_EQ(mode(dir_ + "/buffer-0/segment-0000"), 0600u);
+  EXPECT_EQ(mode(dir_ + "/CURRENT"), 0600u);
+  EXPECT_EQ(mode(dir_ + "/leases"), 0700u);
+  ASSERT_EQ(leases_in(dir_).size(), 1u);
+  EXPECT_EQ(mode(dir_ + "/leases/" + leases_in(dir_)[0]), 0600u);
+  ASSERT_TRUE(c->release(m1->update_id));
+
+  // What a consumer that died between writing its lease and renaming it left: swept once older
+  // than a lease's timeout; one being written now stays.
+  const std::string stale = dir_ + "/leases/.0badc0ffee00.tmp";
+  const std::string fresh = dir_ + "/leases/.0000cafe0000.tmp";
+  std::ofstream(stale) << "{";
+  std::ofstream(fresh) << "{";
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  ASSERT_TRUE(publish(2));
+  ASSERT_TRUE(publish(3));  // looks at buffer-0's leases
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(fresh));
+}
+
 TEST_P(file_mmap_test, a_silent_lease_expires_after_the_lease_timeout) {
   // A reader on another host: no pid to check, only its heartbeat.
   // The timeout leaves a loaded machine (TSan, -j2) time to see the lease fresh first.
@@ -342,6 +375,34 @@ TEST_P(file_mmap_test, a_handle_to_a_rewritten_buffer_is_refused) {
   EXPECT_TRUE(contains(u.error().message, "is no longer in")) << u.error().message;
   EXPECT_TRUE(contains(u.error().message, "rank=2")) << u.error().message;
   EXPECT_TRUE(leases_in(dir_).empty()) << "a refused import leaves no lease";
+}
+
+// A segment that shrinks under a reader that lost its lease: the reader's mapping stays whole
+// (it would fault with SIGBUS past the new end of a file truncated in place), and intact()
+// still says the bytes are not to be trusted.
+TEST_P(file_mmap_test, a_segment_shrinking_under_a_reader_that_lost_its_lease_does_not_fault_it) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto c = consumer(4);
+  auto u = c->import_update(*m1);
+  ASSERT_TRUE(u) << u.error().message;
+  const auto before = bytes_;
+  ASSERT_TRUE(publish(2));
+  auto leases = leases_in(dir_);
+  ASSERT_EQ(leases.size(), 1u);
+  fs::remove(dir_ + "/leases/" + leases.front());
+  for (auto& b : bytes_) b.resize(b.size() / 4);  // a smaller model: every segment shrinks
+  auto m3 = publish(3);
+  ASSERT_TRUE(m3) << m3.error().message;
+  ASSERT_EQ(buffer_of(*m3), buffer_of(*m1));
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    const auto& t = (*u)->tensors[i];
+    ASSERT_EQ(t.descriptor->nbytes, before[i].size());
+    EXPECT_EQ(std::memcmp(t.data, before[i].data(), before[i].size()), 0) << "tensor " << i;
+  }
+  EXPECT_FALSE(c->intact(m1->update_id));
+  ASSERT_TRUE(c->release(m1->update_id));
 }
 
 // A reader frozen past the lease timeout loses its lease, and the writer may then rewrite its

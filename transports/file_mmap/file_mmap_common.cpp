@@ -75,8 +75,9 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
                                   const std::function<void()>& before_rename, bool* renamed) {
   if (renamed) *renamed = false;
   std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return make_error(errc::io_error, "open " + tmp + ": " + errno_text(errno));
+  // On every failure below the half-written file goes too: nothing else would remove it.
   std::size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -84,6 +85,7 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
     if (n < 0) {
       int err = errno;
       ::close(fd);
+      ::unlink(tmp.c_str());
       return make_error(errc::io_error, "write " + tmp + ": " + errno_text(err));
     }
     done += static_cast<std::size_t>(n);
@@ -91,19 +93,23 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
   if (::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);
+    ::unlink(tmp.c_str());
     return make_error(errc::io_error, "fsync " + tmp + ": " + errno_text(err));
   }
   ::close(fd);
   if (before_rename) before_rename();
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return make_error(errc::io_error, "rename " + tmp + ": " + errno_text(errno));
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return make_error(errc::io_error, "rename " + tmp + ": " + errno_text(err));
   }
   if (renamed) *renamed = true;
   return fsync_path(path.substr(0, path.rfind('/')));
 }
 
 result<void> dir_ensure(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) {
+  // Weights and manifests are the owner's alone, as in shared memory (0600 files, 0700 dirs).
+  if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) {
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return {};
     return make_error(errc::io_error, "file-mmap: " + path + " exists and is not a directory");
@@ -178,13 +184,26 @@ std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
   if (!d) return live;
   std::vector<std::string> names;
   auto prefix = lease_prefix(b);
+  std::vector<std::string> temporaries;
   while (dirent* e = ::readdir(d)) {
     std::string n = e->d_name;
     if (n.rfind(prefix, 0) == 0 && n.size() > 6 && n.compare(n.size() - 6, 6, ".lease") == 0) {
       names.push_back(n);
+    } else if (n.size() > 5 && n[0] == '.' && n.compare(n.size() - 4, 4, ".tmp") == 0) {
+      temporaries.push_back(n);
     }
   }
   ::closedir(d);
+  // A lease is written to .<random>.tmp and renamed at once: one older than a lease's timeout
+  // is what a consumer that died between the two left, and nothing else would remove it.
+  for (const auto& n : temporaries) {
+    const std::string path = leases + "/" + n;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) continue;
+    const auto age = std::chrono::system_clock::now() -
+                     std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec);
+    if (age > timeout + std::chrono::seconds(1)) ::unlink(path.c_str());
+  }
   for (const auto& n : names) {
     auto v = lease_judge(leases, n, host, timeout);
     if (v.live) {

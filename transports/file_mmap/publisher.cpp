@@ -217,7 +217,8 @@ class fm_publisher final : public publisher_transport {
   }
 
   // Opens (or creates) one file per segment and sizes it; a file that already has the right
-  // size keeps its inode, its blocks and its mapping, so a steady model writes in place.
+  // size (or grows) keeps its inode, its blocks and its mapping, so a steady model writes in
+  // place.
   result<void> buffer_size(std::uint64_t b, buffer& buf, std::span<const std::uint64_t> sizes) {
     if (auto ok = dir_ensure(buffer_dir(cfg_.dir, b)); !ok) return ok;
     if (buf.files.size() < sizes.size()) buf.files.resize(sizes.size());
@@ -232,7 +233,7 @@ class fm_publisher final : public publisher_transport {
                                               " bytes): " + errno_text(err));
       };
       if (f.fd < 0) {
-        f.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        f.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
         if (f.fd < 0) return fail("open");
         struct stat st {};
         if (::fstat(f.fd, &st) != 0) return fail("fstat");
@@ -242,6 +243,24 @@ class fm_publisher final : public publisher_transport {
         if (f.mapped && f.size > 0) ::munmap(f.base, f.size);
         f.mapped = f.ready = false;
         f.base = nullptr;
+        // A reader may still map this file (its lease expired under it, or NFS hid a fresh
+        // one): shrunk in place, its reads past the new end would be a SIGBUS, not an error.
+        // A smaller segment goes to a new file renamed over the old; old mappings keep theirs.
+        if (sizes[i] < f.size) {
+          const std::string fresh = path + ".new";
+          ::unlink(fresh.c_str());  // a crash's leftover
+          int fd = ::open(fresh.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+          if (fd < 0) return fail("open");
+          if (::rename(fresh.c_str(), path.c_str()) != 0) {
+            int err = errno;
+            ::close(fd);
+            ::unlink(fresh.c_str());
+            errno = err;
+            return fail("rename");
+          }
+          ::close(f.fd);
+          f.fd = fd;
+        }
         if (::ftruncate(f.fd, static_cast<off_t>(sizes[i])) != 0) return fail("ftruncate");
         f.size = sizes[i];
         // Reserve the blocks now: a full disk is an error here, not a SIGBUS while copying.

@@ -252,6 +252,12 @@ class shm_publisher final : public publisher_transport {
     // The slot is about to be rewritten: bump the generation now, so a consumer holding the
     // previous handle is refused from here on, not only after expose().
     chosen->header()->generation.fetch_add(1, std::memory_order_acq_rel);
+    // The seqlock's writer side: a release RMW orders what came before it, not the slot's
+    // bytes written after it. Without this fence a weakly ordered CPU (ARM) may show a reader
+    // new bytes beside the old generation, and intact() would pass a torn copy.
+#if !defined(__SANITIZE_THREAD__)
+    std::atomic_thread_fence(std::memory_order_release);
+#endif
     std::vector<std::span<std::byte>> spans;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       spans.emplace_back(chosen->base + header_bytes + offsets[i], sizes[i]);

@@ -197,6 +197,10 @@ TEST_P(transport_suite, versions_must_grow_on_both_sides) {
   EXPECT_EQ(publisher_->held_updates().size(), 1u);  // refused publishes hold nothing
   EXPECT_EQ(publisher_->last_version(), 5u);
   auto consumer = make_consumer();
+  // An import that fails holds nothing: the same version imports afterwards.
+  auto broken = *m;
+  broken.transport_handle = "not a handle";
+  ASSERT_FALSE(consumer->import_update(broken));
   ASSERT_TRUE(consumer->import_update(*m));
   auto older = *m;
   older.update_id = update_id_generate();

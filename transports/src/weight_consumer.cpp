@@ -68,9 +68,14 @@ result<const imported_update*> weight_consumer::import_update(
     if (auto h = mv.held.find(v); h != mv.held.end() && h->second.count(manifest.source_rank)) {
       return refuse("is already imported and still held");
     }
+    // Held from here on, while the lock is let go for the import: a second import of this
+    // version and shard (a retry racing the original) is refused, not accepted twice.
+    versions_[manifest.model_id].held[v].insert(manifest.source_rank);
   }
   auto segments = transport_->import_segments(manifest);
   if (!segments) {
+    std::lock_guard lock(mutex_);
+    unhold_locked(manifest);
     return make_error(segments.error().code, segments.error().message + " at consumer rank " +
                                                  std::to_string(config_.rank));
   }
@@ -87,17 +92,21 @@ result<const imported_update*> weight_consumer::import_update(
   auto& e = updates_[id];
   e.state = update_state::imported;
   e.update = std::move(update);
-  versions_[manifest.model_id].held[manifest.weight_version].insert(manifest.source_rank);
   return e.update.get();
 }
 
+void weight_consumer::unhold_locked(const weight_update_manifest& m) {
+  auto& held = versions_[m.model_id].held;
+  if (auto h = held.find(m.weight_version); h != held.end()) {
+    if (auto r = h->second.find(m.source_rank); r != h->second.end()) h->second.erase(r);
+    if (h->second.empty()) held.erase(h);
+  }
+}
+
 void weight_consumer::version_done_locked(const imported_update& u, bool acknowledged) {
+  unhold_locked(u.manifest);
   auto& mv = versions_[u.manifest.model_id];
   const std::uint64_t v = u.manifest.weight_version;
-  if (auto h = mv.held.find(v); h != mv.held.end()) {
-    if (auto r = h->second.find(u.manifest.source_rank); r != h->second.end()) h->second.erase(r);
-    if (h->second.empty()) mv.held.erase(h);
-  }
   if (acknowledged && (!mv.active || v > *mv.active)) mv.active = v;
 }
 

@@ -98,6 +98,8 @@ class weight_consumer {
   };
   /// The update left the "held" set (acknowledged, rejected or released); mutex_ held.
   void version_done_locked(const imported_update& u, bool acknowledged);
+  /// Takes one hold of m's version and shard back (a failed import, or version_done_locked).
+  void unhold_locked(const weight_update_manifest& m);
   std::map<std::string, model_versions> versions_;           ///< per model_id
   std::deque<std::pair<update_id, update_state>> finished_;  ///< recent terminal states
 };
