@@ -2,6 +2,8 @@
 
 #include "views.hpp"
 
+#include <Python.h>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -102,7 +104,13 @@ view_lease::~view_lease() {
       r.waiting.erase(w);
     }
   }
+  if (run.empty()) return;
+  // The last view usually dies in Python (a tensor's deleter), holding the GIL; a device
+  // release synchronises a stream. Other Python threads go on meanwhile: the releases touch
+  // no Python object.
+  PyThreadState* saved = PyGILState_Check() ? PyEval_SaveThread() : nullptr;
   for (auto& f : run) f();  // outside the lock: a release may take a while
+  if (saved) PyEval_RestoreThread(saved);
 }
 
 bool release_when_unviewed(const update_id& id, std::function<void()> release) {

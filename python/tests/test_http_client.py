@@ -323,3 +323,29 @@ def test_vllm_trainer_engine_over_http_to_the_consumer(start_server):
         assert client.update_weight_version("step-3")["weight_version"] == "step-3"
     finally:
         engine.shutdown()
+
+
+def test_a_server_that_does_not_speak_http_is_an_io_error():
+    """A port answering something else (SSH, a TLS port over http://): TransportIOError naming
+    it, and health() says False instead of raising."""
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+
+    def serve():
+        for _ in range(2):
+            conn, _ = srv.accept()
+            conn.recv(4096)
+            conn.sendall(b"SSH-2.0-not-http\r\n")
+            conn.close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    client = VLLMHTTPClient(f"http://127.0.0.1:{port}", timeout=5)
+    with pytest.raises(TransportIOError, match="GET /status: .*not a valid HTTP answer"):
+        client.status()
+    assert client.health() is False
+    server.join(5)
+    srv.close()

@@ -323,6 +323,7 @@ class RolloutRank(_Gate):
         self.rank = launch_rank() if rank is None else int(rank)
         self.model = model
         self.installer = ModuleInstaller(model)
+        self.installer.rank = self.rank  # install errors name this rank, not -1
         self._handle = _interruptible(
             _wsync.RolloutRank, host, port, _token(token), self.rank, _node(node), transport,
             options_text(options), model_id, bool(verify),

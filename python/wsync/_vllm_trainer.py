@@ -129,10 +129,11 @@ class WsyncTrainerEngine:
         except BaseException:
             self._release(manifest)
             raise
+        # The workers run `version` now, whatever becomes of the old versions' releases.
         previous, self._held = self._held, [manifest]
-        for old in previous:
-            self.bridge.release(old.update_id)
         self.weight_version = version
+        for old in previous:
+            self._release(old)
         return manifest
 
     def shutdown(self) -> None:

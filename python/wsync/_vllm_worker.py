@@ -132,8 +132,12 @@ class WsyncWeightTransferEngine:
         """
         self._begin("start_weight_update", is_checkpoint_format)
         if is_checkpoint_format and self.model is not None and self._inside_vllm:
-            self._layerwise = _layerwise_reload("initialize", self.model, self.model_config,
-                                                self.device)
+            try:
+                self._layerwise = _layerwise_reload("initialize", self.model, self.model_config,
+                                                    self.device)
+            except BaseException:
+                self._started = False  # not started: the next start must not be refused
+                raise
 
     def update_weights(self, update_info: Any) -> None:
         """vLLM's entry for one chunk: parses ``update_info`` (a dict, or a list of them) and
@@ -217,7 +221,14 @@ class WsyncWeightTransferEngine:
         finally:
             if self._layerwise:
                 self._layerwise = False
-                _layerwise_reload("finalize", self.model, self.model_config, self.device)
+                try:
+                    _layerwise_reload("finalize", self.model, self.model_config, self.device)
+                except BaseException as e:
+                    # Not installed after all: rejected and released, or the publisher's
+                    # memory stays taken with nobody left to answer for it.
+                    if self._pending:
+                        self._fail(f"finish_weight_update: vLLM's layerwise reload failed: {e}")
+                    raise
         version = self._pending[0].manifest.weight_version
         try:
             for entry in self._pending:

@@ -18,6 +18,7 @@ method, the path and the server's own message. A server that cannot be reached r
 ``TransportIOError``, one that does not answer in time ``WeightSyncTimeoutError``.
 """
 
+import http.client
 import json
 import socket
 import urllib.error
@@ -297,7 +298,10 @@ class VLLMHTTPClient:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 text = response.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as e:
-            text = e.read().decode("utf-8", "replace") if e.fp is not None else ""
+            try:
+                text = e.read().decode("utf-8", "replace") if e.fp is not None else ""
+            except (OSError, http.client.HTTPException):  # the error body itself was cut off
+                text = ""
             message = _server_message(text) or e.reason or "no reason given"
             raise http_error(e.code, _code_for(e.code, path, message),
                              f"{where}: HTTP {e.code}: {message}", body=text,
@@ -314,6 +318,9 @@ class VLLMHTTPClient:
                             f"{where}: cannot reach {self.base_url}: {reason}") from None
         except OSError as e:  # a reset connection, a closed socket mid-answer
             raise error_for("io_error", f"{where}: {self.base_url}: {e}") from None
+        except http.client.HTTPException as e:  # not HTTP (a TLS port), or an answer cut short
+            raise error_for("io_error", f"{where}: {self.base_url}: not a valid HTTP answer: "
+                                        f"{type(e).__name__}: {e}") from None
         if not text.strip():
             return {}
         try:
