@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "guard.hpp"
@@ -32,6 +34,17 @@ struct publisher_side {
   std::unique_ptr<weight_publisher> publisher;
   std::atomic<bool> coordinator_lost{false};  ///< set by the endpoint, read by the trainer
   std::mutex mutex;
+  /// The coordinator's answer to the join of round `join_round` (mutex held): "" joined, else
+  /// why not. The trainer waits for it, so a refused join fails its connect.
+  std::condition_variable join_cv;
+  std::uint64_t join_round = 0;
+  std::optional<std::string> join_answer;
+  void answer_join(std::uint64_t round, std::string why) {
+    std::lock_guard lock(mutex);
+    if (round != join_round) return;
+    join_answer = std::move(why);
+    join_cv.notify_all();
+  }
   /// Update key -> this rank's shards of it, oldest first: a retry of an aborted version has
   /// the key of the attempt before it, and the coordinator releases attempts in order.
   std::map<std::string, std::deque<update_id>> id_of;
@@ -47,18 +60,20 @@ struct publisher_side {
 publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
                                               coordinator_actor coordinator,
                                               std::shared_ptr<publisher_side> side,
-                                              rank_hello hello, std::chrono::milliseconds timeout) {
+                                              rank_hello hello, std::chrono::milliseconds timeout,
+                                              std::uint64_t round) {
   const std::int32_t rank = hello.rank;
   self->request(coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(
           [=](const std::string& token, const std::string& refusal) {
-            if (token == hello.token && refusal.empty()) return;
-            log_error("publisher rank " + std::to_string(rank) + ": " + refusal);
+            if (token == hello.token && refusal.empty()) return side->answer_join(round, "");
+            side->answer_join(round, refusal.empty() ? "join refused: token: the coordinator "
+                                                       "answered with another cluster token"
+                                                     : refusal);
             self->quit(caf::exit_reason::user_shutdown);
           },
           [=](caf::error& err) {
-            log_error("publisher rank " + std::to_string(rank) +
-                      ": join failed: " + self->system().render(err));
+            side->answer_join(round, "join failed: " + self->system().render(err));
             self->quit(err);
           });
   // CAF 0.17 does not fail a request when its peer dies: fail pending publishes ourselves.
@@ -228,10 +243,29 @@ struct trainer_rank::impl {
     auto hello = hello_make(options.coordinator.token, options.rank, "publisher", options.node,
                             options.model_id, options.transport);
     hello.publisher_ranks = options.ranks;
+    std::uint64_t round = 0;
+    {
+      std::lock_guard lock(side->mutex);
+      round = ++side->join_round;
+      side->join_answer.reset();
+    }
     endpoint = system.spawn<guarded<publisher_actor::base>>(
         "publisher rank " + std::to_string(options.rank),
-        [c = *coordinator, side = side, hello, timeout = options.outcome_timeout](
-            publisher_actor::base* self) { return publisher_impl(self, c, side, hello, timeout); });
+        [c = *coordinator, side = side, hello, timeout = options.outcome_timeout,
+         round](publisher_actor::base* self) {
+          return publisher_impl(self, c, side, hello, timeout, round);
+        });
+    // Joined only once the coordinator says so: a wrong token or a full coordinator fails
+    // here, naming why, instead of every publish failing later without the reason.
+    const std::string who = "publisher rank " + std::to_string(options.rank);
+    std::unique_lock lock(side->mutex);
+    if (!side->join_cv.wait_for(lock, std::chrono::seconds(15),
+                                [&] { return side->join_answer.has_value(); })) {
+      return make_error(errc::timeout, who + ": the coordinator did not answer its join");
+    }
+    if (!side->join_answer->empty()) {
+      return make_error(errc::invalid_argument, who + ": " + *side->join_answer);
+    }
     return {};
   }
 

@@ -65,6 +65,15 @@ kill -0 "$intruder" 2>/dev/null && fail "a consumer with a wrong token kept runn
 grep -q "token" "$work/intruder.log" || fail "the refused consumer does not say why"
 grep -q "refused rank 9: wrong cluster token" "$work/coordinator.log" || fail "refusal not logged"
 status | grep -q '"rank":9' && fail "the intruder shows up in status"
+# A publisher with a wrong token fails at once, naming the refusal (not later, per publish).
+WSYNC_TOKEN=wrong timeout 30 "$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" \
+  --versions 1 >"$work/intruder-pub.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "a publisher with a wrong token: exit $rc: $(tail -3 "$work/intruder-pub.log")"
+grep -q "publisher rank 0: join refused: token: wrong cluster token" "$work/intruder-pub.log" ||
+  fail "the refused publisher does not say why: $(tail -3 "$work/intruder-pub.log")"
+grep -q "publisher rank 0 version" "$work/intruder-pub.log" &&
+  fail "a refused publisher went on to publish: $(tail -3 "$work/intruder-pub.log")"
 WSYNC_TOKEN=wrong "$wsync" status --coordinator "$addr" --json | grep -q error || fail "status without token"
 # A peer without the token sends kill / shutdown exits, an error, a forged down message, a
 # publish, a report: all refused, the coordinator still answers, and the cluster still commits.
