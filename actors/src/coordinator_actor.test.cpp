@@ -406,6 +406,66 @@ TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_han
   EXPECT_TRUE(update.resend);
 }
 
+// A rank that joined while v1 was distributing gets v1 once it commits (a catch-up), carried by
+// its node's leader. The leader dies with it unanswered: the catch-up is sent again, as an
+// update in flight would be, not left pending for good (holding the publisher's slot).
+TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_again) {
+  caf::scoped_actor publisher{sys()}, member{sys()};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  auto with_port = [](std::int32_t rank, std::uint16_t port) {
+    auto h = hello_make(token, rank, "consumer", "n0", "m");
+    h.node_port = port;
+    return h;
+  };
+  auto epoch_of = [&](caf::scoped_actor& who) {
+    std::uint64_t out = 0;
+    who->receive(
+        [&](lead_atom, const std::string&, std::uint16_t, std::uint64_t epoch) { out = epoch; },
+        caf::after(5s) >> [] { ADD_FAILURE() << "no lead message"; });
+    return out;
+  };
+  auto update_at = [&](caf::scoped_actor& who) {
+    update_available u;
+    who->receive([&](update_atom, const update_available& got) { u = got; },
+                 caf::after(5s) >> [] { ADD_FAILURE() << "no update"; });
+    return u;
+  };
+  {
+    caf::scoped_actor leader{sys()};
+    ASSERT_EQ(join(leader, with_port(0, 4242)), std::make_pair(token, std::string()));
+    const auto epoch = epoch_of(leader);
+    publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));
+    EXPECT_EQ(update_at(leader).ranks, (std::vector<std::int32_t>{0}));
+    // Rank 1 joins while v1 distributes; the leader carries it.
+    ASSERT_EQ(join(member, with_port(1, 4243)), std::make_pair(token, std::string()));
+    epoch_of(member);
+    leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {1}, true});
+    leader->send(
+        coordinator_, report_atom::value,
+        report_batch{token, {rank_report{token, "m@1", 0, "acknowledged", "", 1, 0.01, ""}}});
+    publisher->receive([](const std::string&, const std::string&) {},
+                       caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+    auto catch_up = update_at(leader);  // v1 for rank 1, through its carrier
+    EXPECT_EQ(catch_up.key, "m@1");
+    EXPECT_EQ(catch_up.ranks, (std::vector<std::int32_t>{1}));
+  }                  // the leader goes away before rank 1 answered
+  epoch_of(member);  // rank 1's endpoint leads n0 now
+  auto again = update_at(member);
+  EXPECT_EQ(again.key, "m@1");
+  EXPECT_EQ(again.ranks, (std::vector<std::int32_t>{1}));
+  member->send(
+      coordinator_, report_atom::value,
+      report_batch{token, {rank_report{token, "m@1", 1, "acknowledged", "", 1, 0.01, ""}}});
+  auto s = status();
+  for (const auto& r : s["ranks"]) {
+    if (r["role"] == "consumer" && r["rank"] == 1) {
+      EXPECT_EQ(r["active_weight_version"], 1);
+    }
+  }
+}
+
 // A report names its attempt: one of an aborted attempt, replayed late, does not answer for
 // the retry of the same key.
 TEST_F(coordinator_actor_test, a_late_report_of_an_aborted_attempt_does_not_answer_for_the_retry) {

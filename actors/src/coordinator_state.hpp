@@ -92,7 +92,8 @@ bool endpoint_gone(coordinator_state& st, const caf::actor_addr& addr, const mem
                    std::vector<std::int32_t>& orphaned);
 /// Whether `sender` leads the node of consumer rank `rank`.
 bool leads_rank(const coordinator_state& st, const caf::actor_addr& sender, std::int32_t rank);
-/// Sends `ranks`, which lost their leader, what they have not answered of the updates in flight.
+/// Sends `ranks`, which lost their leader, what they have not answered of the updates in flight
+/// and of their catch-ups.
 void resend_unanswered(coordinator_pointer self, const std::vector<std::int32_t>& ranks);
 /// The document `wsync status` prints.
 std::string status_json(coordinator_state& st);

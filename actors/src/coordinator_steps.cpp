@@ -304,8 +304,9 @@ bool leads_rank(const coordinator_state& st, const caf::actor_addr& sender, std:
 }
 
 // `ranks` lost the leader that carried them: what they have not answered of the updates in
-// flight goes to them again, straight (their leader may have died holding it, or their answers).
-// A rank that already has it ignores the resend (update_available::resend).
+// flight, and of the catch-ups sent to them, goes to them again, straight (their leader may have
+// died holding it, or their answers). A rank that already has it ignores the resend
+// (update_available::resend).
 void resend_unanswered(coordinator_pointer self, const std::vector<std::int32_t>& ranks) {
   auto& st = self->state;
   std::set<std::string> models;
@@ -316,8 +317,10 @@ void resend_unanswered(coordinator_pointer self, const std::vector<std::int32_t>
   }
   for (const auto& model : models) {
     for (const auto* u : st.book.updates(model)) {
-      if (u->phase != update_phase::distributing) continue;
-      book_effect e{book_effect::kind::distribute, u->key, {}, {}, false};
+      // A committed update still waits on ranks it was sent to as a catch-up.
+      if (u->phase != update_phase::distributing && u->phase != update_phase::committed) continue;
+      book_effect e{
+          book_effect::kind::distribute, u->key, {}, {}, u->phase == update_phase::committed};
       for (auto rank : ranks) {
         auto p = u->consumers.find(rank);
         if (p != u->consumers.end() &&
