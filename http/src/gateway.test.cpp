@@ -369,7 +369,10 @@ TEST_F(http_gateway_test, stopping_ends_generations_a_pause_holds) {
   wait_in_flight(1);
   EXPECT_EQ(post_status("/pause?mode=keep"), 200);
   auto waiting = generate(5, 1);  // begins while paused: waits
-  std::this_thread::sleep_for(20ms);
+  for (int i = 0; i < 5000 && service_metric("wsync_generations_waiting") < 1; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(service_metric("wsync_generations_waiting"), 1);  // the path this test is about
   service_.stop_generating();
   EXPECT_EQ(running.get()["status"], "aborted");
   EXPECT_EQ(waiting.get()["status"], "aborted");

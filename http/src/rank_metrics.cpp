@@ -153,6 +153,8 @@ std::string weight_transfer_service::metrics() const {
   gauge("wsync_paused", "1 while generation is paused", s.generation.paused() ? 1 : 0);
   gauge("wsync_generations_in_flight", "generations running or held",
         static_cast<double>(s.generation.in_flight()));
+  gauge("wsync_generations_waiting", "generations waiting to begin (paused)",
+        static_cast<double>(s.generation.waiting()));
   counter("wsync_generation_steps_total", "generation steps served, each on one whole version",
           s.generation_steps.load());
   out << "# HELP wsync_generations_total generations by how they ended\n"

@@ -29,7 +29,9 @@ constexpr std::uint64_t refused = ~std::uint64_t{0};  // a ticket no epoch reach
 std::uint64_t generation_control::begin() {
   std::unique_lock lock(mutex_);
   const std::uint64_t entered = abort_epoch_;
+  ++waiting_;
   cv_.wait(lock, [&] { return (!paused_ && holds_ == 0) || abort_epoch_ != entered || closed_; });
+  --waiting_;
   ++in_flight_;
   if (closed_) return refused;
   if (entered == abort_epoch_) ++current_;
@@ -112,6 +114,11 @@ bool generation_control::paused() const {
 std::uint64_t generation_control::in_flight() const {
   std::lock_guard lock(mutex_);
   return in_flight_;
+}
+
+std::uint64_t generation_control::waiting() const {
+  std::lock_guard lock(mutex_);
+  return waiting_;
 }
 
 }  // namespace wsync

@@ -53,6 +53,8 @@ class generation_control {
 
   bool paused() const;
   std::uint64_t in_flight() const;
+  /// Generations blocked in begin() (paused or held), not yet in flight.
+  std::uint64_t waiting() const;
 
  private:
   mutable std::mutex mutex_;
@@ -61,6 +63,7 @@ class generation_control {
   pause_mode mode_ = pause_mode::abort;
   std::uint64_t in_flight_ = 0;
   std::uint64_t holding_ = 0;      ///< keep mode: generations waiting in step()
+  std::uint64_t waiting_ = 0;      ///< generations waiting in begin()
   std::uint64_t abort_epoch_ = 0;  ///< bumped by each abort; a ticket is the epoch it began in
   std::uint64_t current_ = 0;      ///< in flight with a ticket of this epoch (not aborted)
   std::uint64_t holds_ = 0;        ///< abort_and_hold() calls not yet released
