@@ -84,9 +84,7 @@ std::string read_specs(const json& info, const std::string& where,
       return field(where, "names") + at + ": \"" + spec.name + "\" is named twice";
     }
     const auto& dn = info["dtype_names"][i];
-    std::string_view text = dn.is_string() ? dn.get_ref<const std::string&>() : std::string_view();
-    if (text.starts_with("torch.")) text.remove_prefix(6);
-    auto dt = dn.is_string() ? dtype_parse(text) : std::nullopt;
+    auto dt = torch_dtype(dn);
     if (!dt) {
       return field(where, "dtype_names") + at + ": " + dn.dump() +
              " is not a dtype wsync knows (torch names: float32, bfloat16, float16, "

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "wsync/http/weight_transfer.hpp"
+#include "wsync/manifest/dtype.hpp"
 #include "wsync/runtime/generation_control.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
@@ -60,6 +61,15 @@ std::optional<transport_options> options_field(const json& j, const char* key,
                                                const std::string& where, std::string& error);
 
 // "<where>.<key>", or "<key>" at the top of a body: how replies name a field.
+// A dtype as torch spells it ("bfloat16", or str() of a dtype: "torch.bfloat16"); nullopt for
+// anything else, a non-string included.
+inline std::optional<dtype> torch_dtype(const json& name) {
+  if (!name.is_string()) return std::nullopt;
+  std::string_view text = name.get_ref<const std::string&>();
+  if (text.starts_with("torch.")) text.remove_prefix(6);
+  return dtype_parse(text);
+}
+
 inline std::string field(const std::string& where, const std::string& key) {
   return where.empty() ? key : where + "." + key;
 }

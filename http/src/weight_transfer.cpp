@@ -294,11 +294,7 @@ std::string http_detail::check_chunk(const json& info, const std::string& where,
     }
     if (info.contains(dtype_key)) {
       const auto& dn = info[dtype_key][i];
-      // torch's spelling ("torch.bfloat16", str() of a dtype) names the same dtype.
-      const std::string spelled = dn.is_string() ? dn.get<std::string>() : std::string();
-      std::string_view text = spelled;
-      if (text.starts_with("torch.")) text.remove_prefix(6);
-      auto dt = dn.is_string() ? dtype_parse(text) : std::nullopt;
+      auto dt = torch_dtype(dn);
       if (!dt) return field(where, dtype_key) + at + ": not a dtype";
       if (*dt != t->dtype) {
         return field(where, dtype_key) + at + ": " + dn.get<std::string>() +
