@@ -433,7 +433,14 @@ int consumer_run(const consumer_options& options) {
   // The transports first: one that cannot run here (a GPU transport without a GPU) says so
   // before anything is asked of the coordinator.
   std::vector<std::pair<std::shared_ptr<rollout_side>, rank_hello>> ranks;
-  // The sides outlive the actors, for the observer.
+  // The sides outlive the actors, for the observer, which lets go of their runtimes on every
+  // way out (an early return included) before the sides go.
+  struct observer_stop {
+    consumer_observer* observer;
+    ~observer_stop() {
+      if (observer) observer->stopping();
+    }
+  } stop_observing{options.observer};
   for (std::int32_t k = 0; k < options.count; ++k) {
     const std::string who = "consumer rank " + std::to_string(options.rank + k) + ": ";
     auto t = make_transport(options.transport, options.transport_settings);
@@ -457,9 +464,7 @@ int consumer_run(const consumer_options& options) {
   }
   auto actors = spawn_ranks(sys, *coordinator, options.coordinator, ranks, options.observer,
                             options.node_leader);
-  int rc = run_until_stopped(sys.get(), actors);
-  if (options.observer) options.observer->stopping();
-  return rc;
+  return run_until_stopped(sys.get(), actors);
 }
 
 struct rollout_rank::impl {

@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "coordinator_actor.hpp"
 #include "coordinator_state.hpp"
@@ -80,7 +81,11 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     if (led) lead_node(self, m.node);
     resend_unanswered(self, orphaned);
   });
-  self->delayed_send(self, tick_interval, tick_atom::value);
+  {
+    std::random_device rd;
+    self->state.tick_nonce = (std::uint64_t{rd()} << 32) | rd();
+  }
+  self->delayed_send(self, tick_interval, tick_atom::value, self->state.tick_nonce);
   return {
       [=](join_atom, const rank_hello& hello) -> std::tuple<std::string, std::string> {
         auto& st = self->state;
@@ -112,7 +117,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           }
           // The same endpoint asking again for a rank it has: a retry of a join whose answer
           // came late (a busy coordinator), not a restart. Treating it as one would fail the
-          // rank's in-flight updates and hand its node's leadership round again.
+          // rank's in-flight updates and hand its node's leadership round again. The first
+          // join already recorded what the rank holds.
           if (m->second.ranks.count(hello.rank) != 0) return {st.token, ""};
         }
         auto effects = st.book.join(info, coord_clock::now());  // checks, then registers
@@ -236,12 +242,13 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         return json(self->state.book.consumers_of(model_id, transport))
             .dump(-1, ' ', false, json::error_handler_t::replace);
       },
-      [=](tick_atom) {
+      [=](tick_atom, std::uint64_t nonce) {
         // Only its own timer drives the deadlines: each tick schedules the next, so a tick a
-        // peer sent would start one more chain of timers for good.
-        if (self->current_sender().get() != self->ctrl()) return;
+        // peer sent would start one more chain of timers for good. A sender can be forged in
+        // CAF 0.17 (docs/cluster.md, Security); the nonce cannot be guessed.
+        if (nonce != self->state.tick_nonce) return;
         run_effects(self, self->state.book.expire(coord_clock::now()));
-        self->delayed_send(self, tick_interval, tick_atom::value);
+        self->delayed_send(self, tick_interval, tick_atom::value, nonce);
       },
       [=](carry_atom, const carry_notice& n) {
         auto& st = self->state;

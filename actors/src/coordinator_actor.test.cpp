@@ -458,12 +458,15 @@ TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_agai
   member->send(
       coordinator_, report_atom::value,
       report_batch{token, {rank_report{token, "m@1", 1, "acknowledged", "", 1, 0.01, ""}}});
-  auto s = status();
+  bool found = false;
+  const auto s = status();  // kept: a range-for over status()["ranks"] would dangle
   for (const auto& r : s["ranks"]) {
     if (r["role"] == "consumer" && r["rank"] == 1) {
+      found = true;
       EXPECT_EQ(r["active_weight_version"], 1);
     }
   }
+  EXPECT_TRUE(found) << "rank 1 is not in the status: " << s.dump();
 }
 
 // A report names its attempt: one of an aborted attempt, replayed late, does not answer for

@@ -56,6 +56,7 @@ struct coordinator_state {
   std::map<std::string, std::vector<std::pair<weight_update_manifest, outcome_promise>>> deferred;
   std::map<std::int32_t, std::uint64_t> active_version;  ///< per consumer rank
   std::uint64_t committed = 0;                           ///< updates committed since start
+  std::uint64_t tick_nonce = 0;  ///< what the coordinator's own ticks carry (random)
   /// Updates from before a coordinator restart (unknown to the book) and the consumer ranks
   /// that said they still hold them; when the last one lets go, the publishers are told.
   std::map<std::string, std::set<std::int32_t>> orphan_holds;

@@ -180,7 +180,9 @@ using coordinator_actor = caf::typed_actor<
     // A consumer rank's progress, alone or in its endpoint's batch.
     caf::reacts_to<report_atom, rank_report>, caf::reacts_to<report_atom, report_batch>,
     // (token) -> the per-rank status table as JSON (docs/cluster.md, "The status object").
-    caf::replies_to<status_atom, std::string>::with<std::string>, caf::reacts_to<tick_atom>,
+    caf::replies_to<status_atom, std::string>::with<std::string>,
+    // Its own timer, with a nonce only it knows: a peer's tick would start another timer chain.
+    caf::reacts_to<tick_atom, std::uint64_t>,
     // Who carries a node's ranks (docs/cluster.md, "Node leaders").
     caf::reacts_to<carry_atom, carry_notice>,
     // (token, model_id, transport) -> the live consumer ranks of that model speaking that

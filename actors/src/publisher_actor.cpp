@@ -34,15 +34,16 @@ struct publisher_side {
   std::unique_ptr<weight_publisher> publisher;
   std::atomic<bool> coordinator_lost{false};  ///< set by the endpoint, read by the trainer
   std::mutex mutex;
-  /// The coordinator's answer to the join of round `join_round` (mutex held): "" joined, else
-  /// why not. The trainer waits for it, so a refused join fails its connect.
+  /// The coordinator's answer to the join of round `join_round` (mutex held): joined, refused
+  /// (invalid_argument) or no answer (io_error). The trainer waits for it, so a refused join
+  /// fails its connect.
   std::condition_variable join_cv;
   std::uint64_t join_round = 0;
-  std::optional<std::string> join_answer;
-  void answer_join(std::uint64_t round, std::string why) {
+  std::optional<result<void>> join_answer;
+  void answer_join(std::uint64_t round, result<void> answer) {
     std::lock_guard lock(mutex);
     if (round != join_round) return;
-    join_answer = std::move(why);
+    join_answer = std::move(answer);
     join_cv.notify_all();
   }
   /// Update key -> this rank's shards of it, oldest first: a retry of an aborted version has
@@ -66,14 +67,17 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   self->request(coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(
           [=](const std::string& token, const std::string& refusal) {
-            if (token == hello.token && refusal.empty()) return side->answer_join(round, "");
-            side->answer_join(round, refusal.empty() ? "join refused: token: the coordinator "
-                                                       "answered with another cluster token"
-                                                     : refusal);
+            if (token == hello.token && refusal.empty()) return side->answer_join(round, {});
+            side->answer_join(round,
+                              make_error(errc::invalid_argument,
+                                         refusal.empty() ? "join refused: token: the coordinator "
+                                                           "answered with another cluster token"
+                                                         : refusal));
             self->quit(caf::exit_reason::user_shutdown);
           },
           [=](caf::error& err) {
-            side->answer_join(round, "join failed: " + self->system().render(err));
+            side->answer_join(
+                round, make_error(errc::io_error, "join failed: " + self->system().render(err)));
             self->quit(err);
           });
   // CAF 0.17 does not fail a request when its peer dies: fail pending publishes ourselves.
@@ -261,10 +265,13 @@ struct trainer_rank::impl {
     std::unique_lock lock(side->mutex);
     if (!side->join_cv.wait_for(lock, std::chrono::seconds(15),
                                 [&] { return side->join_answer.has_value(); })) {
+      side->coordinator_lost = true;  // the next publish joins again
       return make_error(errc::timeout, who + ": the coordinator did not answer its join");
     }
-    if (!side->join_answer->empty()) {
-      return make_error(errc::invalid_argument, who + ": " + *side->join_answer);
+    if (!*side->join_answer) {
+      side->coordinator_lost = true;  // the endpoint quit: the next publish joins again
+      const auto& e = side->join_answer->error();
+      return make_error(e.code, who + ": " + e.message);
     }
     return {};
   }
@@ -276,7 +283,11 @@ struct trainer_rank::impl {
     auto deadline = std::chrono::steady_clock::now() + options.outcome_timeout;
     for (;;) {
       auto ok = join();
-      if (ok || std::chrono::steady_clock::now() + backoff > deadline) return ok;
+      // A refusal (a wrong token) stays one: only an unreachable coordinator is worth waiting on.
+      if (ok || ok.error().code == errc::invalid_argument ||
+          std::chrono::steady_clock::now() + backoff > deadline) {
+        return ok;
+      }
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
     }

@@ -16,7 +16,7 @@ class http_follower final : public consumer_observer {
  public:
   http_follower(const standalone_options& o, std::string coordinator)
       : service_(o.rank, std::move(coordinator)), gateway_(service_, o.http) {}
-  ~http_follower() override { stopping(); }  // consumer_run may end without calling it
+  ~http_follower() override { stopping(); }  // a backstop: consumer_run calls it on every path
   result<std::uint16_t> start() { return gateway_.start(); }
   void rank_started(std::int32_t rank, reference_runtime& runtime) override {
     service_.add_rank(rank, runtime);

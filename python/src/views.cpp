@@ -105,10 +105,21 @@ view_lease::~view_lease() {
     }
   }
   if (run.empty()) return;
-  // The last view usually dies in Python (a tensor's deleter), holding the GIL; a device
-  // release synchronises a stream. Other Python threads go on meanwhile: the releases touch
-  // no Python object.
-  PyThreadState* saved = PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+    // The last view usually dies in Python (a tensor's deleter), holding the GIL; a device
+    // release synchronises a stream. Other Python threads go on meanwhile: the releases touch
+    // no Python object.
+    // Only where this thread surely holds the GIL through its own thread state (not while the
+    // interpreter shuts down, where saving it could be fatal).
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+  PyThreadState* current = PyThreadState_GetUnchecked();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+  PyThreadState* current = _PyThreadState_UncheckedGet();
+#endif
+  const bool holds = Py_IsInitialized() && !finalizing && current != nullptr &&
+                     PyGILState_GetThisThreadState() == current && PyGILState_Check();
+  PyThreadState* saved = holds ? PyEval_SaveThread() : nullptr;
   for (auto& f : run) f();  // outside the lock: a release may take a while
   if (saved) PyEval_RestoreThread(saved);
 }
