@@ -39,6 +39,12 @@ inline constexpr unsigned am_fail = 18;
 // Fetches a relay holds for updates it has not started importing yet; past this they are refused
 // with try_again rather than queued without bound.
 inline constexpr std::size_t max_early_fetches = 4096;
+// Requesters waiting for one chunk that has not landed at a relay: a relay has a few children,
+// so more is a misbehaving peer, refused with try_again.
+inline constexpr std::size_t max_waiting_per_chunk = 256;
+// A requester's worker address: UCX's are well under 1 KiB; anything far larger, or empty, is
+// not one and is never handed to ucp_ep_create.
+inline constexpr std::uint32_t max_worker_address_bytes = 16384;
 
 // Header of an am_fetch: which chunk, and the tag the bytes must carry. The update id follows.
 struct fetch_header {
@@ -235,6 +241,10 @@ class node {
   void serve(served_update& u, const fetch_request& r);
   void refuse(const fetch_request& r, errc code, const std::string& text);
   void expire_early(clock_type::time_point now);
+  // How long a fetch for an update this relay has not started waits: half the timeout.
+  std::chrono::milliseconds early_patience() const {
+    return std::chrono::milliseconds(cfg_.timeout_ms / 2);
+  }
   void expire_sends(clock_type::time_point now);
 
   // --- node_pull.cpp: pulling ----------------------------------------------------------------

@@ -47,6 +47,11 @@ ucs_status_t node::on_fetch(void* arg, const void* header, std::size_t header_by
     log_warn("ucx: " + self->side_ + " dropped a fetch request of the wrong length");
     return UCS_OK;
   }
+  if (h.address_bytes == 0 || h.address_bytes > max_worker_address_bytes) {
+    log_warn("ucx: " + self->side_ + " dropped a fetch request whose requester address has " +
+             std::to_string(h.address_bytes) + " bytes");
+    return UCS_OK;
+  }
   // Answered from the loop, outside this callback, through an endpoint of our own to the
   // requester: UCX's reply endpoint is freed when the requester dies, and a relay may hold
   // a fetch for a long time before the chunk lands.
@@ -118,7 +123,12 @@ void node::serve(const fetch_request& r) {
                   "ucx: relay holds " + std::to_string(early_.size()) +
                       " fetches for updates it has not started; retry");
   }
-  early_.push_back(r);  // the relay has not started this import yet
+  // The relay has not started this import yet. It may never (it refused the version, or let
+  // go of it): held for half the timeout, so that the requester, whose own import has the
+  // whole of it, still has time to pull from its next source.
+  fetch_request held = r;
+  held.deadline = std::min(r.deadline, clock_type::now() + early_patience());
+  early_.push_back(std::move(held));
 }
 
 void node::serve(served_update& u, const fetch_request& r) {
@@ -131,7 +141,14 @@ void node::serve(served_update& u, const fetch_request& r) {
                       ") does not name a chunk of update_id " + r.id);
   }
   if (!u.landed[r.segment][index]) {
-    u.waiting[{r.segment, index}].push_back(r);
+    auto& waiting = u.waiting[{r.segment, index}];
+    if (waiting.size() >= max_waiting_per_chunk) {
+      return refuse(r, errc::try_again,
+                    "ucx: " + std::to_string(waiting.size()) +
+                        " requesters already wait for chunk " + std::to_string(index) +
+                        " of update_id " + r.id + "; retry");
+    }
+    waiting.push_back(r);
     return;
   }
   const std::byte* data = u.s->base + u.offsets[r.segment] + r.offset;
@@ -192,7 +209,7 @@ void node::expire_early(clock_type::time_point now) {
     }
     refuse(*it, errc::timeout,
            "ucx: the relay did not start importing update_id " + it->id + " within " +
-               std::to_string(cfg_.timeout_ms) + " ms");
+               std::to_string(early_patience().count()) + " ms");
     it = early_.erase(it);
   }
 }
@@ -209,9 +226,12 @@ void node::expire_sends(clock_type::time_point now) {
   std::vector<ucp_ep_h> stuck;
   for (const auto* c : chunk_sends_) {
     if (c->deadline > now || std::find(stuck.begin(), stuck.end(), c->ep) != stuck.end()) continue;
-    if (auto done = sends_done_at_.find(c->ep);
-        done != sends_done_at_.end() && now - done->second < patience) {
-      continue;  // still taking chunks: slow, not gone
+    // A peer still taking other chunks is slow, not gone; but not for a second timeout: one
+    // that took later updates while this send stayed unmatched cancelled its receive.
+    if (auto done = sends_done_at_.find(c->ep); done != sends_done_at_.end() &&
+                                                now - done->second < patience &&
+                                                now - c->deadline < patience) {
+      continue;
     }
     stuck.push_back(c->ep);
   }

@@ -205,6 +205,26 @@ TEST_F(ucx_test, a_relay_that_shuts_down_hands_its_children_to_its_source) {
   (*p)->release(m.update_id);
 }
 
+// A relay that never imports the update (it refused the version, or let go of it) and stays up:
+// it answers the child's fetches within half the timeout, so the child still has time to pull
+// everything from the publisher before its own import times out.
+TEST_F(ucx_test, a_relay_that_never_imports_lets_its_child_fall_back_in_time) {
+  auto t = make({{"timeout_ms", "2000"}});
+  auto p = t->make_publisher();
+  auto relay = t->make_consumer();
+  auto child = t->make_consumer();
+  ASSERT_TRUE(p && relay && child);
+  auto m = publish(**p, "u-skipped", {300000}, 6);
+  auto child_manifest = m;
+  child_manifest.transport_handle =
+      *t->handle_via_relay(m.transport_handle, (*relay)->relay_address());
+  auto got = (*child)->import_segments(child_manifest);
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, m, 6);
+  (*child)->release(m.update_id);
+  (*p)->release(m.update_id);
+}
+
 // A child that gave up (its import timed out while its fetches waited at the relay) never takes
 // the chunks the relay then sends it. Those sends must not keep the relay's slot busy forever.
 TEST_F(ucx_test, chunks_sent_to_a_child_that_gave_up_do_not_hold_the_relay_slot) {

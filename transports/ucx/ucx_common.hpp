@@ -37,7 +37,7 @@ struct ucx_settings {
   std::string rndv_thresh;  // UCX_RNDV_THRESH
   std::string op = "auto";  // auto | tag | get: how consumers pull from a publisher
   std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
-  std::uint64_t window = 8;  // chunks in flight per import
+  std::uint64_t window = 8;  // chunks in flight per lane (one lane per stripe of an import)
   std::uint64_t slots = 2;   // ring size, on each side
   std::uint64_t timeout_ms = 60000;
 };
