@@ -184,22 +184,10 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   void* p = map_aligned(fd, s.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED);
   if (p == MAP_FAILED) return fail("mmap");
   s.base = static_cast<std::byte*>(p);
-  bool huge = slot_collapse(fd, p, s.map_bytes);
-  // Allocate every page now (after a collapse, only what it left small); tmpfs reports a full
-  // /dev/shm here rather than with SIGBUS later.
-  if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
-    if (errno != EINVAL) return fail("madvise(MADV_POPULATE_WRITE)");
-    if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s.map_bytes)); rc != 0) {
-      errno = rc;  // posix_fallocate returns its error instead of setting errno
-      return fail("fallocate");
-    }
-    for (std::uint64_t off = 0; off < s.map_bytes; off += page) {
-      static_cast<volatile std::byte*>(p)[off] = std::byte{0};
-    }
-  }
-  // With 4 KiB pages each consumer builds its own shadow entries: warming would not help them.
-  if (huge) slot_warm_read_only(fd, s.map_bytes);
-  ::close(fd);
+  bool huge = slot_collapse(fd, p, s.map_bytes);  // writes a byte at each 2 MiB, the header's too
+  // The owner is on record before the long part: populating a large slot takes seconds to
+  // minutes, and a sweep by a process in another PID namespace keeps a slot whose header names
+  // a namespace it cannot check, but removes an old one with no header.
   auto* h = new (s.base) slot_header{};
   std::memcpy(h->magic, magic, sizeof magic);
   h->layout = 1;
@@ -208,6 +196,20 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   h->owner_pidns = pid_namespace();
   h->capacity = capacity;
   h->generation.store(0, std::memory_order_relaxed);
+  // Allocate every page now (after a collapse, only what it left small); tmpfs reports a full
+  // /dev/shm here rather than with SIGBUS later. Both ways keep what the pages hold.
+  if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
+    if (errno != EINVAL) return fail("madvise(MADV_POPULATE_WRITE)");
+    if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s.map_bytes)); rc != 0) {
+      errno = rc;  // posix_fallocate returns its error instead of setting errno
+      return fail("fallocate");
+    }
+    auto* bytes = static_cast<volatile std::byte*>(p);
+    for (std::uint64_t off = 0; off < s.map_bytes; off += page) bytes[off] = bytes[off];
+  }
+  // With 4 KiB pages each consumer builds its own shadow entries: warming would not help them.
+  if (huge) slot_warm_read_only(fd, s.map_bytes);
+  ::close(fd);
   return {};
 }
 
@@ -631,8 +633,9 @@ std::vector<std::string> shm_sweep_orphans() {
     }
     // Made in another PID namespace (a container sharing /dev/shm): its pid means nothing here.
     if (made_by && !pid_checkable(made_by->pidns)) continue;
-    // No header yet and just made: a slot being created (its header comes once its pages are
-    // populated, seconds for a large one), maybe by a process whose pid means nothing here.
+    // No header yet and just made: a slot being created (its header comes once it is sized and
+    // its huge pages are made, before its pages are populated), maybe by a process whose pid
+    // means nothing here.
     if (!made_by && young) continue;
     // The pid is in use: keep the slot unless its header proves another process made it.
     if (alive_start != 0 && (!made_by || made_by->start == 0 || made_by->start == alive_start)) {
