@@ -475,8 +475,12 @@ bool update_once(point_run& r, std::uint64_t version, bool timed) {
   }
   at.ack_pub = now_s() - a0;
   double r0 = now_s();
-  for (const auto& id : (*report)["released"]) {
-    if (auto ok = r.publisher->on_released(id.get<std::string>(), consumer_rank); !ok) {
+  // The previous versions the consumer let go of, and this one when it read it only to copy
+  // it (a device update installed into host memory): released_self.
+  auto released = (*report)["released"].get<std::vector<std::string>>();
+  if (report->value("released_self", false)) released.push_back(m->update_id);
+  for (const auto& id : released) {
+    if (auto ok = r.publisher->on_released(id, consumer_rank); !ok) {
       return rr.error = ok.error().message, false;
     }
   }
