@@ -87,6 +87,13 @@ class coordinator_actor_test : public ::testing::Test {
     return out;
   }
 
+  // Publisher rank 0 of model m, the only publisher rank of its versions.
+  void join_publisher(caf::scoped_actor& self) {
+    auto hello = hello_make(token, 0, "publisher", "n0", "m");
+    hello.publisher_ranks = 1;
+    ASSERT_EQ(join(self, hello), std::make_pair(token, std::string()));
+  }
+
   static rank_hello consumer_hello(std::int32_t rank, std::string with = token) {
     return hello_make(std::move(with), rank, "consumer", "n0", "m");
   }
@@ -169,9 +176,7 @@ TEST_F(coordinator_actor_test, a_forged_down_message_does_not_evict_a_running_ra
 TEST_F(coordinator_actor_test,
        only_reports_with_the_token_count_and_the_publisher_hears_the_table) {
   caf::scoped_actor publisher{sys()};
-  auto hello = hello_make(token, 0, "publisher", "n0", "m");
-  hello.publisher_ranks = 1;
-  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
   caf::scoped_actor consumer{sys()};
   ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
 
@@ -202,9 +207,7 @@ TEST_F(coordinator_actor_test,
 
 TEST_F(coordinator_actor_test, a_join_asked_again_by_the_same_endpoint_is_not_a_restart) {
   caf::scoped_actor publisher{sys()};
-  auto hello = hello_make(token, 0, "publisher", "n0", "m");
-  hello.publisher_ranks = 1;
-  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
   caf::scoped_actor consumer{sys()};
   ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
   publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));
@@ -261,9 +264,7 @@ TEST_F(coordinator_actor_test, each_rank_is_judged_by_its_own_models_committed_v
 
 TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_answers_in_one_batch) {
   caf::scoped_actor publisher{sys()};
-  auto hello = hello_make(token, 0, "publisher", "n0", "m");
-  hello.publisher_ranks = 1;
-  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
   caf::scoped_actor node{sys()}, other{sys()};  // ranks 3 and 4 share an endpoint; 5 is apart
   ASSERT_EQ(join(node, consumer_hello(3)), std::make_pair(token, std::string()));
   ASSERT_EQ(join(node, consumer_hello(4)), std::make_pair(token, std::string()));
@@ -310,9 +311,7 @@ TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_ans
 
 TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_hands_over_on_exit) {
   caf::scoped_actor publisher{sys()};
-  auto hello = hello_make(token, 0, "publisher", "n0", "m");
-  hello.publisher_ranks = 1;
-  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
   auto leads = [&](caf::scoped_actor& who) {
     std::pair<std::uint16_t, std::uint64_t> out{9, 0};
     who->receive(
@@ -411,9 +410,7 @@ TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_han
 // update in flight would be, not left pending for good (holding the publisher's slot).
 TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_again) {
   caf::scoped_actor publisher{sys()}, member{sys()};
-  auto hello = hello_make(token, 0, "publisher", "n0", "m");
-  hello.publisher_ranks = 1;
-  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
   auto with_port = [](std::int32_t rank, std::uint16_t port) {
     auto h = hello_make(token, rank, "consumer", "n0", "m");
     h.node_port = port;
@@ -473,9 +470,7 @@ TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_agai
 // the retry of the same key.
 TEST_F(coordinator_actor_test, a_late_report_of_an_aborted_attempt_does_not_answer_for_the_retry) {
   caf::scoped_actor publisher{sys()}, consumer{sys()};
-  auto hello = hello_make(token, 0, "publisher", "n0", "m");
-  hello.publisher_ranks = 1;
-  ASSERT_EQ(join(publisher, hello), std::make_pair(token, std::string()));
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
   ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
   auto report = [&](std::string state, std::string id) {
     consumer->send(
