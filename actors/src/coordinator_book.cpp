@@ -521,6 +521,25 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
   return out;
 }
 
+// A committed version's unanswered entries are catch-ups (commit waited for every other one):
+// each has the update deadline from when it was sent. A rank silent past it is failed like one
+// silent on an update in flight, still holding the memory while it is joined, so its entry
+// stops counting as a holder once it lets go or leaves instead of never.
+void coordinator_book::expire_catch_ups(update_record& u, coord_clock::time_point now,
+                                        effects& out) {
+  bool changed = false;
+  for (auto& [r, p] : u.consumers) {
+    if (answered(p.state)) continue;
+    auto sent = p.at.find(p.state);
+    if (sent == p.at.end() || now - sent->second < config_.update_deadline) continue;
+    p.reason = "no answer to its catch-up before the update deadline";
+    set_state(u, p, rank_state::failed, now);
+    set_may_hold(u, p, consumers_.count(r) > 0);  // alive: it may still read the memory
+    changed = true;
+  }
+  if (changed) check_released(u, out);
+}
+
 std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
   effects out;
   // Over the keys as they were: finishing an update may drop older ones from the history.
@@ -528,6 +547,10 @@ std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
     auto found = updates_.find(key);
     if (found == updates_.end()) continue;
     auto& u = found->second;
+    if (u.phase == update_phase::committed) {
+      expire_catch_ups(u, now, out);
+      continue;
+    }
     if (!in_flight(u) || now < u.deadline) continue;
     if (u.phase == update_phase::assembling) {
       std::string missing;

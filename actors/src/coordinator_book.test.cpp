@@ -234,6 +234,30 @@ TEST_F(book_test, a_late_or_restarted_consumer_catches_up_on_the_latest_committe
   EXPECT_EQ(again->back().ranks, std::vector<std::int32_t>{10});
 }
 
+// A catch-up the rank never answers (the message was lost on the way) does not keep the rank a
+// holder of that version for good: past the update deadline it is failed, holding the memory
+// only while the rank may still read it, until it lets go.
+TEST_F(book_test, a_catch_up_left_unanswered_is_failed_at_the_deadline) {
+  publish_both(1);
+  ack_all("m@1");
+  ASSERT_TRUE(book_.join(info(14, rank_role::consumer), now_));
+  const auto& entry = [&]() -> const rank_progress& {
+    return book_.find("m@1")->consumers.at(14);
+  };
+  EXPECT_EQ(entry().state, rank_state::pending);
+  now_ += 9s;
+  book_.expire(now_);
+  EXPECT_EQ(entry().state, rank_state::pending);  // within the deadline
+  now_ += 2s;
+  book_.expire(now_);
+  EXPECT_EQ(entry().state, rank_state::failed);
+  EXPECT_TRUE(entry().may_hold) << "rank 14 is joined: it may be reading the version yet";
+  EXPECT_NE(entry().reason.find("catch-up"), std::string::npos) << entry().reason;
+  ASSERT_TRUE(book_.released("m@1", 14, now_));
+  EXPECT_FALSE(entry().may_hold);
+  EXPECT_TRUE(book_.counts_consistent());
+}
+
 TEST_F(book_test, out_of_order_reports_are_refused) {
   auto unknown = book_.acknowledged("m@9", 10, now_);
   ASSERT_FALSE(unknown);

@@ -196,6 +196,8 @@ class coordinator_book {
   void abort(update_record& u, const std::string& reason, coord_clock::time_point now,
              effects& out);
   void check_released(update_record& u, effects& out);
+  /// Fails the catch-ups of committed `u` that went unanswered past the update deadline.
+  void expire_catch_ups(update_record& u, coord_clock::time_point now, effects& out);
   void collect_garbage(const std::string& model_id, const update_record* keep);
   update_record* latest_committed_mutable(const std::string& model_id);
 
