@@ -23,6 +23,12 @@ bool holds(rank_state s) {
   return s != rank_state::released && s != rank_state::failed && s != rank_state::waiting;
 }
 
+// A catch-up the deadline failed while the rank was joined (expire_catch_ups), answered late:
+// the rank's answer stands, as it would have in time.
+bool late_catch_up(const update_record& u, const rank_progress& p) {
+  return u.phase == update_phase::committed && p.state == rank_state::failed && p.may_hold;
+}
+
 std::vector<std::int32_t> publisher_ranks(const update_record& u) {
   return {u.expected_publishers.begin(), u.expected_publishers.end()};
 }
@@ -444,13 +450,15 @@ result<std::vector<book_effect>> coordinator_book::acknowledged(const std::strin
   auto e = consumer_entry(key, rank);
   if (!e) return e.error();
   auto& p = *e->progress;
-  if (p.state != rank_state::pending && p.state != rank_state::importing) {
+  const bool late = late_catch_up(*e->update, p);
+  if (p.state != rank_state::pending && p.state != rank_state::importing && !late) {
     return make_error(errc::illegal_transition, "cannot acknowledge update in state " +
                                                     std::string(rank_state_name(p.state)) + " (" +
                                                     context(key, rank) + ")");
   }
   p.data_s = data_s;
   if (!received_from.empty()) p.received_from = std::move(received_from);
+  if (late) set_may_hold(*e->update, p, false);  // its own answer says what it holds now
   set_state(*e->update, p, rank_state::acknowledged, now);
   effects out;
   check_finished(*e->update, now, out);
@@ -463,12 +471,14 @@ result<std::vector<book_effect>> coordinator_book::rejected(const std::string& k
   auto e = consumer_entry(key, rank);
   if (!e) return e.error();
   auto& p = *e->progress;
-  if (p.state != rank_state::pending && p.state != rank_state::importing) {
+  const bool late = late_catch_up(*e->update, p);
+  if (p.state != rank_state::pending && p.state != rank_state::importing && !late) {
     return make_error(errc::illegal_transition, "cannot reject update in state " +
                                                     std::string(rank_state_name(p.state)) + " (" +
                                                     context(key, rank) + ")");
   }
   p.reason = std::move(reason);
+  if (late) set_may_hold(*e->update, p, false);  // its own answer says what it holds now
   set_state(*e->update, p, rank_state::rejected, now);
   effects out;
   check_finished(*e->update, now, out);
@@ -481,12 +491,14 @@ result<std::vector<book_effect>> coordinator_book::waiting(const std::string& ke
   auto e = consumer_entry(key, rank);
   if (!e) return e.error();
   auto& p = *e->progress;
-  if (p.state != rank_state::pending && p.state != rank_state::importing) {
+  const bool late = late_catch_up(*e->update, p);
+  if (p.state != rank_state::pending && p.state != rank_state::importing && !late) {
     return make_error(errc::illegal_transition, "cannot wait on update in state " +
                                                     std::string(rank_state_name(p.state)) + " (" +
                                                     context(key, rank) + ")");
   }
   p.reason = std::move(reason);
+  if (late) set_may_hold(*e->update, p, false);  // its own answer says what it holds now
   set_state(*e->update, p, rank_state::waiting, now);
   effects out;
   check_finished(*e->update, now, out);
@@ -527,6 +539,7 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
 // stops counting as a holder once it lets go or leaves instead of never.
 void coordinator_book::expire_catch_ups(update_record& u, coord_clock::time_point now,
                                         effects& out) {
+  if (u.counts.unanswered == 0) return;  // the common case, checked at every tick
   bool changed = false;
   for (auto& [r, p] : u.consumers) {
     if (answered(p.state)) continue;

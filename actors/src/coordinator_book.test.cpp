@@ -256,6 +256,16 @@ TEST_F(book_test, a_catch_up_left_unanswered_is_failed_at_the_deadline) {
   ASSERT_TRUE(book_.released("m@1", 14, now_));
   EXPECT_FALSE(entry().may_hold);
   EXPECT_TRUE(book_.counts_consistent());
+
+  // A catch-up answered late (a large first import) stands: the rank serves the version.
+  ASSERT_TRUE(book_.join(info(15, rank_role::consumer), now_));
+  now_ += 11s;
+  book_.expire(now_);
+  ASSERT_EQ(book_.find("m@1")->consumers.at(15).state, rank_state::failed);
+  ASSERT_TRUE(book_.acknowledged("m@1", 15, now_));
+  EXPECT_EQ(book_.find("m@1")->consumers.at(15).state, rank_state::acknowledged);
+  EXPECT_FALSE(book_.find("m@1")->consumers.at(15).may_hold);
+  EXPECT_TRUE(book_.counts_consistent());
 }
 
 TEST_F(book_test, out_of_order_reports_are_refused) {

@@ -256,8 +256,11 @@ class fanout_run {
         a["outcome"] = it->second.value("acknowledged", false) ? "acknowledged" : "rejected";
         a["reason"] = it->second.value("reason", "");
         a["released"] = it->second.value("released", json::array());
-        // This update too, when the rank let go of it at once (it copied it, or rejected it).
-        if (it->second.value("released_self", false)) a["released"].push_back(m->update_id);
+        // This update too, when the rank let go of it at once (it copied it), or holds none of
+        // it (rejected, maybe before importing anything; a second release is refused, harmless).
+        if (it->second.value("released_self", false) || !it->second.value("acknowledged", false)) {
+          a["released"].push_back(m->update_id);
+        }
       } else {
         a["outcome"] = "failed";
         a["reason"] = "process died";

@@ -184,18 +184,27 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   void* p = map_aligned(fd, s.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED);
   if (p == MAP_FAILED) return fail("mmap");
   s.base = static_cast<std::byte*>(p);
-  bool huge = slot_collapse(fd, p, s.map_bytes);  // writes a byte at each 2 MiB, the header's too
+  bool huge = slot_collapse(fd, p, s.map_bytes);
   // The owner is on record before the long part: populating a large slot takes seconds to
   // minutes, and a sweep by a process in another PID namespace keeps a slot whose header names
-  // a namespace it cannot check, but removes an old one with no header.
+  // a namespace it cannot check, but removes an old one with no header. The header's page is
+  // allocated first (a full /dev/shm is an error here, not a SIGBUS at the store), and the
+  // magic goes in last, so a sweep never reads a header without its owner.
+  if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(header_bytes)); rc != 0) {
+    errno = rc;
+    return fail("fallocate");
+  }
   auto* h = new (s.base) slot_header{};
-  std::memcpy(h->magic, magic, sizeof magic);
   h->layout = 1;
   h->owner_pid = ::getpid();
   h->owner_start = owner_start;
   h->owner_pidns = pid_namespace();
   h->capacity = capacity;
   h->generation.store(0, std::memory_order_relaxed);
+#if !defined(__SANITIZE_THREAD__)  // TSan refuses fences; the sweeper is another process anyway
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
+  std::memcpy(h->magic, magic, sizeof magic);
   // Allocate every page now (after a collapse, only what it left small); tmpfs reports a full
   // /dev/shm here rather than with SIGBUS later. Both ways keep what the pages hold.
   if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
