@@ -45,9 +45,7 @@ result<void> ready() {
 
 result<std::uint64_t> memory_free(int device) {
   if (auto r = ready(); !r) return r.error();
-  if (auto e = cudaSetDevice(device); e != cudaSuccess) {
-    return cuda_failure("cudaSetDevice(" + std::to_string(device) + ")", e);
-  }
+  if (auto was = set_device(device); !was) return was.error();
   std::size_t free = 0, total = 0;
   if (auto e = cudaMemGetInfo(&free, &total); e != cudaSuccess) {
     return cuda_failure("cudaMemGetInfo", e);

@@ -49,7 +49,7 @@ result<const imported_update*> weight_consumer::import_update(
       return make_error(errc::illegal_transition,
                         "cannot import update: update_id already imported (" + context(id) + ")");
     }
-    const auto& mv = versions_[manifest.model_id];
+    auto& mv = versions_[manifest.model_id];
     const std::uint64_t v = manifest.weight_version;
     auto refuse = [&](const std::string& why) {
       return make_error(errc::version_not_monotonic,
@@ -70,7 +70,7 @@ result<const imported_update*> weight_consumer::import_update(
     }
     // Held from here on, while the lock is let go for the import: a second import of this
     // version and shard (a retry racing the original) is refused, not accepted twice.
-    versions_[manifest.model_id].held[v].insert(manifest.source_rank);
+    mv.held[v].insert(manifest.source_rank);
   }
   auto segments = transport_->import_segments(manifest);
   if (!segments) {
