@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 #include <utility>
@@ -81,8 +80,7 @@ void join_rank(endpoint_pointer self, const endpoint_state_ptr& st, std::int32_t
 // Joins (or re-joins) every rank to the current coordinator: a new round.
 void join_all(endpoint_pointer self, const endpoint_state_ptr& st) {
   const auto round = ++st->join_round;
-  std::random_device rd;
-  st->join_nonce = (std::uint64_t{rd()} << 32) | rd();
+  st->join_nonce = random_u64();
   st->accepted = 0;
   self->monitor(st->coordinator);
   for (auto& [rank, slot] : st->ranks) slot.side->joined = false;

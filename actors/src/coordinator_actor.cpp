@@ -8,7 +8,6 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "coordinator_actor.hpp"
 #include "coordinator_state.hpp"
@@ -81,10 +80,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     if (led) lead_node(self, m.node);
     resend_unanswered(self, orphaned);
   });
-  {
-    std::random_device rd;
-    self->state.tick_nonce = (std::uint64_t{rd()} << 32) | rd();
-  }
+  self->state.tick_nonce = random_u64();
   self->delayed_send(self, tick_interval, tick_atom::value, self->state.tick_nonce);
   return {
       [=](join_atom, const rank_hello& hello) -> std::tuple<std::string, std::string> {

@@ -442,23 +442,31 @@ result<std::vector<book_effect>> coordinator_book::importing(const std::string& 
   return effects{};
 }
 
-result<std::vector<book_effect>> coordinator_book::acknowledged(const std::string& key,
-                                                                std::int32_t rank,
-                                                                coord_clock::time_point now,
-                                                                double data_s,
-                                                                std::string received_from) {
+result<coordinator_book::entry> coordinator_book::answering(const std::string& key,
+                                                            std::int32_t rank, const char* verb) {
   auto e = consumer_entry(key, rank);
   if (!e) return e.error();
   auto& p = *e->progress;
   const bool late = late_catch_up(*e->update, p);
   if (p.state != rank_state::pending && p.state != rank_state::importing && !late) {
-    return make_error(errc::illegal_transition, "cannot acknowledge update in state " +
-                                                    std::string(rank_state_name(p.state)) + " (" +
-                                                    context(key, rank) + ")");
+    return make_error(errc::illegal_transition,
+                      std::string("cannot ") + verb + " update in state " +
+                          std::string(rank_state_name(p.state)) + " (" + context(key, rank) + ")");
   }
+  if (late) set_may_hold(*e->update, p, false);  // its own answer says what it holds now
+  return e;
+}
+
+result<std::vector<book_effect>> coordinator_book::acknowledged(const std::string& key,
+                                                                std::int32_t rank,
+                                                                coord_clock::time_point now,
+                                                                double data_s,
+                                                                std::string received_from) {
+  auto e = answering(key, rank, "acknowledge");
+  if (!e) return e.error();
+  auto& p = *e->progress;
   p.data_s = data_s;
   if (!received_from.empty()) p.received_from = std::move(received_from);
-  if (late) set_may_hold(*e->update, p, false);  // its own answer says what it holds now
   set_state(*e->update, p, rank_state::acknowledged, now);
   effects out;
   check_finished(*e->update, now, out);
@@ -468,17 +476,10 @@ result<std::vector<book_effect>> coordinator_book::acknowledged(const std::strin
 result<std::vector<book_effect>> coordinator_book::rejected(const std::string& key,
                                                             std::int32_t rank, std::string reason,
                                                             coord_clock::time_point now) {
-  auto e = consumer_entry(key, rank);
+  auto e = answering(key, rank, "reject");
   if (!e) return e.error();
   auto& p = *e->progress;
-  const bool late = late_catch_up(*e->update, p);
-  if (p.state != rank_state::pending && p.state != rank_state::importing && !late) {
-    return make_error(errc::illegal_transition, "cannot reject update in state " +
-                                                    std::string(rank_state_name(p.state)) + " (" +
-                                                    context(key, rank) + ")");
-  }
   p.reason = std::move(reason);
-  if (late) set_may_hold(*e->update, p, false);  // its own answer says what it holds now
   set_state(*e->update, p, rank_state::rejected, now);
   effects out;
   check_finished(*e->update, now, out);
@@ -488,17 +489,10 @@ result<std::vector<book_effect>> coordinator_book::rejected(const std::string& k
 result<std::vector<book_effect>> coordinator_book::waiting(const std::string& key,
                                                            std::int32_t rank, std::string reason,
                                                            coord_clock::time_point now) {
-  auto e = consumer_entry(key, rank);
+  auto e = answering(key, rank, "wait on");
   if (!e) return e.error();
   auto& p = *e->progress;
-  const bool late = late_catch_up(*e->update, p);
-  if (p.state != rank_state::pending && p.state != rank_state::importing && !late) {
-    return make_error(errc::illegal_transition, "cannot wait on update in state " +
-                                                    std::string(rank_state_name(p.state)) + " (" +
-                                                    context(key, rank) + ")");
-  }
   p.reason = std::move(reason);
-  if (late) set_may_hold(*e->update, p, false);  // its own answer says what it holds now
   set_state(*e->update, p, rank_state::waiting, now);
   effects out;
   check_finished(*e->update, now, out);

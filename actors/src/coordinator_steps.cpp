@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "coordinator_state.hpp"
 #include "wsync/manifest/codec.hpp"
@@ -259,8 +258,7 @@ void lead_node(coordinator_pointer self, const std::string& node,
       if (!best || first_rank(m) < first_rank(best->second)) best = &kv;
     }
     if (!best) return;
-    std::random_device rd;
-    const std::uint64_t epoch = (std::uint64_t{rd()} << 32) | rd() | 1;  // never 0
+    const std::uint64_t epoch = random_u64() | 1;  // never 0
     auto handle = st.consumers[first_rank(best->second)];
     lead = st.leaders.emplace(node, node_lead{best->first, handle, epoch}).first;
     self->send(handle, lead_atom::value, st.token, std::uint16_t{0}, epoch);

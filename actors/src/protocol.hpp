@@ -8,10 +8,18 @@
 #include <caf/io/all.hpp>
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
 namespace wsync::proto {
+
+/// A random 64-bit value: the nonces and epochs peers cannot guess (join rounds, ticks, node
+/// leaderships).
+inline std::uint64_t random_u64() {
+  std::random_device rd;
+  return (std::uint64_t{rd()} << 32) | rd();
+}
 
 /// First message of every rank: who it is, and the cluster token.
 struct rank_hello {

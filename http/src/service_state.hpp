@@ -60,7 +60,6 @@ struct refusal {
 std::optional<transport_options> options_field(const json& j, const char* key,
                                                const std::string& where, std::string& error);
 
-// "<where>.<key>", or "<key>" at the top of a body: how replies name a field.
 // A dtype as torch spells it ("bfloat16", or str() of a dtype: "torch.bfloat16"); nullopt for
 // anything else, a non-string included.
 inline std::optional<dtype> torch_dtype(const json& name) {
@@ -70,6 +69,7 @@ inline std::optional<dtype> torch_dtype(const json& name) {
   return dtype_parse(text);
 }
 
+// "<where>.<key>", or "<key>" at the top of a body: how replies name a field.
 inline std::string field(const std::string& where, const std::string& key) {
   return where.empty() ? key : where + "." + key;
 }
