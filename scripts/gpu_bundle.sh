@@ -5,7 +5,13 @@
 # without their debug sections, and every shared library they load from outside the C runtime.
 # Builds the default preset first (with CUDA where the toolkit is found).
 #
-# usage: scripts/gpu_bundle.sh [OUT_DIR]     (default: build/gpu-bundle)
+# The GPU machine's python3 may be another version than /usr/bin/python3 here, and an extension
+# loads only into the version it was built for: WSYNC_BUNDLE_PYTHON names a second interpreter
+# (its headers installed, e.g. a pyenv build of that version) whose extension is built in
+# build/py-<version> and travels beside the first (Python picks the one its ABI tag names).
+#
+# usage: [WSYNC_BUNDLE_PYTHON=/path/to/python3.X] scripts/gpu_bundle.sh [OUT_DIR]
+#        (default OUT_DIR: build/gpu-bundle)
 # then, there: scripts/gpu_check.sh OUT_DIR/bin OUT_DIR_FOR_LOGS
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +30,14 @@ for b in "${binaries[@]}"; do
 done
 mkdir -p "$out/python"
 cp -r build/default/python/wsync "$out/python/"
+if [ -n "${WSYNC_BUNDLE_PYTHON:-}" ]; then
+  version=$("$WSYNC_BUNDLE_PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  extra=build/py-$version
+  cmake -S . -B "$extra" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWSYNC_ENABLE_WERROR=ON \
+    -DWSYNC_WITH_PYTHON=ON -DWSYNC_PYTHON="$WSYNC_BUNDLE_PYTHON" >/dev/null
+  cmake --build "$extra" -j2 --target wsync_python
+  cp "$extra"/python/wsync/_wsync*.so "$out/python/wsync/"
+fi
 for so in "$out"/python/wsync/_wsync*.so; do
   [ -e "$so" ] && strip --strip-debug "$so"
   binaries+=("$so")

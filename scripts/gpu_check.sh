@@ -52,8 +52,8 @@ if PYTHONPATH=$pkg python3 -c 'import torch, wsync; assert torch.cuda.is_availab
     >>"$out/python_cuda.log" 2>&1
   echo "python rc=$? ($(tail -n 1 "$out/python_cuda.log"))"
 else
-  echo "python: skipped: $(tail -n 1 "$out/python_cuda.log") (the extension is built for this"
-  echo "        build machine's /usr/bin/python3; another Python version cannot import it)"
+  echo "python: skipped: $(tail -n 1 "$out/python_cuda.log") (an extension loads only into the"
+  echo "        Python version it was built for: bundle with WSYNC_BUNDLE_PYTHON set to this one's)"
 fi
 
 if command -v compute-sanitizer >/dev/null; then
