@@ -1,7 +1,7 @@
 #pragma once
 // The chunked checksum's work as the GPU kernels split it, in host-and-device code: the job list
 // (one job per chunk, with where its 1 KiB blocks' sums go), which job a block belongs to, and
-// what one of a block's eight threads computes. The kernels (gpu_checksum.cu) are thin loops over
+// what one of a block's four threads computes. The kernels (gpu_checksum.cu) are thin loops over
 // these; run_on_cpu() runs the same pieces in the same decomposition on the CPU, so the tests
 // check everything but the CUDA launch itself on machines without a GPU.
 
@@ -62,41 +62,63 @@ WSYNC_HD inline std::size_t job_of(const chunk_job* jobs, std::size_t n, std::ui
   return lo - 1;
 }
 
-/// What thread `lane` (0..7) of a block's eight computes: the products of its keyed words (its
-/// own accumulator) and the sum of its data words (its partner lane ^ 1's). Lane i's share of
-/// the block sum is lane i's product plus lane (i ^ 1)'s data sum.
-struct lane_part {
-  std::uint64_t product = 0;
-  std::uint64_t data = 0;
+/// Stores 16 bytes (little-endian: `lo` first), aligned or not.
+WSYNC_HD inline void write128(unsigned char* p, std::uint64_t lo, std::uint64_t hi) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<std::uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<ulonglong2*>(p) = make_ulonglong2(lo, hi);
+    return;
+  }
+#endif
+  write64(p, lo);
+  write64(p + 8, hi);
+}
+
+/// Lanes 2t and 2t + 1 of a block's sum: what thread `t` (0..3) of the block's four computes.
+/// XXH3 adds each word to its partner lane (i ^ 1) and the word's keyed product to its own lane;
+/// lanes 2t and 2t + 1 are partners, so the thread that reads words 2t and 2t + 1 of every
+/// stripe (16 bytes, one load) has both lanes' whole share.
+struct lane_pair {
+  std::uint64_t v[2] = {0, 0};
 };
 
-/// `to`, when not null, receives the words the thread read (its share of copying the block).
-WSYNC_HD inline lane_part block_lane(const unsigned char* block, int lane,
-                                     const unsigned char* secret, unsigned char* to = nullptr) {
-  constexpr std::size_t n = xxh3::stripes_per_block;
-  // Every load first, then the arithmetic: sixteen loads in flight per thread instead of one
-  // (an aligned block, the usual case, takes plain 8-byte loads).
-  std::uint64_t words[n];
+/// `to`, when not null, receives the bytes the thread read (its share of copying the block).
+WSYNC_HD inline lane_pair block_pair(const unsigned char* block, int t, const unsigned char* secret,
+                                     unsigned char* to = nullptr) {
+  // Half a block at a time, its eight loads first, then the arithmetic: eight 16-byte loads in
+  // flight per thread for half the registers sixteen would take (an aligned block, the usual
+  // case, takes vector loads).
+  constexpr std::size_t half = xxh3::stripes_per_block / 2;
+  lane_pair p;
+  for (std::size_t h = 0; h < 2; ++h) {
+    const unsigned char* in = block + h * half * xxh3::stripe_bytes + 16 * t;
+    std::uint64_t lo[half], hi[half];
 #if defined(__CUDA_ARCH__)
-  if ((reinterpret_cast<std::uintptr_t>(block) & 7) == 0) {
-    const auto* w = reinterpret_cast<const std::uint64_t*>(block) + lane;
-    WSYNC_UNROLL
-    for (std::size_t s = 0; s < n; ++s) words[s] = w[s * (xxh3::stripe_bytes / 8)];
-  } else
+    if ((reinterpret_cast<std::uintptr_t>(in) & 15) == 0) {
+      WSYNC_UNROLL
+      for (std::size_t s = 0; s < half; ++s) {
+        const ulonglong2 x = *reinterpret_cast<const ulonglong2*>(in + s * xxh3::stripe_bytes);
+        lo[s] = x.x;
+        hi[s] = x.y;
+      }
+    } else
 #endif
-  {
-    WSYNC_UNROLL
-    for (std::size_t s = 0; s < n; ++s) {
-      words[s] = xxh3::read64(block + s * xxh3::stripe_bytes + 8 * lane);
+    {
+      WSYNC_UNROLL
+      for (std::size_t s = 0; s < half; ++s) {
+        lo[s] = xxh3::read64(in + s * xxh3::stripe_bytes);
+        hi[s] = xxh3::read64(in + s * xxh3::stripe_bytes + 8);
+      }
     }
-  }
-  lane_part p;
-  WSYNC_UNROLL
-  for (std::size_t s = 0; s < n; ++s) {
-    if (to) write64(to + s * xxh3::stripe_bytes + 8 * lane, words[s]);
-    std::uint64_t keyed = words[s] ^ xxh3::read64(secret + s * 8 + 8 * lane);
-    p.product += (keyed & 0xFFFFFFFFULL) * (keyed >> 32);
-    p.data += words[s];
+    WSYNC_UNROLL
+    for (std::size_t s = 0; s < half; ++s) {
+      const std::size_t stripe = h * half + s;
+      if (to) write128(to + stripe * xxh3::stripe_bytes + 16 * t, lo[s], hi[s]);
+      const std::uint64_t klo = lo[s] ^ xxh3::read64(secret + stripe * 8 + 16 * t);
+      const std::uint64_t khi = hi[s] ^ xxh3::read64(secret + stripe * 8 + 16 * t + 8);
+      p.v[0] += hi[s] + (klo & 0xFFFFFFFFULL) * (klo >> 32);
+      p.v[1] += lo[s] + (khi & 0xFFFFFFFFULL) * (khi >> 32);
+    }
   }
   return p;
 }
@@ -190,12 +212,11 @@ inline std::vector<std::uint64_t> run_on_cpu(const std::vector<chunk_job>& jobs,
   for (std::uint64_t b = 0; b < blocks; ++b) {
     const auto& job = jobs[job_of(jobs.data(), jobs.size(), b)];
     const std::uint64_t at = (b - job.first_block) * xxh3::block_bytes;
-    lane_part part[8];
-    for (int lane = 0; lane < 8; ++lane) {
-      part[lane] =
-          block_lane(job.data + at, lane, secret, job.copy_to ? job.copy_to + at : nullptr);
+    for (int t = 0; t < 4; ++t) {
+      const auto p = block_pair(job.data + at, t, secret, job.copy_to ? job.copy_to + at : nullptr);
+      sums[b].v[2 * t] = p.v[0];
+      sums[b].v[2 * t + 1] = p.v[1];
     }
-    for (int lane = 0; lane < 8; ++lane) sums[b].v[lane] = part[lane].product + part[lane ^ 1].data;
   }
   std::vector<std::uint64_t> digests(jobs.size());
   for (std::size_t j = 0; j < jobs.size(); ++j) {

@@ -83,11 +83,14 @@ TEST_F(gpu_test, chunked_checksums_on_the_gpu_equal_the_cpu) {
     EXPECT_EQ((*got)[i], checksum_compute(host.data() + offsets[i], sizes[i], method))
         << "size " << sizes[i];
   }
-  // An unaligned start (a view into a tensor) takes the byte-wise reads.
-  gpu::device_range odd{static_cast<const unsigned char*>(dev->data()) + 3, 10000};
-  auto odd_sum = gpu::chunked_checksums({&odd, 1}, chunk);
-  ASSERT_TRUE(odd_sum) << odd_sum.error().message;
-  EXPECT_EQ((*odd_sum)[0], checksum_compute(host.data() + 3, 10000, method));
+  // Views into a tensor: an unaligned start takes the byte-wise reads, one 8- but not 16-byte
+  // aligned the 8-byte ones.
+  for (std::size_t shift : {3, 8}) {
+    gpu::device_range odd{static_cast<const unsigned char*>(dev->data()) + shift, 10000};
+    auto odd_sum = gpu::chunked_checksums({&odd, 1}, chunk);
+    ASSERT_TRUE(odd_sum) << odd_sum.error().message;
+    EXPECT_EQ((*odd_sum)[0], checksum_compute(host.data() + shift, 10000, method)) << shift;
+  }
 }
 
 // Publishing device tensors: one pass copies every byte and hashes it; the copy is exact and
@@ -126,6 +129,46 @@ TEST_F(gpu_test, copy_with_checksums_copies_every_byte_and_equals_the_cpu) {
   }
 }
 
+// Tensors of tens of MiB in 1 MiB chunks (more blocks than the GPU holds threads at once), beside
+// small ones: hashed, and hashed while copied, they equal the CPU's digests.
+TEST_F(gpu_test, large_tensors_in_many_chunks_equal_the_cpu) {
+  constexpr std::uint64_t chunk = 1 << 20;
+  const std::vector<std::size_t> sizes = {(std::size_t{40} << 20) + 77,   3000, 241,
+                                          (std::size_t{24} << 20) + 1024, 5,    (1 << 20) - 1};
+  std::size_t total = 0;
+  std::vector<std::size_t> offsets;
+  for (auto n : sizes) {
+    offsets.push_back(total);
+    total += (n + 255) / 256 * 256;
+  }
+  auto host = random_bytes(total, 14);
+  auto src = gpu::device_buffer::make(total);
+  auto dst = gpu::device_buffer::make(total);
+  ASSERT_TRUE(src && dst);
+  ASSERT_TRUE(src->upload(host.data(), total));
+  std::vector<gpu::device_range> ranges;
+  std::vector<gpu::device_copy> copies;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    ranges.push_back({static_cast<const unsigned char*>(src->data()) + offsets[i], sizes[i]});
+    copies.push_back({static_cast<unsigned char*>(dst->data()) + offsets[i],
+                      static_cast<const unsigned char*>(src->data()) + offsets[i], sizes[i]});
+  }
+  auto hashed = gpu::chunked_checksums(ranges, chunk);
+  ASSERT_TRUE(hashed) << hashed.error().message;
+  auto copied = gpu::copy_with_checksums(copies, chunk);
+  ASSERT_TRUE(copied) << copied.error().message;
+  std::vector<unsigned char> back(total);
+  ASSERT_TRUE(dst->download(back.data(), total));
+  const checksum_method method{checksum_algorithm::xxh3_64_chunked, chunk};
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const auto want = checksum_compute(host.data() + offsets[i], sizes[i], method);
+    EXPECT_EQ((*hashed)[i], want) << "size " << sizes[i];
+    EXPECT_EQ((*copied)[i], want) << "size " << sizes[i];
+    EXPECT_EQ(std::memcmp(back.data() + offsets[i], host.data() + offsets[i], sizes[i]), 0)
+        << "size " << sizes[i];
+  }
+}
+
 TEST_F(gpu_test, a_flipped_byte_in_any_chunk_is_caught) {
   constexpr std::uint64_t chunk = 65536;
   const std::size_t n = 5 * chunk + 1000;
@@ -155,8 +198,8 @@ namespace wsync::gpu {
 namespace {
 
 // What the kernels run, run on the CPU in their decomposition: the job plan (chunks, block
-// indices, jobs without blocks), the binary search from block to job, the eight threads per
-// block with the partner-lane exchange, and the per-chunk finish. Only the launch is left for a
+// indices, jobs without blocks), the binary search from block to job, the four threads per
+// block with two partner lanes each, and the per-chunk finish. Only the launch is left for a
 // GPU to check.
 TEST(gpu_kernel_plan, equals_the_cpu_checksum_in_the_kernels_decomposition) {
   constexpr std::uint64_t chunk = 4096;
@@ -183,7 +226,7 @@ TEST(gpu_kernel_plan, equals_the_cpu_checksum_in_the_kernels_decomposition) {
   }
 }
 
-// The copying form: every byte lands at its destination (blocks by their eight threads, tails
+// The copying form: every byte lands at its destination (blocks by their four threads, tails
 // and short chunks by copy_tail), and the digests do not change.
 TEST(gpu_kernel_plan, copies_every_byte_while_hashing) {
   constexpr std::uint64_t chunk = 4096;

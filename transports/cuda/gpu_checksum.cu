@@ -1,14 +1,15 @@
 // Chunked XXH3-64 on the GPU, in two kernels over chunk_jobs.hpp and xxh3_parts.hpp (whose
 // decomposition the CPU tests run and check against libxxhash):
-//   1. block_sums: eight threads per 1,024-byte block, each reading one 8-byte word of every
-//      stripe (so each load of a warp reads four whole 64-byte stripes, one per block), add up
-//      the block's contribution to the eight accumulators; every block of every chunk at once.
+//   1. block_sums: four threads per 1,024-byte block, each reading 16 bytes of every stripe
+//      (so each load of a warp reads eight whole 64-byte stripes, one per block), add up the
+//      block's contribution to the eight accumulators, two lanes each; every block of every
+//      chunk at once.
 //   2. chunk_finish: eight threads per chunk, each folding one accumulator lane over the
 //      chunk's block sums in order (the lanes are independent until the tail); the first of
 //      them gathers the lanes and hashes the tail; a chunk of 240 bytes or fewer takes the short
 //      path.
 // With a copy destination per job, the same pass copies the bytes it hashes (block_sums writes
-// the words it read; chunk_finish copies the bytes after the whole blocks): publishing device
+// the bytes it read; chunk_finish copies the bytes after the whole blocks): publishing device
 // tensors reads them once.
 // The per-tensor step (XXH3 of the chunk digests, a few KiB) runs on the CPU.
 
@@ -23,26 +24,27 @@
 namespace wsync::gpu::detail {
 namespace {
 
-__constant__ unsigned char secret_c[xxh3::secret_bytes];
+__constant__ __align__(16) unsigned char secret_c[xxh3::secret_bytes];
 
 constexpr unsigned threads_per_cta = 256;
 // What the device's default memory pool may keep between calls (the scratch of 4 GiB hashed).
 constexpr std::uint64_t scratch_kept_bytes = std::uint64_t{256} << 20;
 
+// No register cap: the kernel takes 90 registers (two CTAs per SM); capped at 80 or 64 it
+// spills, and publishing, which copies in the same pass, took about 15 and 30 % longer
+// (docs/benchmark.md).
 __global__ void block_sums(const chunk_job* jobs, std::size_t n, std::uint64_t blocks,
                            xxh3::lanes* sums) {
   const std::uint64_t g = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  const std::uint64_t b = g / 8;
-  const int lane = static_cast<int>(g % 8);
-  lane_part part;
-  if (b < blocks) {
-    const auto& job = jobs[job_of(jobs, n, b)];
-    const std::uint64_t at = (b - job.first_block) * xxh3::block_bytes;
-    part = block_lane(job.data + at, lane, secret_c, job.copy_to ? job.copy_to + at : nullptr);
-  }
-  // Every thread of the warp takes part in the shuffle, in range or not.
-  const std::uint64_t partner = __shfl_xor_sync(0xFFFFFFFFU, part.data, 1);
-  if (b < blocks) sums[b].v[lane] = part.product + partner;
+  const std::uint64_t b = g / 4;
+  const int t = static_cast<int>(g % 4);
+  if (b >= blocks) return;
+  const auto& job = jobs[job_of(jobs, n, b)];
+  const std::uint64_t at = (b - job.first_block) * xxh3::block_bytes;
+  const lane_pair p =
+      block_pair(job.data + at, t, secret_c, job.copy_to ? job.copy_to + at : nullptr);
+  // Lanes 2t and 2t + 1 together: 16 bytes at a 16-byte offset of the (64-byte) sum.
+  reinterpret_cast<ulonglong2*>(sums[b].v)[t] = make_ulonglong2(p.v[0], p.v[1]);
 }
 
 __global__ void chunk_finish(const chunk_job* jobs, std::size_t n, const xxh3::lanes* sums,
@@ -114,7 +116,7 @@ int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std:
                            stream),
            "cudaMemcpyAsync(jobs)")) {
     if (blocks > 0) {
-      block_sums<<<grid_for(blocks * 8), threads_per_cta, 0, stream>>>(jobs_d, n, blocks, sums_d);
+      block_sums<<<grid_for(blocks * 4), threads_per_cta, 0, stream>>>(jobs_d, n, blocks, sums_d);
       step(cudaGetLastError(), "block_sums launch");
     }
     chunk_finish<<<grid_for(n * 8), threads_per_cta, 0, stream>>>(jobs_d, n, sums_d, digests_d);
