@@ -13,6 +13,7 @@
 
 #include "cuda/device_common.hpp"
 #include "src/fd_passing.hpp"
+#include "src/slot_ring.hpp"
 
 namespace wsync::device_pool::detail {
 namespace {
@@ -118,15 +119,9 @@ class consumer final : public consumer_transport {
     }
     const auto& h = it->second;
     std::atomic_thread_fence(std::memory_order_acquire);
-    const auto gen = h.control->page->generation[h.slot].load(std::memory_order_acquire);
-    if (gen != h.generation) {
-      return make_error(errc::unknown_update,
-                        "unknown update_id: " + id + " was rewritten in " + kind_name(kind_) +
-                            " memory while it was read: its slot now holds generation " +
-                            std::to_string(gen) + ", the import had " +
-                            std::to_string(h.generation) + " (update_id=" + id + ")");
-    }
-    return {};
+    return slot_ring::unchanged(id, kind_name(kind_),
+                                h.control->page->generation[h.slot].load(std::memory_order_acquire),
+                                h.generation);
   }
 
   void release(const update_id& id) override {

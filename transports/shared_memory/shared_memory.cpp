@@ -235,16 +235,9 @@ class shm_consumer final : public consumer_transport {
 #if !defined(__SANITIZE_THREAD__)  // TSan refuses fences; it cannot see the other process anyway
     std::atomic_thread_fence(std::memory_order_acquire);
 #endif
-    const auto gen = it->second.header->generation.load(std::memory_order_acquire);
-    if (gen != it->second.generation) {
-      return make_error(errc::unknown_update,
-                        "unknown update_id: " + id +
-                            " was rewritten in shared memory while it was read: its slot now "
-                            "holds generation " +
-                            std::to_string(gen) + ", the import had " +
-                            std::to_string(it->second.generation) + " (update_id=" + id + ")");
-    }
-    return {};
+    return slot_ring::unchanged(id, "shared",
+                                it->second.header->generation.load(std::memory_order_acquire),
+                                it->second.generation);
   }
 
   void release(const update_id& id) override {

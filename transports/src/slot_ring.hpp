@@ -1,7 +1,8 @@
 #pragma once
 // The pooled-slot ring shared by the transports that allocate memory once and reuse it
 // (shared-memory, cuda-ipc, cuda-vmm): which slot an update gets, when the ring grows, when a
-// free slot too small for it is replaced, and how long to wait for one to come free.
+// free slot too small for it is replaced, how long to wait for one to come free, and what the
+// reader of a slot's generation (its seqlock) concludes.
 
 #include <chrono>
 #include <condition_variable>
@@ -87,6 +88,20 @@ result<Slot*> choose(std::vector<std::unique_ptr<Slot>>& slots, std::uint64_t ne
                                            std::to_string(max) + ")");
     }
   }
+}
+
+/// The reader's side of a slot's seqlock, once the reader has fenced its reads and loaded the
+/// slot's generation `now`: the publisher bumps the generation before it rewrites a slot, so
+/// `now` equal to the import's `had` means no byte read was rewritten. `memory` names where
+/// ("shared", "cuda-ipc").
+inline result<void> unchanged(const std::string& id, const std::string& memory, std::uint64_t now,
+                              std::uint64_t had) {
+  if (now == had) return {};
+  return make_error(errc::unknown_update,
+                    "unknown update_id: " + id + " was rewritten in " + memory +
+                        " memory while it was read: its slot now holds generation " +
+                        std::to_string(now) + ", the import had " + std::to_string(had) +
+                        " (update_id=" + id + ")");
 }
 
 }  // namespace wsync::slot_ring
