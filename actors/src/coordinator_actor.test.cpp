@@ -97,6 +97,33 @@ class coordinator_actor_test : public ::testing::Test {
   static rank_hello consumer_hello(std::int32_t rank, std::string with = token) {
     return hello_make(std::move(with), rank, "consumer", "n0", "m");
   }
+
+  // A consumer on `node` whose endpoint serves its node's ranks on `port`.
+  static rank_hello node_hello(std::int32_t rank, std::string node, std::uint16_t port) {
+    auto h = hello_make(token, rank, "consumer", std::move(node), "m");
+    h.node_port = port;
+    return h;
+  }
+
+  // The next lead message `who` gets: the leader's port and the leadership's epoch.
+  static std::pair<std::uint16_t, std::uint64_t> lead_of(caf::scoped_actor& who) {
+    std::pair<std::uint16_t, std::uint64_t> out{9, 0};
+    who->receive(
+        [&](lead_atom, const std::string& t, std::uint16_t port, std::uint64_t epoch) {
+          EXPECT_EQ(t, token);
+          out = {port, epoch};
+        },
+        caf::after(5s) >> [] { ADD_FAILURE() << "no lead message"; });
+    return out;
+  }
+
+  // The next update `who` is sent.
+  static update_available update_at(caf::scoped_actor& who) {
+    update_available u;
+    who->receive([&](update_atom, const update_available& got) { u = got; },
+                 caf::after(5s) >> [] { ADD_FAILURE() << "no update"; });
+    return u;
+  }
 };
 
 TEST_F(coordinator_actor_test, a_join_with_a_wrong_token_gets_no_token_back) {
@@ -312,32 +339,17 @@ TEST_F(coordinator_actor_test, an_endpoint_of_many_ranks_gets_one_update_and_ans
 TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_hands_over_on_exit) {
   caf::scoped_actor publisher{sys()};
   ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
-  auto leads = [&](caf::scoped_actor& who) {
-    std::pair<std::uint16_t, std::uint64_t> out{9, 0};
-    who->receive(
-        [&](lead_atom, const std::string& t, std::uint16_t port, std::uint64_t epoch) {
-          EXPECT_EQ(t, token);
-          out = {port, epoch};
-        },
-        caf::after(5s) >> [] { ADD_FAILURE() << "no lead message"; });
-    return out;
-  };
-  auto with_port = [](std::int32_t rank, std::string node, std::uint16_t port) {
-    auto h = hello_make(token, rank, "consumer", std::move(node), "m");
-    h.node_port = port;
-    return h;
-  };
   caf::scoped_actor member{sys()}, apart{sys()};
   std::uint64_t epoch = 0;
   {
     caf::scoped_actor leader{sys()};
-    ASSERT_EQ(join(leader, with_port(0, "n0", 4242)), std::make_pair(token, std::string()));
-    auto [port, e] = leads(leader);
+    ASSERT_EQ(join(leader, node_hello(0, "n0", 4242)), std::make_pair(token, std::string()));
+    auto [port, e] = lead_of(leader);
     EXPECT_EQ(port, 0) << "the first endpoint offering a port leads n0";
     epoch = e;
-    ASSERT_EQ(join(member, with_port(1, "n0", 4243)), std::make_pair(token, std::string()));
-    EXPECT_EQ(leads(member), std::make_pair(std::uint16_t{4242}, epoch));
-    ASSERT_EQ(join(apart, with_port(2, "n1", 0)), std::make_pair(token, std::string()));
+    ASSERT_EQ(join(member, node_hello(1, "n0", 4243)), std::make_pair(token, std::string()));
+    EXPECT_EQ(lead_of(member), std::make_pair(std::uint16_t{4242}, epoch));
+    ASSERT_EQ(join(apart, node_hello(2, "n1", 0)), std::make_pair(token, std::string()));
 
     // Only n0's leader, in its epoch, may carry ranks, and only ranks of its node.
     member->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {1}, true});
@@ -394,7 +406,7 @@ TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_han
     EXPECT_EQ(update.key, "m@2");
   }
   // The member leads n0 now, under a new epoch, and gets v2 again itself, marked as a resend.
-  auto [port, e2] = leads(member);
+  auto [port, e2] = lead_of(member);
   EXPECT_EQ(port, 0);
   EXPECT_NE(e2, epoch);
   update_available update;
@@ -411,33 +423,15 @@ TEST_F(coordinator_actor_test, a_node_leader_carries_its_nodes_endpoints_and_han
 TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_again) {
   caf::scoped_actor publisher{sys()}, member{sys()};
   ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
-  auto with_port = [](std::int32_t rank, std::uint16_t port) {
-    auto h = hello_make(token, rank, "consumer", "n0", "m");
-    h.node_port = port;
-    return h;
-  };
-  auto epoch_of = [&](caf::scoped_actor& who) {
-    std::uint64_t out = 0;
-    who->receive(
-        [&](lead_atom, const std::string&, std::uint16_t, std::uint64_t epoch) { out = epoch; },
-        caf::after(5s) >> [] { ADD_FAILURE() << "no lead message"; });
-    return out;
-  };
-  auto update_at = [&](caf::scoped_actor& who) {
-    update_available u;
-    who->receive([&](update_atom, const update_available& got) { u = got; },
-                 caf::after(5s) >> [] { ADD_FAILURE() << "no update"; });
-    return u;
-  };
   {
     caf::scoped_actor leader{sys()};
-    ASSERT_EQ(join(leader, with_port(0, 4242)), std::make_pair(token, std::string()));
-    const auto epoch = epoch_of(leader);
+    ASSERT_EQ(join(leader, node_hello(0, "n0", 4242)), std::make_pair(token, std::string()));
+    const auto epoch = lead_of(leader).second;
     publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(1)));
     EXPECT_EQ(update_at(leader).ranks, (std::vector<std::int32_t>{0}));
     // Rank 1 joins while v1 distributes; the leader carries it.
-    ASSERT_EQ(join(member, with_port(1, 4243)), std::make_pair(token, std::string()));
-    epoch_of(member);
+    ASSERT_EQ(join(member, node_hello(1, "n0", 4243)), std::make_pair(token, std::string()));
+    lead_of(member);
     leader->send(coordinator_, carry_atom::value, carry_notice{token, epoch, {1}, true});
     leader->send(
         coordinator_, report_atom::value,
@@ -447,8 +441,8 @@ TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_agai
     auto catch_up = update_at(leader);  // v1 for rank 1, through its carrier
     EXPECT_EQ(catch_up.key, "m@1");
     EXPECT_EQ(catch_up.ranks, (std::vector<std::int32_t>{1}));
-  }                  // the leader goes away before rank 1 answered
-  epoch_of(member);  // rank 1's endpoint leads n0 now
+  }                 // the leader goes away before rank 1 answered
+  lead_of(member);  // rank 1's endpoint leads n0 now
   auto again = update_at(member);
   EXPECT_EQ(again.key, "m@1");
   EXPECT_EQ(again.ranks, (std::vector<std::int32_t>{1}));

@@ -527,6 +527,13 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
   return out;
 }
 
+void coordinator_book::fail_silent(update_record& u, std::int32_t rank, rank_progress& p,
+                                   const char* reason, coord_clock::time_point now) {
+  p.reason = reason;
+  set_state(u, p, rank_state::failed, now);
+  set_may_hold(u, p, consumers_.count(rank) > 0);  // alive: it may still read the memory
+}
+
 // A committed version's unanswered entries are catch-ups (commit waited for every other one):
 // each has the update deadline from when it was sent. A rank silent past it is failed like one
 // silent on an update in flight, still holding the memory while it is joined, so its entry
@@ -539,9 +546,7 @@ void coordinator_book::expire_catch_ups(update_record& u, coord_clock::time_poin
     if (answered(p.state)) continue;
     auto sent = p.at.find(p.state);
     if (sent == p.at.end() || now - sent->second < config_.update_deadline) continue;
-    p.reason = "no answer to its catch-up before the update deadline";
-    set_state(u, p, rank_state::failed, now);
-    set_may_hold(u, p, consumers_.count(r) > 0);  // alive: it may still read the memory
+    fail_silent(u, r, p, "no answer to its catch-up before the update deadline", now);
     changed = true;
   }
   if (changed) check_released(u, out);
@@ -569,9 +574,7 @@ std::vector<book_effect> coordinator_book::expire(coord_clock::time_point now) {
     }
     for (auto& [r, p] : u.consumers) {
       if (answered(p.state)) continue;
-      p.reason = "no answer before the update deadline";
-      set_state(u, p, rank_state::failed, now);
-      set_may_hold(u, p, consumers_.count(r) > 0);  // alive: it may still read the memory
+      fail_silent(u, r, p, "no answer before the update deadline", now);
     }
     check_finished(u, now, out);
   }

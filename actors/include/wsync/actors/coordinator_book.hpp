@@ -186,6 +186,10 @@ class coordinator_book {
   /// consumer_entry for an answer (`verb`: "acknowledge", ...): refused unless the rank is
   /// pending or importing, or answers a catch-up the deadline failed (then no longer may_hold).
   result<entry> answering(const std::string& key, std::int32_t rank, const char* verb);
+  /// A consumer silent past a deadline: failed with `reason`, and still counted as holding the
+  /// update's memory while it is joined.
+  void fail_silent(update_record& u, std::int32_t rank, rank_progress& p, const char* reason,
+                   coord_clock::time_point now);
   /// Every change of a consumer's progress goes through these two, which keep `counts` true.
   void set_state(update_record& u, rank_progress& p, rank_state s, coord_clock::time_point now);
   void set_may_hold(update_record& u, rank_progress& p, bool may_hold);
