@@ -14,6 +14,14 @@
 #        (default OUT_DIR: build/gpu-bundle)
 # then, there: scripts/gpu_check.sh OUT_DIR/bin OUT_DIR_FOR_LOGS
 set -euo pipefail
+# The interpreter as an absolute path before the cd below (a bare name is looked up on PATH).
+if [ -n "${WSYNC_BUNDLE_PYTHON:-}" ]; then
+  given=$WSYNC_BUNDLE_PYTHON
+  WSYNC_BUNDLE_PYTHON=$(realpath -s "$(command -v "$given")" 2>/dev/null) || {
+    echo "gpu_bundle: WSYNC_BUNDLE_PYTHON=$given names no program" >&2
+    exit 2
+  }
+fi
 cd "$(dirname "$0")/.."
 out=${1:-build/gpu-bundle}
 scripts/build.sh default
@@ -39,7 +47,8 @@ if [ -n "${WSYNC_BUNDLE_PYTHON:-}" ]; then
   cp "$extra"/python/wsync/_wsync*.so "$out/python/wsync/"
 fi
 for so in "$out"/python/wsync/_wsync*.so; do
-  [ -e "$so" ] && strip --strip-debug "$so"
+  [ -e "$so" ] || continue  # a build without the Python module
+  strip --strip-debug "$so"
   binaries+=("$so")
 done
 # The C runtime and the loader come from the machine there; everything else travels.

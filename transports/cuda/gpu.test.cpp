@@ -99,9 +99,11 @@ TEST_F(gpu_test, copy_with_checksums_copies_every_byte_and_equals_the_cpu) {
   constexpr std::uint64_t chunk = 4096;
   const std::vector<std::size_t> sizes = {0, 1, 240, 241, 1024, 1025, 4097, (1 << 20) + 77, 9000};
   std::size_t total = 0;
-  std::vector<std::size_t> offsets;
+  std::vector<std::size_t> offsets, to;
   for (auto n : sizes) {
     offsets.push_back(total + (offsets.size() % 3 == 2 ? 2 : 0));  // some unaligned sources
+    // ...and some destinations 8- but not 16-byte aligned beside aligned sources.
+    to.push_back(offsets.back() + (to.size() % 3 == 1 ? 8 : 0));
     total += (n + 255) / 256 * 256 + 256;
   }
   auto host = random_bytes(total, 13);
@@ -113,7 +115,7 @@ TEST_F(gpu_test, copy_with_checksums_copies_every_byte_and_equals_the_cpu) {
   ASSERT_TRUE(dst->upload(poison.data(), total));
   std::vector<gpu::device_copy> copies;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    copies.push_back({static_cast<unsigned char*>(dst->data()) + offsets[i],
+    copies.push_back({static_cast<unsigned char*>(dst->data()) + to[i],
                       static_cast<const unsigned char*>(src->data()) + offsets[i], sizes[i]});
   }
   auto got = gpu::copy_with_checksums(copies, chunk);
@@ -124,13 +126,13 @@ TEST_F(gpu_test, copy_with_checksums_copies_every_byte_and_equals_the_cpu) {
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     EXPECT_EQ((*got)[i], checksum_compute(host.data() + offsets[i], sizes[i], method))
         << "size " << sizes[i];
-    EXPECT_EQ(std::memcmp(back.data() + offsets[i], host.data() + offsets[i], sizes[i]), 0)
+    EXPECT_EQ(std::memcmp(back.data() + to[i], host.data() + offsets[i], sizes[i]), 0)
         << "size " << sizes[i];
   }
 }
 
-// Tensors of tens of MiB in 1 MiB chunks (more blocks than the GPU holds threads at once), beside
-// small ones: hashed, and hashed while copied, they equal the CPU's digests.
+// Tensors of tens of MiB in 1 MiB chunks (four times more threads than a GPU runs at once),
+// beside small ones: hashed, and hashed while copied, they equal the CPU's digests.
 TEST_F(gpu_test, large_tensors_in_many_chunks_equal_the_cpu) {
   constexpr std::uint64_t chunk = 1 << 20;
   const std::vector<std::size_t> sizes = {(std::size_t{40} << 20) + 77,   3000, 241,

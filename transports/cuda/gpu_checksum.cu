@@ -33,6 +33,8 @@ constexpr std::uint64_t scratch_kept_bytes = std::uint64_t{256} << 20;
 // No register cap: the kernel takes 90 registers (two CTAs per SM); capped at 80 or 64 it
 // spills, and publishing, which copies in the same pass, took about 15 and 30 % longer
 // (docs/benchmark.md).
+static_assert(sizeof(xxh3::lanes) == 64, "block_sums stores a sum's lanes 16 bytes at a time");
+
 __global__ void block_sums(const chunk_job* jobs, std::size_t n, std::uint64_t blocks,
                            xxh3::lanes* sums) {
   const std::uint64_t g = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
@@ -43,7 +45,8 @@ __global__ void block_sums(const chunk_job* jobs, std::size_t n, std::uint64_t b
   const std::uint64_t at = (b - job.first_block) * xxh3::block_bytes;
   const lane_pair p =
       block_pair(job.data + at, t, secret_c, job.copy_to ? job.copy_to + at : nullptr);
-  // Lanes 2t and 2t + 1 together: 16 bytes at a 16-byte offset of the (64-byte) sum.
+  // Lanes 2t and 2t + 1 together: 16 bytes at a 16-byte offset of the 64-byte sum (the sums
+  // come from cudaMalloc(Async), 256-byte aligned).
   reinterpret_cast<ulonglong2*>(sums[b].v)[t] = make_ulonglong2(p.v[0], p.v[1]);
 }
 
