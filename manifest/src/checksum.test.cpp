@@ -129,6 +129,12 @@ TEST(xxh3_parts, equal_libxxhash_over_long_inputs_and_block_edges) {
         std::size_t{(1 << 20) + 2047}}) {
     ASSERT_EQ(parts_hash(data.data(), n), XXH3_64bits(data.data(), n)) << "length " << n;
   }
+  // fold_lane folds in batches of 32 block sums: whole batches, one over, one short.
+  for (std::size_t blocks : {31, 32, 33, 63, 64, 65}) {
+    const std::size_t n = blocks * xxh3::block_bytes + 1;  // `blocks` whole blocks, a 1-byte tail
+    ASSERT_EQ(xxh3::long_blocks(n), blocks);
+    ASSERT_EQ(parts_hash(data.data(), n), XXH3_64bits(data.data(), n)) << "length " << n;
+  }
 }
 
 TEST(xxh3_parts, block_sums_in_any_order_give_the_same_hash) {

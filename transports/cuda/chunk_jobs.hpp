@@ -12,12 +12,6 @@
 
 #include "wsync/manifest/xxh3_parts.hpp"
 
-#if defined(__CUDA_ARCH__)  // the device pass only: the host compiler does not know the pragma
-#define WSYNC_UNROLL _Pragma("unroll")
-#else
-#define WSYNC_UNROLL
-#endif
-
 namespace wsync::gpu::detail {
 
 /// One chunk: its bytes, the index of its first block among all jobs' blocks, and where its
@@ -133,12 +127,34 @@ WSYNC_HD inline std::uint64_t finish_lane(const chunk_job& job, const xxh3::lane
 }
 
 /// Thread `lane`'s share of copying what the blocks do not cover: the job's bytes after its
-/// whole blocks (all of a short job), every eighth byte.
+/// whole blocks (all of a short job), every eighth 8-byte word and then at most one byte.
+/// Every load comes before the first store: a load may not pass a store to memory that may be
+/// the same, so a load-store loop waits a whole memory latency per step, and this copy sits on
+/// the kernel's serial path.
 WSYNC_HD inline void copy_tail(const chunk_job& job, int lane) {
   if (!job.copy_to) return;
-  for (std::uint64_t i = blocks_of(job.len) * xxh3::block_bytes + lane; i < job.len; i += 8) {
-    job.copy_to[i] = job.data[i];
+  // A tail is at most one block: XXH3 leaves 1 to 1,024 bytes of a long input to its tail
+  // (xxh3::long_blocks), and a short job is 240 bytes or fewer.
+  constexpr std::uint64_t words_per_lane = xxh3::block_bytes / 8 / 8;
+  const std::uint64_t from = blocks_of(job.len) * xxh3::block_bytes;
+  const unsigned char* in = job.data + from;
+  unsigned char* out = job.copy_to + from;
+  const std::uint64_t n = job.len - from;
+  const std::uint64_t words = n / 8;
+  std::uint64_t w[words_per_lane] = {};
+  WSYNC_UNROLL
+  for (std::uint64_t k = 0; k < words_per_lane; ++k) {
+    const std::uint64_t i = lane + 8 * k;
+    if (i < words) w[k] = xxh3::read64(in + 8 * i);
   }
+  const std::uint64_t last = 8 * words + lane;
+  const unsigned char byte = last < n ? in[last] : 0;
+  WSYNC_UNROLL
+  for (std::uint64_t k = 0; k < words_per_lane; ++k) {
+    const std::uint64_t i = lane + 8 * k;
+    if (i < words) write64(out + 8 * i, w[k]);
+  }
+  if (last < n) out[last] = byte;
 }
 
 /// A job's digest from its eight folded lanes (finish_lane): the tail and the merge.

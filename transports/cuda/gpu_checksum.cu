@@ -27,6 +27,9 @@ namespace {
 __constant__ __align__(16) unsigned char secret_c[xxh3::secret_bytes];
 
 constexpr unsigned threads_per_cta = 256;
+// chunk_finish holds 64 block sums per thread in registers (xxh3::fold_lane loads the next 32
+// while it folds the last 32): 160 registers, so one CTA of 256 per SM; CTAs of 128 fit three.
+constexpr unsigned finish_threads_per_cta = 128;
 // What the device's default memory pool may keep between calls (the scratch of 4 GiB hashed).
 constexpr std::uint64_t scratch_kept_bytes = std::uint64_t{256} << 20;
 
@@ -64,8 +67,8 @@ __global__ void chunk_finish(const chunk_job* jobs, std::size_t n, const xxh3::l
   if (j < n && lane == 0) digests[j] = finish(jobs[j], folded, secret_c);
 }
 
-unsigned grid_for(std::uint64_t threads) {
-  return static_cast<unsigned>((threads + threads_per_cta - 1) / threads_per_cta);
+unsigned grid_for(std::uint64_t threads, unsigned per_cta = threads_per_cta) {
+  return static_cast<unsigned>((threads + per_cta - 1) / per_cta);
 }
 
 }  // namespace
@@ -122,7 +125,8 @@ int chunk_digests(const std::vector<chunk_job>& jobs, std::uint64_t blocks, std:
       block_sums<<<grid_for(blocks * 4), threads_per_cta, 0, stream>>>(jobs_d, n, blocks, sums_d);
       step(cudaGetLastError(), "block_sums launch");
     }
-    chunk_finish<<<grid_for(n * 8), threads_per_cta, 0, stream>>>(jobs_d, n, sums_d, digests_d);
+    chunk_finish<<<grid_for(n * 8, finish_threads_per_cta), finish_threads_per_cta, 0, stream>>>(
+        jobs_d, n, sums_d, digests_d);
     step(cudaGetLastError(), "chunk_finish launch");
     step(cudaMemcpyAsync(digests, digests_d, n * sizeof(std::uint64_t), cudaMemcpyDeviceToHost,
                          stream),

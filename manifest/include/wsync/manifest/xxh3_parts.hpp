@@ -24,6 +24,12 @@
 #define WSYNC_HD
 #endif
 
+#if defined(__CUDA_ARCH__)  // the device pass only: the host compiler does not know the pragma
+#define WSYNC_UNROLL _Pragma("unroll")
+#else
+#define WSYNC_UNROLL
+#endif
+
 namespace wsync::xxh3 {
 
 inline constexpr std::size_t secret_bytes = 192;
@@ -191,10 +197,27 @@ WSYNC_HD inline std::size_t long_blocks(std::size_t len) {
   return (len - 1) / block_bytes;
 }
 
-/// Accumulator lane i's starting value.
+/// Accumulator lane i's starting value. A switch, not a table: a GPU thread whose lane is only
+/// known at run time would read a table from local memory, a memory latency on the serial path.
 WSYNC_HD inline std::uint64_t lane_init(int i) {
-  const std::uint64_t init[8] = {p32_3, p64_1, p64_2, p64_3, p64_4, p32_2, p64_5, p32_1};
-  return init[i];
+  switch (i) {
+    case 0:
+      return p32_3;
+    case 1:
+      return p64_1;
+    case 2:
+      return p64_2;
+    case 3:
+      return p64_3;
+    case 4:
+      return p64_4;
+    case 5:
+      return p32_2;
+    case 6:
+      return p64_5;
+    default:
+      return p32_1;
+  }
 }
 
 /// The serial part, one lane at a time: lane i of the accumulators after the first `blocks`
@@ -209,16 +232,33 @@ WSYNC_HD inline std::uint64_t fold_lane(int i, const lanes* sums, std::size_t bl
     a ^= key;
     acc = a * p32_1;
   };
-  // 32 sums loaded ahead of their steps: only the arithmetic is serial, not the loads (on a
-  // GPU each load would otherwise wait its full latency).
+  // In batches of 32 sums, each batch's loads issued before the previous batch's steps, so a
+  // GPU thread's loads wait while it computes, not between batches (or, without batches, at
+  // every block). The last batch may be partial: its loads are issued together too (a 1 MiB chunk
+  // has 1,023 whole blocks, 31 of them in the last batch).
   constexpr std::size_t ahead = 32;
-  std::size_t b = 0;
-  for (; b + ahead <= blocks; b += ahead) {
-    std::uint64_t next[ahead];
-    for (std::size_t k = 0; k < ahead; ++k) next[k] = sums[b + k].v[i];
-    for (std::size_t k = 0; k < ahead; ++k) step(next[k]);
+  std::uint64_t next[ahead];
+  auto load = [&](std::size_t from) {
+    if (from + ahead <= blocks) {
+      WSYNC_UNROLL
+      for (std::size_t k = 0; k < ahead; ++k) next[k] = sums[from + k].v[i];
+    } else {
+      WSYNC_UNROLL
+      for (std::size_t k = 0; k < ahead; ++k) next[k] = from + k < blocks ? sums[from + k].v[i] : 0;
+    }
+  };
+  load(0);
+  for (std::size_t b = 0; b < blocks; b += ahead) {
+    std::uint64_t now[ahead];
+    WSYNC_UNROLL
+    for (std::size_t k = 0; k < ahead; ++k) now[k] = next[k];
+    if (b + ahead < blocks) load(b + ahead);
+    const std::size_t n = blocks - b < ahead ? blocks - b : ahead;
+    WSYNC_UNROLL
+    for (std::size_t k = 0; k < ahead; ++k) {
+      if (k < n) step(now[k]);
+    }
   }
-  for (; b < blocks; ++b) step(sums[b].v[i]);
   return acc;
 }
 
