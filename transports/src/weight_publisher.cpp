@@ -53,6 +53,7 @@ result<void> pack_tensors(std::span<const tensor_source> tensors, std::uint64_t 
                           std::vector<tensor_descriptor>& descriptors,
                           std::vector<segment_descriptor>& segments) {
   descriptors.clear();
+  descriptors.reserve(tensors.size());
   segments.clear();
   // A segment ends at its last tensor rounded up to the alignment, but never past the limit
   // (unless a single tensor is larger than the limit on its own).
@@ -389,7 +390,8 @@ result<weight_update_manifest> weight_publisher::publish(
   published_any_ = true;
   last_version_ = weight_version;
   publication p;
-  p.manifest = m;
+  p.id = m.update_id;
+  p.weight_version = weight_version;
   for (auto rank : expected_consumers) p.consumers[rank] = {};
   auto [it, inserted] = updates_.emplace(m.update_id, std::move(p));
   order_.push_back(m.update_id);
@@ -418,7 +420,7 @@ std::optional<error> weight_publisher::version_refusal_locked(
   // The same version again: a retry, once every publication of it was given back.
   if (config_.coordinator_orders_versions) return std::nullopt;
   for (const auto& [id, p] : updates_) {
-    if (p.manifest.weight_version == weight_version && !p.memory_released) {
+    if (p.weight_version == weight_version && !p.memory_released) {
       return make_error(errc::version_not_monotonic,
                         why + ", and its publication update_id=" + id +
                             " is still held (release it to publish version " +
@@ -434,7 +436,7 @@ void weight_publisher::maybe_release_locked(publication& p) {
     if (r.outcome != consumer_outcome::released && r.outcome != consumer_outcome::failed) return;
   }
   p.memory_released = true;
-  transport_->release(p.manifest.update_id);
+  transport_->release(p.id);
 }
 
 result<void> weight_publisher::report(const update_id& id, std::int32_t rank,

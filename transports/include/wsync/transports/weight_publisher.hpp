@@ -71,9 +71,12 @@ struct consumer_report {
   std::string reason;
 };
 
-/// Per-update status: the manifest and each expected consumer's answer.
+/// Per-update status: which update it is and each expected consumer's answer. (Not the
+/// manifest: publish returned that, and a copy of every tensor's descriptor per update would
+/// cost each publish a few hundred allocations for nothing the publisher reads.)
 struct publication {
-  weight_update_manifest manifest;
+  update_id id;
+  std::uint64_t weight_version = 0;
   std::map<std::int32_t, consumer_report> consumers;
   bool memory_released = false;
 };
