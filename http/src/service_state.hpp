@@ -223,8 +223,8 @@ struct weight_transfer_service::impl {
     nccl::packing how;
     weight_update_manifest manifest;  ///< its checksums come with the receive
   };
-  // /update_weights, under phase_mutex.
-  http_reply update_weights(std::string_view body);
+  // /update_weights, under phase_mutex: nullopt when the update's chunks are taken.
+  std::optional<refusal> update_weights(std::string_view body);
   // NCCL mode: checks one update_info (at `where`) before a byte moves; its names must not be
   // in `taken` (the names received or checked before it in this update), and join it.
   // "" or the first problem.

@@ -356,41 +356,39 @@ http_reply weight_transfer_service::update(std::string_view body) {
   if (auto r = impl_->refuse_when_following("update_weights")) return *r;
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
-  auto r = s.update_weights(body);
-  if (r.status != 200 && s.nccl_group) {
-    // The trainer broadcasts while this call is in flight: a call refused before its receives
-    // leaves those broadcasts to be taken by the next one, as the wrong tensors. The group goes.
-    const auto why = nlohmann::json::parse(r.body, nullptr, false).value("error", r.body);
-    s.nccl_drop("update_weights was refused (" + why + ")");
-    return fail(r.status, why +
+  auto no = s.update_weights(body);
+  if (!no) return reply(200, {{"message", "Weights updated"}});
+  if (!s.nccl_group) return fail(no->status, no->message);
+  // The trainer broadcasts while this call is in flight: a call refused before its receives
+  // leaves those broadcasts to be taken by the next one, as the wrong tensors. The group goes.
+  s.nccl_drop("update_weights was refused (" + no->message + ")");
+  return fail(no->status, no->message +
                               "; the trainer's broadcasts for this call have no receiver, so the "
                               "NCCL group is aborted and the update dropped: call "
                               "/init_weight_transfer_engine again");
-  }
-  return r;
 }
 
-// Under phase_mutex.
-http_reply weight_transfer_service::impl::update_weights(std::string_view body) {
+// Under phase_mutex. nullopt: the update's chunks are taken.
+std::optional<refusal> weight_transfer_service::impl::update_weights(std::string_view body) {
   auto& s = *this;
-  http_reply error;
-  auto j = parse_body(body, false, error);
-  if (!j) return error;
-  if (!j->contains("update_info")) return fail(400, "update_info: missing in request body");
+  std::string bad_body;
+  auto j = read_body(body, false, bad_body);
+  if (!j) return refusal{400, bad_body};
+  if (!j->contains("update_info")) return refusal{400, "update_info: missing in request body"};
   std::vector<json> infos;
   const auto& given = (*j)["update_info"];
   if (given.is_object()) {
     infos.push_back(given);
   } else if (given.is_array() && !given.empty()) {
     for (const auto& i : given) {
-      if (!i.is_object()) return fail(400, "update_info: every entry must be a JSON object");
+      if (!i.is_object()) return refusal{400, "update_info: every entry must be a JSON object"};
       infos.push_back(i);
     }
   } else {
-    return fail(400, "update_info: must be a JSON object (or a non-empty list of them)");
+    return refusal{400, "update_info: must be a JSON object (or a non-empty list of them)"};
   }
   if (s.current != phase::started) {
-    return fail(409, s.not_started("update_weights"));
+    return refusal{409, s.not_started("update_weights")};
   }
   if (s.nccl_mode()) {
     // Every entry is checked before the first receive: what the trainer broadcasts must be
@@ -404,14 +402,16 @@ http_reply weight_transfer_service::impl::update_weights(std::string_view body) 
       std::string where =
           infos.size() == 1 ? "update_info" : "update_info[" + std::to_string(k) + "]";
       if (auto why = s.nccl_check(infos[k], where, taken, entries[k]); !why.empty()) {
-        return fail(400, why);
+        return refusal{400, why};
       }
     }
     for (auto& e : entries) {
       int status = 500;
-      if (auto why = s.nccl_receive(std::move(e), status); !why.empty()) return fail(status, why);
+      if (auto why = s.nccl_receive(std::move(e), status); !why.empty()) {
+        return refusal{status, why};
+      }
     }
-    return reply(200, {{"message", "Weights updated"}});
+    return std::nullopt;
   }
   // Check every chunk before keeping any: a refused request changes nothing.
   auto taken = s.shards;
@@ -422,17 +422,17 @@ http_reply weight_transfer_service::impl::update_weights(std::string_view body) 
     if (info.contains("manifest")) {
       if (auto why = s.accept_manifest(info["manifest"], where + ".manifest", taken);
           !why.empty()) {
-        return fail(400, why);
+        return refusal{400, why};
       }
     } else if (taken.empty()) {
-      return fail(400, where + ".manifest: missing, and no manifest of this update came before");
+      return refusal{400, where + ".manifest: missing, and no manifest of this update came before"};
     }
     if (auto why = check_chunk(info, where, taken, "dtype_names"); !why.empty()) {
-      return fail(400, why);
+      return refusal{400, why};
     }
   }
   s.shards = std::move(taken);
-  return reply(200, {{"message", "Weights updated"}});
+  return std::nullopt;
 }
 
 http_reply weight_transfer_service::finish(std::string_view body) {
