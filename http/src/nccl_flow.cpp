@@ -171,11 +171,19 @@ http_reply weight_transfer_service::impl::nccl_init(const json& info) {
   // One wsync rank per HTTP service: it is vLLM's worker 0 of this server.
   const int rank = static_cast<int>(info["rank_offset"].get<std::int64_t>());
   const int world = static_cast<int>(info["world_size"].get<std::int64_t>());
-  nccl_group.reset();  // a new init leaves the old group first
+  // A new init leaves the old group first (its trainer has moved on to the new one).
+  const bool had_group = nccl_group != nullptr;
+  nccl_group.reset();
   const auto join = config.nccl_join ? config.nccl_join : nccl::join_endpoint;
   const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(world);
   auto group = join(*id, world, rank, config.cuda_device, config.nccl_timeout);
   if (!group) {
+    if (had_group) {
+      // The old group is gone and no new one came: the rank is as after a drop, and start
+      // says so until an init joins (not "ready" with no group to receive from).
+      nccl_lost = "an init to join a new group failed: " + group.error().message;
+      current = phase::uninitialized;
+    }
     if (group.error().code == errc::blocked) {
       return fail(400, "init_info.nccl_unique_id_b64: " + group.error().message);
     }

@@ -78,6 +78,10 @@ class nccl_flow_test : public ::testing::Test {
     c.nccl_timeout = 2s;
     c.nccl_join = [this](const nccl::unique_id& id, int world, int rank, int device,
                          std::chrono::milliseconds) {
+      if (!join_error.empty()) {
+        return result<std::unique_ptr<nccl::broadcast_endpoint>>(
+            make_error(errc::io_error, join_error));
+      }
       joined_id = id;
       joined_world = world;
       joined_rank = rank;
@@ -91,6 +95,7 @@ class nccl_flow_test : public ::testing::Test {
   }
 
   testing::host_trainer::ending ended;  // the last trainer the rank dropped
+  std::string join_error;               // when set, joining fails with it
 
   json init_info(bool packed = false, std::uint64_t buffer = 1 << 30) const {
     nccl::unique_id id{};
@@ -304,6 +309,36 @@ TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_j
   r = service_.finish("");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(body(r)["weight_version"], 2);
+  expect_serving(two);
+}
+
+TEST_F(nccl_flow_test, a_failed_re_init_leaves_the_rank_waiting_for_a_group_not_ready) {
+  ASSERT_EQ(init(init_info()).status, 200);
+  model_step one(1);
+  trainer->sends = testing::trainer_broadcasts(one.bytes, false, 0);
+  ASSERT_EQ(service_.start("").status, 200);
+  ASSERT_EQ(update(one.update_info()).status, 200);
+  ASSERT_EQ(service_.finish("").status, 200);
+
+  // The trainer makes a new group; joining it fails. The old group was left for it, so the
+  // rank has none: start must say so, not answer 200 for an update that cannot arrive.
+  join_error = "ncclCommInitRank: remote process exited";
+  auto r = init(init_info());
+  EXPECT_EQ(r.status, 500) << r.body;
+  EXPECT_NE(error_of(r).find("remote process exited"), std::string::npos) << r.body;
+  r = service_.start("");
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(error_of(r).find("call /init_weight_transfer_engine first"), std::string::npos)
+      << r.body;
+  expect_serving(one);  // the active version stays whole
+
+  join_error.clear();
+  ASSERT_EQ(init(init_info()).status, 200);
+  model_step two(2);
+  trainer->sends = testing::trainer_broadcasts(two.bytes, false, 0);
+  ASSERT_EQ(service_.start("").status, 200);
+  ASSERT_EQ(update(two.update_info()).status, 200);
+  ASSERT_EQ(service_.finish("").status, 200);
   expect_serving(two);
 }
 
