@@ -44,7 +44,9 @@ http_reply weight_transfer_service::world_size(std::string_view include_dp) cons
   const auto dp = include_dp.empty() ? std::optional<bool>(true) : query_flag(include_dp);
   if (!dp) return fail(400, "include_dp: \"" + std::string(include_dp) + "\" is not a boolean");
   const auto& c = impl_->config;
-  return reply(200, {{"world_size", *dp ? c.world_size * c.data_parallel : c.world_size}});
+  // In 64 bits: each may be up to 2^20 (the CLI's bound), their product is not an int32.
+  const std::int64_t all = std::int64_t{c.world_size} * c.data_parallel;
+  return reply(200, {{"world_size", *dp ? all : std::int64_t{c.world_size}}});
 }
 
 http_reply weight_transfer_service::generate(std::string_view body) {

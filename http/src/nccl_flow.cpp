@@ -148,7 +148,7 @@ http_reply weight_transfer_service::impl::nccl_init(const json& info) {
   }
   // One rank joins per server; a trainer that sizes its group by /get_world_size would wait
   // for ranks that never come.
-  if (const auto served = config.world_size * config.data_parallel; served != 1) {
+  if (const auto served = std::int64_t{config.world_size} * config.data_parallel; served != 1) {
     return fail(400,
                 "init_info.nccl_unique_id_b64: NCCL mode joins one rank per server, but "
                 "this server answers /get_world_size " +

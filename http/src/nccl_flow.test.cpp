@@ -354,6 +354,16 @@ TEST_F(nccl_flow_test, a_server_that_reports_several_workers_refuses_nccl_mode) 
             "answers /get_world_size 4 (--world-size 2 x --data-parallel 2); serve NCCL mode with "
             "--world-size 1 --data-parallel 1");
   EXPECT_EQ(trainer, nullptr);  // nothing joined
+
+  // At the CLI's bounds the product is past 32 bits: it is answered whole, and still refused.
+  c.world_size = c.data_parallel = 1 << 20;
+  weight_transfer_service widest(c);
+  EXPECT_EQ(body(widest.world_size("true"))["world_size"], std::int64_t{1} << 40);
+  EXPECT_EQ(body(widest.world_size("false"))["world_size"], 1 << 20);
+  r = widest.init(json{{"init_info", init_info()}}.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(error_of(r).find("answers /get_world_size 1099511627776 "), std::string::npos)
+      << r.body;
 }
 
 TEST_F(nccl_flow_test, nccl_mode_and_manifest_transports_do_not_mix) {
