@@ -30,7 +30,7 @@ class http_follower final : public consumer_observer {
     // that is about to go: those in flight or held by a pause end, then the gateway's threads are
     // joined.
     service_.detach_ranks();
-    service_.stop_generating();
+    service_.stop_waiting();
     gateway_.stop();
   }
 
@@ -68,7 +68,8 @@ int standalone_consumer_run(const standalone_options& options) {
            options.http.host + ":" + std::to_string(*port) +
            (options.http.token.empty() ? "" : " (bearer token required)"));
   wait_for_signal();
-  service.stop_generating();  // a generation held by a pause would keep stop() waiting
+  service
+      .stop_waiting();  // a generation held by a pause, or an NCCL wait, would keep stop() waiting
   gateway.stop();
   return 0;
 }

@@ -361,7 +361,7 @@ TEST_F(http_gateway_test, generations_held_by_a_pause_leave_room_for_resume) {
   small.stop();
 }
 
-// Shutting down while a pause holds generations: stop_generating ends them, so the gateway's
+// Shutting down while a pause holds generations: stop_waiting ends them, so the gateway's
 // threads can be joined (a SIGTERM'd standalone rank does this).
 TEST_F(http_gateway_test, stopping_ends_generations_a_pause_holds) {
   ASSERT_EQ(install(1), 200);
@@ -373,7 +373,7 @@ TEST_F(http_gateway_test, stopping_ends_generations_a_pause_holds) {
     std::this_thread::sleep_for(1ms);
   }
   ASSERT_EQ(service_metric("wsync_generations_waiting"), 1);  // the path this test is about
-  service_.stop_generating();
+  service_.stop_waiting();
   EXPECT_EQ(running.get()["status"], "aborted");
   EXPECT_EQ(waiting.get()["status"], "aborted");
   auto stopped = std::async(std::launch::async, [&] { gateway_.stop(); });

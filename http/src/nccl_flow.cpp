@@ -176,7 +176,7 @@ http_reply weight_transfer_service::impl::nccl_init(const json& info) {
   nccl_group.reset();
   const auto join = config.nccl_join ? config.nccl_join : nccl::join_endpoint;
   const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(world);
-  auto group = join(*id, world, rank, config.cuda_device, config.nccl_timeout);
+  auto group = join(*id, world, rank, config.cuda_device, config.nccl_timeout, &nccl_cancel);
   if (!group) {
     if (had_group) {
       // The old group is gone and no new one came: the rank is as after a drop, and start

@@ -77,7 +77,8 @@ class nccl_flow_test : public ::testing::Test {
     c.rank = 0;
     c.nccl_timeout = 2s;
     c.nccl_join = [this](const nccl::unique_id& id, int world, int rank, int device,
-                         std::chrono::milliseconds) {
+                         std::chrono::milliseconds, const std::atomic<bool>* cancel) {
+      join_cancel = cancel;
       if (!join_error.empty()) {
         return result<std::unique_ptr<nccl::broadcast_endpoint>>(
             make_error(errc::io_error, join_error));
@@ -94,8 +95,9 @@ class nccl_flow_test : public ::testing::Test {
     return c;
   }
 
-  testing::host_trainer::ending ended;  // the last trainer the rank dropped
-  std::string join_error;               // when set, joining fails with it
+  testing::host_trainer::ending ended;             // the last trainer the rank dropped
+  std::string join_error;                          // when set, joining fails with it
+  const std::atomic<bool>* join_cancel = nullptr;  // the flag the last join was handed
 
   json init_info(bool packed = false, std::uint64_t buffer = 1 << 30) const {
     nccl::unique_id id{};
@@ -340,6 +342,16 @@ TEST_F(nccl_flow_test, a_failed_re_init_leaves_the_rank_waiting_for_a_group_not_
   ASSERT_EQ(update(two.update_info()).status, 200);
   ASSERT_EQ(service_.finish("").status, 200);
   expect_serving(two);
+}
+
+// Shutting down must not wait out --nccl-timeout-ms behind a join or receive: the group is
+// joined with a flag that stop_waiting sets (the communicator then fails its waits at once).
+TEST_F(nccl_flow_test, stop_waiting_cancels_the_groups_waits) {
+  ASSERT_EQ(init(init_info()).status, 200);
+  ASSERT_NE(join_cancel, nullptr);
+  EXPECT_FALSE(join_cancel->load());
+  service_.stop_waiting();
+  EXPECT_TRUE(join_cancel->load());
 }
 
 TEST_F(nccl_flow_test, a_server_that_reports_several_workers_refuses_nccl_mode) {

@@ -160,6 +160,7 @@ struct weight_transfer_service::impl {
   // vLLM's NCCL mode (nccl_flow.cpp): the trainer's group this rank joined, how the trainer
   // packs, and the consumer transport (owned by `consumer`) that hands what was received to
   // the executor. An aborted receive drops the group: `nccl_lost` says why until the next init.
+  std::atomic<bool> nccl_cancel{false};  // set by stop_waiting; outlives nccl_group
   std::unique_ptr<nccl::broadcast_endpoint> nccl_group;
   nccl::packing nccl_packing;
   class received_segments* received = nullptr;

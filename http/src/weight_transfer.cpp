@@ -135,7 +135,8 @@ void weight_transfer_service::detach_ranks() {
   for (auto& slot : impl_->ranks) slot.runtime = nullptr;
 }
 
-void weight_transfer_service::stop_generating() {
+void weight_transfer_service::stop_waiting() {
+  impl_->nccl_cancel.store(true);
   impl_->generation.close();
 }
 

@@ -74,9 +74,10 @@ class nccl_endpoint final : public broadcast_endpoint {
 
 result<std::unique_ptr<broadcast_endpoint>> join_endpoint(const unique_id& id, int world, int rank,
                                                           int device,
-                                                          std::chrono::milliseconds timeout) {
+                                                          std::chrono::milliseconds timeout,
+                                                          const std::atomic<bool>* cancel) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto comm = communicator::join(id, world, rank, device, timeout);
+  auto comm = communicator::join(id, world, rank, device, timeout, cancel);
   if (!comm) return comm.error();
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
@@ -88,7 +89,8 @@ result<std::unique_ptr<broadcast_endpoint>> join_endpoint(const unique_id& id, i
 #else
 
 result<std::unique_ptr<broadcast_endpoint>> join_endpoint(const unique_id&, int, int, int,
-                                                          std::chrono::milliseconds) {
+                                                          std::chrono::milliseconds,
+                                                          const std::atomic<bool>*) {
   return ready().error();
 }
 

@@ -8,6 +8,7 @@
 // failed install: 500 with the reason, the previous version stays active. The weights change
 // only at a successful finish, atomically (under the generation gate).
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -27,9 +28,10 @@ class broadcast_endpoint;
 }
 
 /// How vLLM's NCCL mode joins the trainer's group: (unique id, world size, this rank, CUDA
-/// device, timeout) -> the receiving endpoint.
+/// device, timeout, cancel flag) -> the receiving endpoint. Once the flag (it outlives the
+/// endpoint) is set, the join and every later wait of the endpoint fail at once.
 using nccl_join_fn = std::function<result<std::unique_ptr<nccl::broadcast_endpoint>>(
-    const nccl::unique_id&, int, int, int, std::chrono::milliseconds)>;
+    const nccl::unique_id&, int, int, int, std::chrono::milliseconds, const std::atomic<bool>*)>;
 
 struct http_reply {
   int status = 200;
@@ -70,10 +72,12 @@ class weight_transfer_service {
                      std::uint64_t bytes);
   /// The ranks' runtimes are going away: /generate answers 503 from now on.
   void detach_ranks();
-  /// Shutting down (either mode): every generation in flight, held by a pause or waiting to
-  /// begin ends as aborted, and any later one at its first step; returns once none runs. Call
-  /// it before the gateway stops: such generations hold the gateway's threads.
-  void stop_generating();
+  /// Shutting down (either mode), from any thread: every generation in flight, held by a pause
+  /// or waiting to begin ends as aborted, and any later one at its first step; an NCCL join or
+  /// receive in progress fails at once (its group aborted), and so does any later one. Returns
+  /// once no generation runs. Call it before the gateway stops: these hold the gateway's
+  /// threads (an NCCL wait for up to --nccl-timeout-ms).
+  void stop_waiting();
   weight_transfer_service(const weight_transfer_service&) = delete;
   weight_transfer_service& operator=(const weight_transfer_service&) = delete;
 

@@ -7,6 +7,7 @@
 // update. The communicator side is an interface: NCCL in production (join_endpoint), an
 // in-process trainer in the tests, so the pipeline is tested on machines without a GPU.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -78,10 +79,11 @@ class broadcast_endpoint {
 
 /// Joins the NCCL group of `id` as `rank` of `world` on CUDA device `device` and runs vLLM's
 /// warm-up (a one-element all_reduce), within `timeout`. errc::blocked where NCCL cannot run
-/// here (nccl::ready()).
-result<std::unique_ptr<broadcast_endpoint>> join_endpoint(const unique_id& id, int world, int rank,
-                                                          int device,
-                                                          std::chrono::milliseconds timeout);
+/// here (nccl::ready()). Once `*cancel` (when given; it must outlive the endpoint) is set, from
+/// any thread, the join and every later wait fail at once with errc::io_error ("cancelled").
+result<std::unique_ptr<broadcast_endpoint>> join_endpoint(
+    const unique_id& id, int world, int rank, int device, std::chrono::milliseconds timeout,
+    const std::atomic<bool>* cancel = nullptr);
 
 /// One /update_weights' tensors, received.
 struct received_tensors {
