@@ -179,6 +179,35 @@ TEST_F(http_gateway_test, a_failed_version_is_retried) {
       << refused->body;
 }
 
+// A trainer that restarts mid-update calls init again: what its last life sent is dropped
+// (finishing it would install part of an update), the active version stays, and the phase is
+// ready for a new start. A refused init (another transport) changes nothing.
+TEST_F(http_gateway_test, an_init_while_an_update_is_started_drops_that_update) {
+  ASSERT_EQ(install(1), 200);
+  auto m = publisher_->publish(tensors_.fill(2), 2, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  ASSERT_EQ(post_status("/start_weight_update"), 200);
+  const auto manifest = json::parse(manifest_to_json(*m));
+  ASSERT_EQ(post_status("/update_weights", json{{"update_info", {{"manifest", manifest}}}}.dump()),
+            200);
+  EXPECT_EQ(
+      post_status("/init_weight_transfer_engine", R"({"init_info":{"transport":"file-mmap"}})"),
+      400);
+  EXPECT_EQ(get_json("/status")["phase"], "started");
+  ASSERT_EQ(post_status("/init_weight_transfer_engine", R"({"init_info":{}})"), 200);
+  EXPECT_EQ(get_json("/status")["phase"], "ready");
+  EXPECT_EQ(post_status("/finish_weight_update"), 409);  // nothing left to finish
+  EXPECT_EQ(get_json("/status")["active_weight_version"], 1);
+  // The same version comes again, whole, from the new start.
+  ASSERT_EQ(post_status("/start_weight_update"), 200);
+  ASSERT_EQ(post_status("/update_weights", json{{"update_info", {{"manifest", manifest}}}}.dump()),
+            200);
+  ASSERT_EQ(post_status("/finish_weight_update"), 200);
+  EXPECT_EQ(get_json("/status")["active_weight_version"], 2);
+  ASSERT_TRUE(publisher_->release(*previous_));
+  previous_ = m->update_id;
+}
+
 TEST_F(http_gateway_test, finish_takes_the_manifests_number_or_a_free_form_label) {
   ASSERT_EQ(install(1, R"({"weight_version": "1"})"), 200);
   EXPECT_EQ(get_json("/weight_info")["weight_version"], "1");

@@ -143,9 +143,6 @@ std::string http_detail::read_packing(const json& info, const std::string& where
 }
 
 http_reply weight_transfer_service::impl::nccl_init(const json& info) {
-  if (current == phase::started) {
-    return fail(409, conflict("init_weight_transfer_engine", "finish the update first"));
-  }
   // One rank joins per server; a trainer that sizes its group by /get_world_size would wait
   // for ranks that never come.
   if (const auto served = std::int64_t{config.world_size} * config.data_parallel; served != 1) {
@@ -171,7 +168,9 @@ http_reply weight_transfer_service::impl::nccl_init(const json& info) {
   // One wsync rank per HTTP service: it is vLLM's worker 0 of this server.
   const int rank = static_cast<int>(info["rank_offset"].get<std::int64_t>());
   const int world = static_cast<int>(info["world_size"].get<std::int64_t>());
-  // A new init leaves the old group first (its trainer has moved on to the new one).
+  // A new init leaves the old group first (its trainer has moved on to the new one), and an
+  // update it had started.
+  started_drop("init_weight_transfer_engine");
   const bool had_group = nccl_group != nullptr;
   nccl_group.reset();
   const auto join = config.nccl_join ? config.nccl_join : nccl::join_endpoint;
@@ -292,10 +291,7 @@ void weight_transfer_service::impl::nccl_drop(const std::string& why) {
   nccl_lost = why;
   if (nccl_group) nccl_group->abort(why);
   nccl_group.reset();
-  std::vector<update_id> ids;
-  for (const auto& s : shards) ids.push_back(s.update_id);
-  nccl_forget(ids);
-  shards.clear();
+  shards_drop();
   current = phase::uninitialized;
 }
 

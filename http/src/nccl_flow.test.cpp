@@ -344,6 +344,25 @@ TEST_F(nccl_flow_test, a_failed_re_init_leaves_the_rank_waiting_for_a_group_not_
   expect_serving(two);
 }
 
+// A trainer that dies between two /update_weights calls and restarts calls init: the half it
+// had sent is dropped, not installed (a first install fixes the model's tensor set), and the
+// new group's whole update installs.
+TEST_F(nccl_flow_test, an_init_while_an_update_is_started_drops_the_half_received) {
+  ASSERT_EQ(init(init_info()).status, 200);
+  model_step one(1);
+  trainer->sends = testing::trainer_broadcasts(one.slice(0, 2), false, 0);
+  ASSERT_EQ(service_.start("").status, 200);
+  ASSERT_EQ(update(one.update_info(0, 2)).status, 200);
+  ASSERT_EQ(init(init_info()).status, 200);  // the restarted trainer's new group
+  EXPECT_EQ(service_.finish("").status, 409);
+  trainer->sends = testing::trainer_broadcasts(one.bytes, false, 0);
+  ASSERT_EQ(service_.start("").status, 200);
+  ASSERT_EQ(update(one.update_info()).status, 200);
+  auto r = service_.finish("");
+  ASSERT_EQ(r.status, 200) << r.body;
+  expect_serving(one);
+}
+
 // Shutting down must not wait out --nccl-timeout-ms behind a join or receive: the group is
 // joined with a flag that stop_waiting sets (the communicator then fails its waits at once).
 TEST_F(nccl_flow_test, stop_waiting_cancels_the_groups_waits) {

@@ -239,6 +239,13 @@ struct weight_transfer_service::impl {
   void nccl_drop(const std::string& why);
   // NCCL mode: frees what was received for `ids` and not imported.
   void nccl_forget(const std::vector<update_id>& ids);
+  // Forgets the update received so far (`shards`, and in NCCL mode its device memory).
+  void shards_drop();
+  // An init while an update is started: the update is dropped and the phase is ready again. A
+  // trainer that calls init anew has begun anew (it restarted, say); finishing instead would
+  // install what its last life sent, part of an update, and a first install fixes the model's
+  // tensor set.
+  void started_drop(std::string_view call);
 
   // Parses one manifest of an update (`mj`: a JSON object or its text, the field `at`) and adds
   // it to `shards` after checking it belongs: the initialised transport, the same update as the

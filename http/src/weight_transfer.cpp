@@ -173,12 +173,10 @@ http_reply weight_transfer_service::init(std::string_view body) {
     return fail(400, "init_info.transport: \"" + name +
                          "\" differs from NCCL mode, which this rank was initialised with");
   }
-  if (s.current == phase::started) {
-    return fail(409, s.conflict("init_weight_transfer_engine", "finish the update first"));
-  }
   if (auto no = s.open_transport(name, *options, "init_info.transport")) {
     return fail(no->status, no->message);
   }
+  s.started_drop("init_weight_transfer_engine");
   return reply(200, {{"message", "Weight transfer initialized"}});
 }
 
@@ -494,6 +492,22 @@ http_reply weight_transfer_service::finish(std::string_view body) {
                          " stays active: " + (r.failure ? r.failure->message : "unknown failure"));
   }
   return reply(200, {{"message", "Weight update finished"}, {"weight_version", r.weight_version}});
+}
+
+void weight_transfer_service::impl::shards_drop() {
+  std::vector<update_id> ids;
+  for (const auto& m : shards) ids.push_back(m.update_id);
+  nccl_forget(ids);
+  shards.clear();
+}
+
+void weight_transfer_service::impl::started_drop(std::string_view call) {
+  if (current != phase::started) return;
+  log_warn("rank " + std::to_string(config.rank) + ": " + std::string(call) +
+           " while an update was started: what it received (" + std::to_string(shards.size()) +
+           " part(s)) is dropped, version " + std::to_string(active.load()) + " stays active");
+  shards_drop();
+  current = phase::ready;
 }
 
 rollout_report weight_transfer_service::impl::install(

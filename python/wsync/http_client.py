@@ -105,7 +105,8 @@ class VLLMHTTPClient:
 
         For a wsync consumer ``init_info`` names the transport (``{"transport":
         "shared-memory"}``, the default) and its ``transport_options``. A second init must name
-        the same transport and options.
+        the same transport and options; one sent while an update is started drops that update
+        (a restarted trainer begins anew) and the next call is ``start``.
 
         Returns:
             The server's answer, ``{"message": "Weight transfer initialized"}``.
