@@ -67,11 +67,11 @@ http_reply weight_transfer_service::update_weight_version(std::string_view body)
     abort_all = (*j)["abort_all_requests"].get<bool>();
   }
   auto& s = *impl_;
-  {  // generations begun on the old label end, paused or not
-    abort_hold ended(s.generation, abort_all);
-  }
   std::uint64_t active = 0;
   {
+    // Generations begun on the old label end, paused or not, and none begins until the new
+    // label is set: the hold lasts until then.
+    abort_hold ended(s.generation, abort_all);
     std::lock_guard lock(s.status_mutex);  // the label names the version active at this moment
     active = s.lowest_active();
     s.label = v.get<std::string>();
