@@ -154,8 +154,10 @@ class VLLMHTTPClient:
         """Finishes the update: ``POST /finish_weight_update``, installing it atomically.
 
         Args:
-            weight_version: when given, sent as ``{"weight_version": "<v>"}``; a wsync consumer
-                refuses it (400) unless it equals the manifests' version. ``None``: a bare POST.
+            weight_version: when given, sent as ``{"weight_version": "<v>"}``. With manifests a
+                number must equal the manifests' version (400 otherwise); other text (``"step-12"``)
+                labels the installed version, as any value does in NCCL mode, where the server
+                numbers versions itself. ``None``: a bare POST.
 
         Returns:
             ``{"message": "Weight update finished", "weight_version": <installed version>}``.
