@@ -263,17 +263,19 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
   std::vector<copy_job> jobs;
   {
     pyb::gil_scoped_acquire gil;
-    bool staged = false;
+    // Once stage() is called, any failure discards: a stage interrupted (Ctrl-C) between its
+    // own steps may have staged already, and a staged copy of the model would stay for good.
+    bool asked = false;
     try {
       pyb::list parts;
       for (const auto* u : shards) {
         parts.append(pyb::make_tuple(
             pyb::cast(u->manifest), segments_to_py(u->manifest.update_id, u->segments, u->memory)));
       }
-      pyb::object asked = target_.attr("stage")(id, parts);
-      staged = true;
-      if (!asked.is_none()) {
-        for (const auto& item : asked) {
+      asked = true;
+      pyb::object jobs_asked = target_.attr("stage")(id, parts);
+      if (!jobs_asked.is_none()) {
+        for (const auto& item : jobs_asked) {
           auto t = item.cast<pyb::tuple>();
           copy_job j{reinterpret_cast<std::byte*>(t[0].cast<std::uintptr_t>()),
                      t[1].cast<std::size_t>(),
@@ -285,7 +287,7 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
         }
       }
     } catch (pyb::error_already_set& e) {
-      if (staged) discard(id);
+      if (asked) discard(id);
       if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) {
         interrupt_.emplace(std::move(e));
         return make_error(errc::install_failed, "install interrupted (" + std::string(id) + ")");
@@ -297,7 +299,7 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
       }
       return make_error(errc::install_failed, python_failure("install failed", e));
     } catch (const std::exception& e) {
-      if (staged) discard(id);
+      if (asked) discard(id);
       return make_error(errc::install_failed,
                         std::string("install failed: the installer's copy jobs: ") + e.what());
     }

@@ -79,8 +79,9 @@ class consumer_half {
                   consumer_config{rank, verify_threads}) {}
 
   // weight_consumer reads an update's bytes without its lock while importing and verifying,
-  // so a release from another Python thread must wait for those: ops_ serialises them (taken
-  // with the GIL released; nothing under it needs the GIL).
+  // so a release from another Python thread must wait for those: ops_ serialises them, and an
+  // executor's installs (executor_handle). Always taken with the GIL released; the GIL may be
+  // taken under it (ops_, then the GIL: one order everywhere).
   pyb::list import_update(const weight_update_manifest& m) {
     pyb::gil_scoped_release unlocked;
     std::lock_guard op(ops_);
@@ -107,6 +108,8 @@ class consumer_half {
     return std::string(update_state_name(unwrap(consumer_.state(id))));
   }
   weight_consumer& get() { return consumer_; }
+  // Held by an executor for the whole of each call that drives the consumer (see above).
+  std::mutex& ops() { return ops_; }
 
  private:
   std::mutex ops_;
@@ -117,17 +120,23 @@ class consumer_half {
 class executor_handle {
  public:
   executor_handle(consumer_half& consumer, pyb::object installer, bool verify)
-      : adapter_(std::move(installer)),
+      : consumer_(consumer),
+        adapter_(std::move(installer)),
         executor_(consumer.get(), adapter_, meter_.gate, executor_config{verify}) {}
   ~executor_handle() {
     pyb::gil_scoped_release unlocked;
+    std::lock_guard op(consumer_.ops());
     executor_.release_active();
   }
 
+  // The consumer's ops lock for the whole install: a bridge.release() of the same update from
+  // another thread waits instead of unmapping what the executor is verifying or copying. (An
+  // installer must not call the bridge's import/verify/release from inside; it never needs to.)
   pyb::dict update_weights(const std::vector<weight_update_manifest>& shards) {
     rollout_report r;
     {
       pyb::gil_scoped_release unlocked;
+      std::lock_guard op(consumer_.ops());
       r = executor_.update_weights(shards);
     }
     adapter_.take_interrupt();  // Ctrl-C while staging: the update was rejected; now raise it
@@ -141,11 +150,13 @@ class executor_handle {
   }
   std::vector<update_id> release_active() {
     pyb::gil_scoped_release unlocked;
+    std::lock_guard op(consumer_.ops());
     return executor_.release_active();
   }
   gate_meter& meter() { return meter_; }
 
  private:
+  consumer_half& consumer_;
   gate_meter meter_;
   python_adapter adapter_;
   rollout_executor executor_;

@@ -126,22 +126,20 @@ class WeightBridge:
         c = self._consumer_half()
         with _torch.device_kept():
             segments = c.import_update(manifest)
-        if verify:
-            try:
-                with _torch.device_kept():
-                    c.verify(manifest.update_id)
-            except Exception:  # rejected already by the core; give the bytes back
-                del segments
-                c.release(manifest.update_id)
-                raise
         out: Dict[str, torch.Tensor] = {}
         try:
+            if verify:
+                with _torch.device_kept():
+                    c.verify(manifest.update_id)
             _torch.views_of(manifest, segments, out)
-        except Exception as e:  # no views (a torch without CUDA): reject, give the bytes back
+        except BaseException as e:
+            # A mismatch, no views (a torch without CUDA), or Ctrl-C once the core returned:
+            # the update is rejected with the reason and its bytes given back, so the slot is
+            # free for a retry. The first error is the one raised.
             out.clear()
             del segments
-            with suppress(WeightSyncError), _torch.device_kept():  # the first error is the one
-                c.reject(manifest.update_id, str(e))
+            with suppress(WeightSyncError), _torch.device_kept():
+                c.reject(manifest.update_id, str(e) or type(e).__name__)
             with suppress(WeightSyncError), _torch.device_kept():
                 c.release(manifest.update_id)
             raise

@@ -97,6 +97,9 @@ result<void> rollout_executor::import_and_stage(std::span<const weight_update_ma
 
   if (auto staged = adapter_.stage(parts); !staged) {
     auto e = staged.error();
+    // An installer's own text (a Python exception's, say) does not know the update.
+    const auto& id = parts.front()->manifest.update_id;
+    if (e.message.find(id) == std::string::npos) e.message += " for update_id=" + id;
     e.message += " at consumer rank " + std::to_string(consumer_.rank());
     return e;
   }
