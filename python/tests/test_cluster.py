@@ -96,13 +96,23 @@ def test_a_refused_publish_raises_the_class_of_its_error_code(coordinator):
     import wsync
 
     where = dict(coordinator=coordinator.address, token=coordinator.token)
-    with wsync.RolloutRank(model=torch.nn.Linear(2, 2), rank=0, **where), \
+    with wsync.RolloutRank(model=torch.nn.Linear(2, 2), rank=0, **where) as rollout, \
             wsync.TrainerRank(model=torch.nn.Linear(2, 2), rank=0, ranks=1, **where) as trainer:
         wsync.wait_for_consumers(1, timeout=30, **where)
         assert trainer.publish(weight_version=1).committed
         with pytest.raises(wsync.VersionNotMonotonicError,
                            match="weight_version must increase monotonically"):
             trainer.publish(weight_version=1)
+        # A closed rank says so, whatever is called on it.
+        trainer.close()
+        with pytest.raises(wsync.IllegalTransitionError, match="TrainerRank rank 0: closed"):
+            trainer.publish(weight_version=2)
+        with pytest.raises(wsync.IllegalTransitionError, match="TrainerRank rank 0: closed"):
+            trainer.publish_async(weight_version=2)
+        rollout.close()
+        with pytest.raises(wsync.IllegalTransitionError, match="RolloutRank rank 0: closed"):
+            rollout.status()
+        assert rollout.active_weight_version == 0
 
 
 def test_an_aborted_version_is_published_again_and_commits(coordinator):

@@ -7,8 +7,8 @@ does not unmap or recycle that memory: the release waits, in the background, unt
 tensor is dropped, and happens then. So a tensor never reads another version's bytes or freed
 memory; keep tensors only as long as you need them (``releases_pending()`` lists the updates
 whose release is waiting). Treat the tensors as read-only: shared-memory and file-mmap map the
-bytes read-only (a write faults); local-clone hands out the publisher's copy, which a write would
-corrupt.
+bytes read-only (a write faults); local-clone imports a private copy, so a write there changes
+only this consumer's copy, after its checksums were verified.
 """
 
 from contextlib import contextmanager, suppress

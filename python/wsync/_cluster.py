@@ -22,7 +22,8 @@ import torch
 from wsync import _torch
 from wsync import _wsync
 from wsync._bridge import _Gate
-from wsync._errors import InvalidArgumentError, WeightSyncTimeoutError, error_for
+from wsync._errors import (IllegalTransitionError, InvalidArgumentError, WeightSyncTimeoutError,
+                           error_for)
 from wsync._install import ModuleInstaller
 from wsync._text import encode_metadata, options_text
 
@@ -129,7 +130,14 @@ def coordinator_status(coordinator: Optional[str] = None, token: Optional[str] =
     return json.loads(text)
 
 
-def wait_for_consumers(count: int, coordinator: Optional[str] = None,
+def _open_handle(handle: Any, kind: str, rank: int) -> Any:
+    """A rank's handle, or IllegalTransitionError once the rank was closed."""
+    if handle is None:
+        raise IllegalTransitionError(f"{kind} rank {rank}: closed")
+    return handle
+
+
+def wait_for_consumers(count: int, *, coordinator: Optional[str] = None,
                        token: Optional[str] = None, timeout: float = 60.0,
                        tls: Optional[Sequence[str]] = None) -> dict:
     """Waits until `count` consumer ranks joined the coordinator; returns its status table."""
@@ -239,8 +247,9 @@ class TrainerRank:
         source = self.model if model is None else model
         if source is None:
             raise InvalidArgumentError("publish: no model given here or to TrainerRank()")
+        handle = _open_handle(self._handle, "TrainerRank", self.rank)
         tuples, keep = _torch.publish_sources(self._shard(source))
-        handle, version, meta = self._handle, int(weight_version), encode_metadata(metadata)
+        version, meta = int(weight_version), encode_metadata(metadata)
         calling = self._calling
 
         def call():
@@ -339,7 +348,7 @@ class RolloutRank(_Gate):
         """What the rank did: active_weight_version, joined, updates / installed / rejected
         counts, the last update (version, error, import/verify/install seconds), and
         longest_gate_wait_s (the longest a generation step waited for an install)."""
-        return self._handle.status()
+        return _open_handle(self._handle, "RolloutRank", self.rank).status()
 
     def wait_for_version(self, version: int, timeout: float = 60.0) -> int:
         """Blocks until the active version is at least `version`; returns it."""
@@ -355,7 +364,7 @@ class RolloutRank(_Gate):
 
     def reset_longest_wait(self) -> None:
         """Starts a new measurement of the longest gate wait."""
-        self._handle.reset_longest_wait()
+        _open_handle(self._handle, "RolloutRank", self.rank).reset_longest_wait()
 
     def close(self) -> None:
         """Leaves the cluster; the module keeps the version it has."""
