@@ -264,3 +264,43 @@ def test_where_the_module_cannot_drive_the_gpu_torch_copies_the_bytes():
     flags = torch.empty(3, dtype=torch.bool)
     _torch.copy_bytes(flags, bytearray(b"\x00\x01\x01"), 0, 3)
     assert flags.tolist() == [False, True, True]
+
+
+def test_a_nested_generating_block_joins_its_step_and_an_install_inside_one_is_refused():
+    """The gate cannot tell a thread's second entry from another reader's: a nested block that
+    queued behind a waiting install would wait for itself. It joins the step it is in instead,
+    and an install called from inside a step (which would wait for that step) raises."""
+    pub = wsync.LocalCloneTensorBridge(source_worker="t")
+    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge(source_worker="r"))
+    m1 = pub.publish({"w": torch.full((4,), 1.0)}, 1)
+    m2 = pub.publish({"w": torch.full((4,), 2.0)}, 2)
+    rollout.update_weights(m1)
+    outer_in, installing, done = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def install():
+        installing.set()
+        rollout.update_weights(m2)  # waits for the reader's step
+        done.set()
+
+    installer = threading.Thread(target=install)
+    with rollout.generating():
+        outer_in.set()
+        installer.start()
+        installing.wait()
+        time.sleep(0.2)  # the install is waiting for this step now
+        with rollout.generating() as waited:  # would hang here without the nesting rule
+            assert waited == 0.0
+            seen.append(rollout.installer.active["w"].tolist())
+        with pytest.raises(wsync.IllegalTransitionError, match="update_weights: called inside"):
+            rollout.update_weights(m2)
+        with pytest.raises(wsync.IllegalTransitionError, match="release_weights: called inside"):
+            rollout.release_weights()
+        assert not done.is_set()
+    installer.join(timeout=30)
+    assert done.is_set()
+    assert seen == [[1.0] * 4]
+    assert rollout.installer.active["w"].tolist() == [2.0] * 4
+    rollout.release_weights()
+    for m in (m1, m2):
+        pub.release(m.update_id)

@@ -11,6 +11,7 @@ bytes read-only (a write faults); local-clone imports a private copy, so a write
 only this consumer's copy, after its checksums were verified.
 """
 
+import threading
 from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
@@ -231,20 +232,52 @@ def make_weight_bridge(name: str, **kwargs: Any) -> WeightBridge:
     return WeightBridge(_ALIASES.get(name, name), **kwargs)
 
 
+# Per thread: how deep each gate (by id) is entered.
+_entered = threading.local()
+
+
 class _Gate:
-    """``with x.generating():`` for objects whose extension handle has gate_enter/gate_exit."""
+    """``with x.generating():`` for objects whose extension handle has gate_enter/gate_exit.
+
+    The gate holds new steps back while an install waits for the steps in flight, and cannot
+    tell a thread's second entry from another thread's: entered again by a thread already inside
+    it, it would wait for itself, for ever and deaf to Ctrl-C (the wait is in C++). So a nested
+    ``generating()`` joins the step its thread is in, and a call that waits for the steps in
+    flight (an install, a release of the weights, closing) raises when made from inside one."""
 
     _handle: Any
+
+    def _depths(self) -> Dict[int, int]:
+        if not hasattr(_entered, "depths"):
+            _entered.depths = {}
+        return _entered.depths
+
+    def _not_generating(self, call: str) -> None:
+        if self._depths().get(id(self), 0) > 0:
+            raise IllegalTransitionError(
+                f"{call}: called inside this thread's `with generating():` block; it waits for "
+                "the generation steps in flight, this one included, so call it after the block")
 
     @contextmanager
     def generating(self) -> Iterator[float]:
         """Runs the block as one generation step: it sees one whole version from start to end;
         an install switches versions only between steps. Yields the seconds an install held it
-        back."""
+        back (0.0 for a block nested in one this thread is already running: it is part of that
+        step)."""
+        depths, key = self._depths(), id(self)
+        if depths.get(key, 0) > 0:
+            depths[key] += 1
+            try:
+                yield 0.0
+            finally:
+                depths[key] -= 1
+            return
         ticket = self._handle.gate_enter()  # leaves the gate when dropped, even on Ctrl-C here
+        depths[key] = 1
         try:
             yield ticket.waited
         finally:
+            depths.pop(key, None)
             ticket.exit()
 
 
@@ -275,6 +308,7 @@ class RolloutExecutor(_Gate):
         """Installs one update (a manifest, or one per publisher rank of the same version) and
         returns the active tensors by name. Raises the failure's WeightSyncError subclass (the
         previous version stays active)."""
+        self._not_generating("update_weights")
         shards = [manifest] if isinstance(manifest, Manifest) else list(manifest)
         with _torch.device_kept():
             r = self._handle.update_weights(shards)
@@ -293,6 +327,7 @@ class RolloutExecutor(_Gate):
     def release_weights(self) -> List[str]:
         """Releases the imports the active weights still hold (at shutdown); returns their
         ids."""
+        self._not_generating("release_weights")
         if isinstance(self.installer, ViewInstaller):
             self.installer.active = {}
         with _torch.device_kept():

@@ -368,6 +368,7 @@ class RolloutRank(_Gate):
 
     def close(self) -> None:
         """Leaves the cluster; the module keeps the version it has."""
+        self._not_generating("RolloutRank.close")
         if self._handle is not None:
             self._handle.close()
             self._handle = None
