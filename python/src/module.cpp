@@ -63,12 +63,27 @@ class publisher_half {
     pyb::gil_scoped_release unlocked;
     unwrap(publisher_.release(id));
   }
-  std::uint64_t last_version() const { return publisher_.last_version(); }
-  std::vector<update_id> held() const { return publisher_.held_updates(); }
+  // Without the GIL: the publisher's lock may be held by a publish in another thread waiting
+  // on its transport (file-mmap syncs CURRENT to disk), and every Python thread would wait too.
+  std::uint64_t last_version() const {
+    pyb::gil_scoped_release unlocked;
+    return publisher_.last_version();
+  }
+  std::vector<update_id> held() const {
+    pyb::gil_scoped_release unlocked;
+    return publisher_.held_updates();
+  }
 
  private:
   weight_publisher publisher_;
 };
+
+// `f()` with the GIL released (for a call that may wait on a lock and touches no Python).
+template <class F>
+auto unlocked(F&& f) {
+  pyb::gil_scoped_release released;
+  return f();
+}
 
 // The consumer half of a bridge; its weight_consumer is also what an executor drives.
 class consumer_half {
@@ -94,10 +109,16 @@ class consumer_half {
     std::lock_guard op(ops_);
     unwrap(consumer_.verify(id));
   }
-  void mark_installed(const update_id& id) { unwrap(consumer_.mark_installed(id)); }
-  void acknowledge(const update_id& id) { unwrap(consumer_.acknowledge(id)); }
+  // The consumer's lock may be held by a release unmapping an update: wait for it without the
+  // GIL. (unwrap raises, so it runs with the GIL again.)
+  void mark_installed(const update_id& id) {
+    unwrap(unlocked([&] { return consumer_.mark_installed(id); }));
+  }
+  void acknowledge(const update_id& id) {
+    unwrap(unlocked([&] { return consumer_.acknowledge(id); }));
+  }
   void reject(const update_id& id, std::string reason) {
-    unwrap(consumer_.reject(id, std::move(reason)));
+    unwrap(unlocked([&] { return consumer_.reject(id, std::move(reason)); }));
   }
   void release(const update_id& id) {
     pyb::gil_scoped_release unlocked;
@@ -105,7 +126,7 @@ class consumer_half {
     unwrap(consumer_.release(id));
   }
   std::string state(const update_id& id) const {
-    return std::string(update_state_name(unwrap(consumer_.state(id))));
+    return std::string(update_state_name(unwrap(unlocked([&] { return consumer_.state(id); }))));
   }
   weight_consumer& get() { return consumer_; }
   // Held by an executor for the whole of each call that drives the consumer (see above).
