@@ -109,6 +109,8 @@ def test_a_refused_publish_raises_the_class_of_its_error_code(coordinator):
             trainer.publish(weight_version=2)
         with pytest.raises(wsync.IllegalTransitionError, match="TrainerRank rank 0: closed"):
             trainer.publish_async(weight_version=2)
+        with pytest.raises(wsync.InvalidArgumentError, match="coordinator: 30 is not 'host:port'"):
+            wsync.wait_for_consumers(1, 30)
         rollout.close()
         with pytest.raises(wsync.IllegalTransitionError, match="RolloutRank rank 0: closed"):
             rollout.status()

@@ -274,7 +274,7 @@ def coordinator_status(coordinator: Optional[str] = ..., token: Optional[str] = 
                        tls: Optional[Sequence[str]] = ...) -> Dict[str, Any]:
     """The coordinator's status object (docs/cluster.md) as a dict."""
 
-def wait_for_consumers(count: int, *, coordinator: Optional[str] = ..., token: Optional[str] = ...,
+def wait_for_consumers(count: int, coordinator: Optional[str] = ..., token: Optional[str] = ...,
                        timeout: float = ..., tls: Optional[Sequence[str]] = ...
                        ) -> Dict[str, Any]:
     """Waits until ``count`` consumer ranks joined; returns the status object."""

@@ -137,10 +137,14 @@ def _open_handle(handle: Any, kind: str, rank: int) -> Any:
     return handle
 
 
-def wait_for_consumers(count: int, *, coordinator: Optional[str] = None,
+def wait_for_consumers(count: int, coordinator: Optional[str] = None,
                        token: Optional[str] = None, timeout: float = 60.0,
                        tls: Optional[Sequence[str]] = None) -> dict:
     """Waits until `count` consumer ranks joined the coordinator; returns its status table."""
+    if coordinator is not None and not isinstance(coordinator, str):
+        # wait_for_consumers(2, 30) reads as a timeout but is the coordinator's place.
+        raise InvalidArgumentError(f"wait_for_consumers: coordinator: {coordinator!r} is not "
+                                   "'host:port' (pass timeout= by name)")
     deadline = time.monotonic() + timeout
     while True:
         status = coordinator_status(coordinator, token, tls)

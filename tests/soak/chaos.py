@@ -228,7 +228,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        if self.coordinator.poll() is None:
+        if self.coordinator is not None and self.coordinator.poll() is None:
             self.coordinator.terminate()
             self.coordinator.wait(20)
         self.log.close()
@@ -252,6 +252,14 @@ def drive(args):
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="wsync-chaos-")
     c = Cluster(work, wsync_bin, args.updates, args.pace)
+    try:
+        return run_cluster(args, c, work, rng)
+    except BaseException:
+        c.stop_all()  # a failure here must not leave the cluster running for the next test
+        raise
+
+
+def run_cluster(args, c, work, rng):
     shm_before = len(glob.glob("/dev/shm/wsync-*"))
     c.start_coordinator()
     for r in range(CONSUMERS):
