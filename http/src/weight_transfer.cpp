@@ -456,9 +456,8 @@ http_reply weight_transfer_service::finish(std::string_view body) {
     return fail(409, s.not_started("finish_weight_update"));
   }
   if (s.shards.empty()) {
-    // Nothing to install; the started phase ends anyway, or a trainer that lost track (it
-    // restarted, or its re-init failed) could never start again: init and start refuse while
-    // an update is started.
+    // Nothing to install; the started phase ends anyway, so a trainer that lost track can
+    // start again (start refuses while an update is started).
     auto why = s.conflict("finish_weight_update",
                           "no /update_weights since /start_weight_update; the empty update is "
                           "dropped, start again");

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <mutex>
+#include <set>
 
 #include "common.hpp"
 #include "wsync/manifest/codec.hpp"
@@ -94,9 +95,8 @@ class consumer_half {
                   consumer_config{rank, verify_threads}) {}
 
   // weight_consumer reads an update's bytes without its lock while importing and verifying,
-  // so a release from another Python thread must wait for those: ops_ serialises them, and an
-  // executor's installs (executor_handle). Always taken with the GIL released; the GIL may be
-  // taken under it (ops_, then the GIL: one order everywhere).
+  // so a release from another Python thread must wait for those: ops_ serialises them. Always
+  // taken with the GIL released; the GIL may be taken under it (ops_, then the GIL).
   pyb::list import_update(const weight_update_manifest& m) {
     pyb::gil_scoped_release unlocked;
     std::lock_guard op(ops_);
@@ -123,17 +123,36 @@ class consumer_half {
   void release(const update_id& id) {
     pyb::gil_scoped_release unlocked;
     std::lock_guard op(ops_);
+    if (installing_.count(id) > 0) {
+      unwrap(make_error(errc::illegal_transition,
+                        "cannot release update_id=" + id + " while an executor installs it (rank " +
+                            std::to_string(consumer_.rank()) +
+                            "): the executor releases it itself if the install fails"));
+    }
     unwrap(consumer_.release(id));
   }
   std::string state(const update_id& id) const {
     return std::string(update_state_name(unwrap(unlocked([&] { return consumer_.state(id); }))));
   }
   weight_consumer& get() { return consumer_; }
-  // Held by an executor for the whole of each call that drives the consumer (see above).
-  std::mutex& ops() { return ops_; }
+
+  // An executor's updates in flight: the executor reads their bytes without ops_, so release()
+  // refuses them rather than unmapping what it verifies or copies. Refuses, not waits: the
+  // install may itself wait for a generation step that is the caller.
+  void installing(std::span<const weight_update_manifest> shards, bool begin) {
+    std::lock_guard op(ops_);
+    for (const auto& m : shards) {
+      if (begin) {
+        installing_.insert(m.update_id);
+      } else {
+        installing_.erase(m.update_id);
+      }
+    }
+  }
 
  private:
   std::mutex ops_;
+  std::set<update_id> installing_;  // under ops_
   weight_consumer consumer_;
 };
 
@@ -146,18 +165,21 @@ class executor_handle {
         executor_(consumer.get(), adapter_, meter_.gate, executor_config{verify}) {}
   ~executor_handle() {
     pyb::gil_scoped_release unlocked;
-    std::lock_guard op(consumer_.ops());
     executor_.release_active();
   }
 
-  // The consumer's ops lock for the whole install: a bridge.release() of the same update from
-  // another thread waits instead of unmapping what the executor is verifying or copying. (An
-  // installer must not call the bridge's import/verify/release from inside; it never needs to.)
+  // The shards are marked as being installed for the whole call: a bridge.release() of one
+  // from another thread is refused instead of unmapping what the executor verifies or copies.
   pyb::dict update_weights(const std::vector<weight_update_manifest>& shards) {
     rollout_report r;
     {
       pyb::gil_scoped_release unlocked;
-      std::lock_guard op(consumer_.ops());
+      consumer_.installing(shards, true);
+      struct unmark {
+        consumer_half& c;
+        const std::vector<weight_update_manifest>& s;
+        ~unmark() { c.installing(s, false); }
+      } done{consumer_, shards};
       r = executor_.update_weights(shards);
     }
     adapter_.take_interrupt();  // Ctrl-C while staging: the update was rejected; now raise it
@@ -171,7 +193,6 @@ class executor_handle {
   }
   std::vector<update_id> release_active() {
     pyb::gil_scoped_release unlocked;
-    std::lock_guard op(consumer_.ops());
     return executor_.release_active();
   }
   gate_meter& meter() { return meter_; }

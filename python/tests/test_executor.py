@@ -271,7 +271,8 @@ def test_a_nested_generating_block_joins_its_step_and_an_install_inside_one_is_r
     queued behind a waiting install would wait for itself. It joins the step it is in instead,
     and an install called from inside a step (which would wait for that step) raises."""
     pub = wsync.LocalCloneTensorBridge(source_worker="t")
-    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge(source_worker="r"))
+    bridge = wsync.LocalCloneTensorBridge(source_worker="r")
+    rollout = wsync.RolloutExecutor(bridge)
     m1 = pub.publish({"w": torch.full((4,), 1.0)}, 1)
     m2 = pub.publish({"w": torch.full((4,), 2.0)}, 2)
     rollout.update_weights(m1)
@@ -296,10 +297,36 @@ def test_a_nested_generating_block_joins_its_step_and_an_install_inside_one_is_r
             rollout.update_weights(m2)
         with pytest.raises(wsync.IllegalTransitionError, match="release_weights: called inside"):
             rollout.release_weights()
+        # The bridge's release of the update being installed is refused, not waited for (the
+        # install waits for this step): the executor reads its bytes.
+        with pytest.raises(wsync.IllegalTransitionError, match="while an executor installs it"):
+            bridge.release(m2.update_id)
         assert not done.is_set()
     installer.join(timeout=30)
     assert done.is_set()
     assert seen == [[1.0] * 4]
+    assert rollout.installer.active["w"].tolist() == [2.0] * 4
+    rollout.release_weights()
+    for m in (m1, m2):
+        pub.release(m.update_id)
+
+
+def test_blocks_interleaved_on_one_thread_share_a_hold_until_the_last_closes():
+    """Generators or asyncio tasks on one thread may close their blocks out of order: the hold
+    lasts until the last is closed, so neither runs outside the gate."""
+    pub = wsync.LocalCloneTensorBridge(source_worker="t")
+    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge(source_worker="r"))
+    m1 = pub.publish({"w": torch.full((4,), 1.0)}, 1)
+    rollout.update_weights(m1)
+    first, second = rollout.generating(), rollout.generating()
+    first.__enter__()
+    assert second.__enter__() == 0.0
+    first.__exit__(None, None, None)  # the first step ends while the second runs
+    with pytest.raises(wsync.IllegalTransitionError):
+        rollout.release_weights()  # still held: the second step is in flight
+    second.__exit__(None, None, None)
+    m2 = pub.publish({"w": torch.full((4,), 2.0)}, 2)
+    rollout.update_weights(m2)  # nothing holds the gate now
     assert rollout.installer.active["w"].tolist() == [2.0] * 4
     rollout.release_weights()
     for m in (m1, m2):

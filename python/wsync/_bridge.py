@@ -125,20 +125,26 @@ class WeightBridge:
         a difference raises ChecksumMismatchError ("tensor checksum mismatch") and the update is
         rejected. The tensors keep the memory alive (see the module's note on lifetime)."""
         c = self._consumer_half()
-        with _torch.device_kept():
-            segments = c.import_update(manifest)
         out: Dict[str, torch.Tensor] = {}
+        segments = None
         try:
+            with _torch.device_kept():
+                segments = c.import_update(manifest)
             if verify:
                 with _torch.device_kept():
                     c.verify(manifest.update_id)
             _torch.views_of(manifest, segments, out)
         except BaseException as e:
-            # A mismatch, no views (a torch without CUDA), or Ctrl-C once the core returned:
-            # the update is rejected with the reason and its bytes given back, so the slot is
-            # free for a retry. The first error is the one raised.
+            # A mismatch, no views (a torch without CUDA), or Ctrl-C once the core returned
+            # (even from the import itself: it surfaces when the call returns): the update is
+            # rejected with the reason and its bytes given back, so the slot is free for a
+            # retry. An import that failed left nothing to give back. The first error is the
+            # one raised.
             out.clear()
+            imported = segments is not None
             del segments
+            if not imported and not isinstance(e, KeyboardInterrupt):
+                raise
             with suppress(WeightSyncError), _torch.device_kept():
                 c.reject(manifest.update_id, str(e) or type(e).__name__)
             with suppress(WeightSyncError), _torch.device_kept():
@@ -232,7 +238,7 @@ def make_weight_bridge(name: str, **kwargs: Any) -> WeightBridge:
     return WeightBridge(_ALIASES.get(name, name), **kwargs)
 
 
-# Per thread: how deep each gate (by id) is entered.
+# Per thread, per gate (by id): [blocks open, the gate ticket they share].
 _entered = threading.local()
 
 
@@ -241,19 +247,21 @@ class _Gate:
 
     The gate holds new steps back while an install waits for the steps in flight, and cannot
     tell a thread's second entry from another thread's: entered again by a thread already inside
-    it, it would wait for itself, for ever and deaf to Ctrl-C (the wait is in C++). So a nested
-    ``generating()`` joins the step its thread is in, and a call that waits for the steps in
-    flight (an install, a release of the weights, closing) raises when made from inside one."""
+    it, it would wait for itself, for ever and deaf to Ctrl-C (the wait is in C++). So blocks
+    open on one thread share one hold (nested, or interleaved by generators or asyncio tasks on
+    that thread), which ends when the last of them closes; and a call that waits for the steps
+    in flight (an install, a release of the weights, closing) raises when made from a thread
+    holding one."""
 
     _handle: Any
 
-    def _depths(self) -> Dict[int, int]:
-        if not hasattr(_entered, "depths"):
-            _entered.depths = {}
-        return _entered.depths
+    def _holds(self) -> Dict[int, list]:
+        if not hasattr(_entered, "holds"):
+            _entered.holds = {}
+        return _entered.holds
 
     def _not_generating(self, call: str) -> None:
-        if self._depths().get(id(self), 0) > 0:
+        if id(self) in self._holds():
             raise IllegalTransitionError(
                 f"{call}: called inside this thread's `with generating():` block; it waits for "
                 "the generation steps in flight, this one included, so call it after the block")
@@ -262,23 +270,24 @@ class _Gate:
     def generating(self) -> Iterator[float]:
         """Runs the block as one generation step: it sees one whole version from start to end;
         an install switches versions only between steps. Yields the seconds an install held it
-        back (0.0 for a block nested in one this thread is already running: it is part of that
-        step)."""
-        depths, key = self._depths(), id(self)
-        if depths.get(key, 0) > 0:
-            depths[key] += 1
-            try:
-                yield 0.0
-            finally:
-                depths[key] -= 1
-            return
-        ticket = self._handle.gate_enter()  # leaves the gate when dropped, even on Ctrl-C here
-        depths[key] = 1
+        back (0.0 for a block opened while another is open on this thread: it shares that
+        block's hold, which lasts until both are closed)."""
+        holds, key = self._holds(), id(self)
+        hold = holds.get(key)
+        if hold is None:
+            # Leaves the gate when dropped, even on Ctrl-C here.
+            hold = holds[key] = [0, self._handle.gate_enter()]
+            waited = hold[1].waited
+        else:
+            waited = 0.0
+        hold[0] += 1
         try:
-            yield ticket.waited
+            yield waited
         finally:
-            depths.pop(key, None)
-            ticket.exit()
+            hold[0] -= 1
+            if hold[0] == 0:
+                holds.pop(key, None)
+                hold[1].exit()
 
 
 class RolloutExecutor(_Gate):

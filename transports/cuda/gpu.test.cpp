@@ -250,6 +250,11 @@ TEST(gpu_kernel_plan, copies_every_byte_while_hashing) {
   EXPECT_EQ(digests, detail::run_on_cpu(plain_jobs, blocks, checksum_default_secret()));
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     EXPECT_EQ(std::memcmp(to[i], ranges[i].data, sizes[i]), 0) << "size " << sizes[i];
+    // Nothing written past the end (the buffers hold 3 bytes more than a copy at offset 0 or 1).
+    const auto* end = static_cast<const unsigned char*>(to[i]) + sizes[i];
+    for (const auto* p = end; p < copies[i].data() + copies[i].size(); ++p) {
+      EXPECT_EQ(*p, 0xA5) << "size " << sizes[i] << ", byte " << (p - end) << " past the end";
+    }
   }
 }
 
