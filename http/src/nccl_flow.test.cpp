@@ -110,6 +110,16 @@ class nccl_flow_test : public ::testing::Test {
             {"packed_num_buffers", 2}};
   }
 
+  // One whole update through the current group: the trainer broadcasts `m`, then start,
+  // update and finish each answer 200.
+  void install_step(const model_step& m) {
+    trainer->sends = testing::trainer_broadcasts(m.bytes, false, 0);
+    ASSERT_EQ(service_.start("").status, 200);
+    ASSERT_EQ(update(m.update_info()).status, 200);
+    auto r = service_.finish("");
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+
   static json body(const http_reply& r) { return json::parse(r.body); }
   static std::string error_of(const http_reply& r) { return body(r).value("error", r.body); }
 
@@ -281,10 +291,7 @@ TEST_F(nccl_flow_test, an_update_call_out_of_order_drops_the_group) {
 TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_join_again) {
   ASSERT_EQ(init(init_info()).status, 200);
   model_step one(1);
-  trainer->sends = testing::trainer_broadcasts(one.bytes, false, 0);
-  ASSERT_EQ(service_.start("").status, 200);
-  ASSERT_EQ(update(one.update_info()).status, 200);
-  ASSERT_EQ(service_.finish("").status, 200);
+  install_step(one);
 
   model_step two(2);
   trainer->sends = testing::trainer_broadcasts(two.bytes, false, 0);
@@ -317,10 +324,7 @@ TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_j
 TEST_F(nccl_flow_test, a_failed_re_init_leaves_the_rank_waiting_for_a_group_not_ready) {
   ASSERT_EQ(init(init_info()).status, 200);
   model_step one(1);
-  trainer->sends = testing::trainer_broadcasts(one.bytes, false, 0);
-  ASSERT_EQ(service_.start("").status, 200);
-  ASSERT_EQ(update(one.update_info()).status, 200);
-  ASSERT_EQ(service_.finish("").status, 200);
+  install_step(one);
 
   // The trainer makes a new group; joining it fails. The old group was left for it, so the
   // rank has none: start must say so, not answer 200 for an update that cannot arrive.
@@ -337,10 +341,7 @@ TEST_F(nccl_flow_test, a_failed_re_init_leaves_the_rank_waiting_for_a_group_not_
   join_error.clear();
   ASSERT_EQ(init(init_info()).status, 200);
   model_step two(2);
-  trainer->sends = testing::trainer_broadcasts(two.bytes, false, 0);
-  ASSERT_EQ(service_.start("").status, 200);
-  ASSERT_EQ(update(two.update_info()).status, 200);
-  ASSERT_EQ(service_.finish("").status, 200);
+  install_step(two);
   expect_serving(two);
 }
 
