@@ -150,14 +150,15 @@ def copy_bytes(dest: torch.Tensor, segment: Any, offset: int, nbytes: int) -> No
     dest.reshape(-1).view(torch.uint8).copy_(src)
 
 
-def _segment_base(s: Any) -> torch.Tensor:
+def _segment_base(s: Any, manifest: Any) -> torch.Tensor:
     """One segment as a flat uint8 tensor, without a copy: host bytes through the buffer
     protocol, device bytes through __cuda_array_interface__ (torch holds the segment object,
     and with it the update's memory, while the tensor lives)."""
     if isinstance(s, _wsync.DeviceSegment):
         if not torch.cuda.is_available():
             raise InvalidArgumentError(
-                f"import: the update is in cuda:{s.device} memory and this torch has no CUDA")
+                f"import: the update is in cuda:{s.device} memory and this torch has no CUDA "
+                f"(update_id={manifest.update_id})")
         return torch.as_tensor(s, device=f"cuda:{s.device}")
     return torch.frombuffer(s, dtype=torch.uint8)
 
@@ -171,7 +172,7 @@ def views_of(manifest: Any, segments: list, out: Dict[str, torch.Tensor]) -> Non
     with warnings.catch_warnings():
         # The segments are read-only on purpose; torch warns that it has no read-only tensors.
         warnings.simplefilter("ignore", UserWarning)
-        bases = [_segment_base(s) if len(s) else None for s in segments]
+        bases = [_segment_base(s, manifest) if len(s) else None for s in segments]
     device = next((f"cuda:{s.device}" for s in segments if isinstance(s, _wsync.DeviceSegment)),
                   "cpu")
     typed: Dict[tuple, torch.Tensor] = {}
