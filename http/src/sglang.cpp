@@ -166,7 +166,9 @@ http_reply weight_transfer_service::sglang_update(std::string_view body) {
     std::string at = given.size() == 1 ? "manifest" : "manifest[" + std::to_string(k) + "]";
     if (auto why = s.accept_manifest(given[k], at, shards); !why.empty()) return failure(why);
   }
-  if (auto why = check_chunk(*j, "", shards, "dtypes"); !why.empty()) return failure(why);
+  if (auto why = check_chunk(*j, "", shards, "dtypes"); !why.empty()) {
+    return failure(why + " (" + update_context(shards.front().update_id, s.config.rank) + ")");
+  }
   // abort_all_requests: every generation in flight or waiting ends before the switch, and none
   // begins until it is done; a pause the trainer makes, before or meanwhile, stays.
   rollout_report r;

@@ -156,6 +156,9 @@ TEST_F(sglang_test, bad_bodies_are_refused_naming_the_field_and_change_nothing) 
           "dtypes[0]: float32 differs from the manifest's i64");
   refused(with("names", json::array({"nope"})), "dtypes: has 4 entries, names has 1");
   refused(with("shapes", json::array({{1}, {512}, {512}, {512}})), "shapes[0]: differs");
+  // A chunk's refusal names the update and this rank too.
+  refused(with("shapes", json::array({{1}, {512}, {512}, {512}})),
+          "(update_id=" + m2["update_id"].get<std::string>() + " rank=0)");
   refused(with("manifest", json::array()), "manifest: an empty list");
   auto no_manifest = update_body(m2);
   no_manifest.erase("manifest");

@@ -427,7 +427,8 @@ std::optional<refusal> weight_transfer_service::impl::update_weights(std::string
       return refusal{400, where + ".manifest: missing, and no manifest of this update came before"};
     }
     if (auto why = check_chunk(info, where, taken, "dtype_names"); !why.empty()) {
-      return refusal{400, why};
+      return refusal{400,
+                     why + " (" + update_context(taken.front().update_id, s.config.rank) + ")"};
     }
   }
   s.shards = std::move(taken);
