@@ -102,7 +102,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                        hello.transports,
                        hello.address,
                        hello.publisher_ranks,
-                       hello.active_weight_version};
+                       hello.active_weight_version,
+                       hello.held};
         auto sender = self->current_sender();
         const auto sender_addr = caf::actor_cast<caf::actor_addr>(sender);
         // Everything is checked before anything changes: a refused join leaves no trace.

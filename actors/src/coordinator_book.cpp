@@ -149,8 +149,18 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
     cv = std::max(cv, info.active_weight_version);
   }
   if (info.role == rank_role::consumer) {
-    // Catch-up: the newest committed version, as a fresh entry in that update's table.
-    if (auto* latest = latest_committed_mutable(info.model_id)) {
+    // What it says it still holds, it holds again: the leave above (or the one when its link
+    // went) counted it as holding nothing, and the publishers would reuse memory it reads.
+    for (const auto& key : info.held) {
+      auto u = updates_.find(key);
+      if (u == updates_.end() || u->second.publishers_released) continue;
+      auto p = u->second.consumers.find(info.rank);
+      if (p != u->second.consumers.end()) set_may_hold(u->second, p->second, true);
+    }
+    // Catch-up: the newest committed version, as a fresh entry in that update's table, unless
+    // the rank serves it (or newer) already: it would refuse it, and show as rejected.
+    auto* latest = latest_committed_mutable(info.model_id);
+    if (latest && latest->weight_version > info.active_weight_version) {
       catch_up(*latest, {info.rank}, now, out);
     }
   }
@@ -508,8 +518,9 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
   auto& u = *e->update;
   auto& p = *e->progress;
   effects out;
-  if (p.state == rank_state::failed && p.may_hold) {
-    // A rank the deadline failed woke up and let go: its memory may be reused now.
+  if ((p.state == rank_state::failed || p.state == rank_state::released) && p.may_hold) {
+    // A rank the deadline failed woke up, or one that came back holding it, let go: its
+    // memory may be reused now.
     set_may_hold(u, p, false);
     check_released(u, out);
     return out;

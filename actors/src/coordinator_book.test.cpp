@@ -22,7 +22,8 @@ class book_test : public ::testing::Test {
   void TearDown() override { EXPECT_TRUE(book_.counts_consistent()); }
 
   static rank_info info(int rank, rank_role role, std::string model = "m") {
-    return {rank, role, "n" + std::to_string(rank % 2), std::move(model), {"shared-memory"}, ""};
+    return {rank, role, "n" + std::to_string(rank % 2), std::move(model), {"shared-memory"}, "", 0,
+            0,    {}};
   }
 
   static weight_update_manifest shard(int rank, std::uint64_t version, std::string tensor = "") {
@@ -232,6 +233,39 @@ TEST_F(book_test, a_late_or_restarted_consumer_catches_up_on_the_latest_committe
   ASSERT_FALSE(again->empty());
   EXPECT_EQ(again->back().what, kind::distribute);
   EXPECT_EQ(again->back().ranks, std::vector<std::int32_t>{10});
+}
+
+// A rank whose link went (or that was stopped) comes back still serving m@2: the book had
+// counted it as holding nothing when it left, and would have given m@2's memory back to the
+// publishers under it. It holds m@2 again until it lets go, and gets no catch-up of the version
+// it serves (it would refuse it, and show as rejected).
+TEST_F(book_test, a_rank_that_comes_back_holding_an_update_keeps_its_memory_until_it_lets_go) {
+  publish_both(1);
+  ack_all("m@1");
+  publish_both(2);
+  ack_all("m@2");
+  for (int r : {10, 11, 12, 13}) ASSERT_TRUE(book_.released("m@1", r, now_));
+  (void)book_.leave(10, rank_role::consumer, "link lost", now_);
+  auto back = info(10, rank_role::consumer);
+  back.active_weight_version = 2;
+  back.held = {"m@2", "m@1", "m@9"};  // m@1 was given back already; m@9 the book never knew
+  auto fx = book_.join(back, now_);
+  ASSERT_TRUE(fx);
+  EXPECT_TRUE(fx->empty());  // no catch-up: it serves m@2
+  EXPECT_TRUE(book_.find("m@2")->consumers.at(10).may_hold);
+  // Version 3 commits; every other rank lets go of m@2, and its memory stays: rank 10 has it.
+  publish_both(3);
+  ack_all("m@3");
+  for (int r : {11, 12, 13}) {
+    auto r2 = book_.released("m@2", r, now_);
+    ASSERT_TRUE(r2) << r2.error().message;
+    EXPECT_TRUE(r2->empty());
+  }
+  auto last = book_.released("m@2", 10, now_);  // it lets go: now the publishers may reuse it
+  ASSERT_TRUE(last) << last.error().message;
+  ASSERT_EQ(last->size(), 1u);
+  EXPECT_EQ((*last)[0].what, kind::release_publisher);
+  EXPECT_EQ((*last)[0].key, "m@2");
 }
 
 // A catch-up the rank never answers (the message was lost on the way) does not keep the rank a

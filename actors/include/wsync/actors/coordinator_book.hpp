@@ -39,6 +39,10 @@ struct rank_info {
   /// Consumers: the version the rank serves. A coordinator that restarted learns from it that
   /// versions up to this one were already used, so versions stay monotonic across restarts.
   std::uint64_t active_weight_version = 0;
+  /// Consumers: the updates (keys) the rank still holds as it joins, imported or active. A rank
+  /// that comes back (its link was lost, or it was stopped) keeps holding those the book knows,
+  /// so their memory is not given back to the publishers until it lets go.
+  std::vector<std::string> held;
 };
 
 /// A consumer rank's progress on one update: pending, importing, acknowledged, rejected,
