@@ -1059,6 +1059,23 @@ TEST_F(shared_memory_test, a_slot_made_in_another_pid_namespace_is_not_judged_by
   EXPECT_EQ(::shm_unlink(("/" + creating).c_str()), 0);  // was kept
 }
 
+TEST_F(shared_memory_test, the_sweep_leaves_other_kinds_of_wsync_objects_alone) {
+  // cuda-ipc/cuda-vmm's generation page shares the prefix but not the slot header: it says no
+  // PID namespace, so a live one from a container sharing /dev/shm looks like an orphan here.
+  int dead = 4000000;
+  while (::kill(dead, 0) == 0 || errno != ESRCH) --dead;
+  std::string page = "wsync-" + std::to_string(dead) + "-gpu-test" + std::to_string(getpid());
+  fake_slot_header h{};
+  std::memcpy(h.magic, "WSYNCGPU", 8);
+  ASSERT_TRUE(make_fake_slot(page, &h));
+  timespec long_ago[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 3600, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, ("/dev/shm/" + page).c_str(), long_ago, 0), 0)
+      << std::strerror(errno);
+  auto removed = shm_sweep_orphans();
+  EXPECT_FALSE(contains(removed, page));
+  EXPECT_EQ(::shm_unlink(("/" + page).c_str()), 0);  // was kept
+}
+
 TEST_F(shared_memory_test, the_sweep_leaves_a_slot_being_created_alone) {
   // A live publisher between shm_open and ftruncate has an empty object: reading its header
   // would raise SIGBUS. The sweep runs in a child so a crash shows as a status, not a dead run.

@@ -206,7 +206,8 @@ std::vector<std::string> shm_sweep_orphans() {
       std::uint64_t start, pidns;
     };
     std::optional<owner> made_by;
-    bool young = false;  // changed within the last minute
+    bool foreign = false;  // a header, not a slot's: another kind of wsync object
+    bool young = false;    // changed within the last minute
     if (int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0); fd >= 0) {
       struct stat st {};
       void* p = MAP_FAILED;
@@ -219,12 +220,20 @@ std::vector<std::string> shm_sweep_orphans() {
       ::close(fd);
       if (p != MAP_FAILED) {
         const auto* h = static_cast<const slot_header*>(p);
+        constexpr char none[sizeof magic] = {};
         if (std::memcmp(h->magic, magic, sizeof magic) == 0) {
           made_by = owner{h->owner_start, h->owner_pidns};
+        } else if (std::memcmp(h->magic, none, sizeof none) != 0) {
+          foreign = true;
         }
         ::munmap(p, header_bytes);
       }
     }
+    // Another kind of object under the prefix (cuda-ipc/cuda-vmm's generation page, "WSYNCGPU"):
+    // its header does not say which PID namespace made it, and one made in a container sharing
+    // /dev/shm has a pid that names no process here though it lives. Not ours to judge: such a
+    // page left by a crash stays (4 KiB) rather than a live one being removed.
+    if (foreign) continue;
     // Made in another PID namespace (a container sharing /dev/shm): its pid means nothing here.
     if (made_by && !pid_checkable(made_by->pidns)) continue;
     // No header yet and just made: a slot being created (its header comes once it is sized and
