@@ -455,6 +455,20 @@ TEST(file_mmap_options, dir_is_required_and_buffers_checked) {
   EXPECT_TRUE(make_transport("file-mmap", {{"dir", "/nowhere"}, {"write", "mmap"}}));
 }
 
+// CURRENT names the active buffer; the publisher adds to it to choose the next, so a value
+// out of range (INT64_MAX would overflow) is refused like any other damage to the file.
+TEST(file_mmap_options, a_state_file_naming_no_possible_buffer_is_refused) {
+  for (const char* bad : {"9223372036854775807", "64", "-2"}) {
+    auto state = file_mmap_detail::current_parse(std::string(R"({"format":")") +
+                                                     file_mmap_detail::state_format +
+                                                     R"(","buffer":)" + bad + R"(,"manifest":{}})",
+                                                 "CURRENT");
+    ASSERT_FALSE(state) << bad;
+    EXPECT_NE(state.error().message.find("is out of range"), std::string::npos)
+        << state.error().message;
+  }
+}
+
 TEST(file_mmap_options, no_state_file_means_no_version_yet) {
   auto none = file_mmap_current("/wsync-surely-missing");
   ASSERT_TRUE(none) << none.error().message;

@@ -242,6 +242,10 @@ result<current_state> current_parse(const std::string& text, const std::string& 
   if (j.contains("buffer")) {
     if (!j["buffer"].is_number_integer()) return bad("buffer: must be an integer");
     state.buffer = j["buffer"].get<std::int64_t>();  // an integer: no conversion
+    // -1 (none yet) or a buffer a handle may name: the publisher adds to it.
+    if (state.buffer < -1 || state.buffer >= 64) {
+      return bad("buffer: " + std::to_string(state.buffer) + " is out of range (-1 to 63)");
+    }
   }
   if (!j.contains("manifest") || !j["manifest"].is_object()) return bad("no manifest field");
   auto m = manifest_from_json(j["manifest"].dump());

@@ -184,14 +184,22 @@ class shm_consumer final : public consumer_transport {
     if (it == maps_.end()) {
       forget_vanished_locked();
       // Without the lock: mapping may ask peers, and a peer's request of this consumer takes it.
-      // One consumer's imports never overlap (the executor), so nobody maps this key meanwhile.
       lock.unlock();
       std::int32_t peer = -1;
       auto mapped = map(*h, m, peer);
       lock.lock();
       if (!mapped) return mapped.error();
-      mapped->serial = ++serials_;
-      it = maps_.emplace(key, *mapped).first;
+      // Two imports of one consumer may overlap (a Python bridge's beside its executor's): one
+      // that mapped this slot meanwhile wins, and this mapping goes rather than leak.
+      if (auto won = maps_.find(key); won != maps_.end() && won->second.name == h->name) {
+        mapped->unmap();
+        it = won;
+        peer = -1;
+      } else {
+        if (won != maps_.end()) retire(won);
+        mapped->serial = ++serials_;
+        it = maps_.emplace(key, *mapped).first;
+      }
       if (peer >= 0) {
         sources_.emplace_back(m.update_id, "rank:" + std::to_string(peer) + " (shared memory)");
         if (sources_.size() > 64) sources_.pop_front();
