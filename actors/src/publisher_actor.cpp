@@ -82,8 +82,12 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
           });
   // CAF 0.17 does not fail a request when its peer dies: fail pending publishes ourselves.
   // By a serial: each leaves when answered, so the list holds only publishes in flight.
-  auto pending =
-      std::make_shared<std::map<std::uint64_t, caf::typed_response_promise<std::string>>>();
+  // Publishes waiting for their outcome, with the update and rank their errors name.
+  struct waiting {
+    caf::typed_response_promise<std::string> promise;
+    std::string context;
+  };
+  auto pending = std::make_shared<std::map<std::uint64_t, waiting>>();
   auto serial = std::make_shared<std::uint64_t>(0);
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& msg) {
@@ -93,9 +97,11 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
       return;
     }
     side->coordinator_lost = true;
-    auto why = json{{"error", "the coordinator went away: " + self->system().render(msg.reason)}};
-    for (auto& [n, rp] : *pending) {
-      rp.deliver(why.dump(-1, ' ', false, json::error_handler_t::replace));
+    const auto reason = self->system().render(msg.reason);
+    for (auto& [n, w] : *pending) {
+      w.promise.deliver(
+          json{{"error", "the coordinator went away: " + reason + " (" + w.context + ")"}}.dump(
+              -1, ' ', false, json::error_handler_t::replace));
     }
     pending->clear();
   });
@@ -113,7 +119,8 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
         }
         auto rp = self->make_response_promise<std::string>();
         const auto n = ++*serial;
-        pending->emplace(n, rp);
+        const auto context = update_context(id, rank);
+        pending->emplace(n, waiting{rp, context});
         self->request(coordinator, timeout, publish_atom::value, hello.token, manifest)
             .then(
                 [=](const std::string& reply_token, const std::string& outcome) mutable {
@@ -127,8 +134,8 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
                 },
                 [=](caf::error& err) mutable {
                   pending->erase(n);
-                  rp.deliver(json{
-                      {"error", "no outcome from the coordinator: " + self->system().render(err)}}
+                  rp.deliver(json{{"error", "no outcome from the coordinator: " +
+                                                self->system().render(err) + " (" + context + ")"}}
                                  .dump(-1, ' ', false, json::error_handler_t::replace));
                 });
         return rp;
