@@ -22,8 +22,13 @@ class book_test : public ::testing::Test {
   void TearDown() override { EXPECT_TRUE(book_.counts_consistent()); }
 
   static rank_info info(int rank, rank_role role, std::string model = "m") {
-    return {rank, role, "n" + std::to_string(rank % 2), std::move(model), {"shared-memory"}, "", 0,
-            0,    {}};
+    rank_info i;
+    i.rank = rank;
+    i.role = role;
+    i.node = "n" + std::to_string(rank % 2);
+    i.model_id = std::move(model);
+    i.transports = {"shared-memory"};
+    return i;
   }
 
   static weight_update_manifest shard(int rank, std::uint64_t version, std::string tensor = "") {

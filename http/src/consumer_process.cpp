@@ -68,8 +68,8 @@ int standalone_consumer_run(const standalone_options& options) {
            options.http.host + ":" + std::to_string(*port) +
            (options.http.token.empty() ? "" : " (bearer token required)"));
   wait_for_signal();
-  service
-      .stop_waiting();  // a generation held by a pause, or an NCCL wait, would keep stop() waiting
+  // A generation held by a pause, or an NCCL wait, would keep stop() waiting.
+  service.stop_waiting();
   gateway.stop();
   return 0;
 }

@@ -75,9 +75,11 @@ inline std::string field(const std::string& where, const std::string& key) {
 }
 
 // Checks one chunk description (names, dtypes under `dtype_key`, shapes) against the manifests
-// it describes; "" when it matches, else the first mismatch naming its field.
+// it describes (at least one); "" when it matches, else the first mismatch naming its field,
+// the update and this `rank`.
 std::string check_chunk(const json& info, const std::string& where,
-                        const std::vector<weight_update_manifest>& known, const char* dtype_key);
+                        const std::vector<weight_update_manifest>& known, const char* dtype_key,
+                        std::int32_t rank);
 
 // vLLM's packing fields (packed, packed_buffer_size_bytes, packed_num_buffers) of init_info or,
 // in older versions, update_info (at `where`), over `how`. "" or the first problem.

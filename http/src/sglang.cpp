@@ -166,8 +166,8 @@ http_reply weight_transfer_service::sglang_update(std::string_view body) {
     std::string at = given.size() == 1 ? "manifest" : "manifest[" + std::to_string(k) + "]";
     if (auto why = s.accept_manifest(given[k], at, shards); !why.empty()) return failure(why);
   }
-  if (auto why = check_chunk(*j, "", shards, "dtypes"); !why.empty()) {
-    return failure(why + " (" + update_context(shards.front().update_id, s.config.rank) + ")");
+  if (auto why = check_chunk(*j, "", shards, "dtypes", s.config.rank); !why.empty()) {
+    return failure(why);
   }
   // abort_all_requests: every generation in flight or waiting ends before the switch, and none
   // begins until it is done; a pause the trainer makes, before or meanwhile, stays.

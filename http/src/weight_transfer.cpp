@@ -256,9 +256,12 @@ http_reply weight_transfer_service::start(std::string_view body) {
   return reply(200, {{"message", "Weight update started"}});
 }
 
-std::string http_detail::check_chunk(const json& info, const std::string& where,
-                                     const std::vector<weight_update_manifest>& known,
-                                     const char* dtype_key) {
+namespace {
+
+// check_chunk without the update and rank.
+std::string chunk_mismatch(const json& info, const std::string& where,
+                           const std::vector<weight_update_manifest>& known,
+                           const char* dtype_key) {
   const char* lists[] = {"names", dtype_key, "shapes"};
   std::size_t n = 0;
   bool any = false;
@@ -318,6 +321,16 @@ std::string http_detail::check_chunk(const json& info, const std::string& where,
     }
   }
   return "";
+}
+
+}  // namespace
+
+std::string http_detail::check_chunk(const json& info, const std::string& where,
+                                     const std::vector<weight_update_manifest>& known,
+                                     const char* dtype_key, std::int32_t rank) {
+  auto why = chunk_mismatch(info, where, known, dtype_key);
+  if (why.empty() || known.empty()) return why;
+  return why + " (" + update_context(known.front().update_id, rank) + ")";
 }
 
 std::string weight_transfer_service::impl::accept_manifest(
@@ -426,9 +439,8 @@ std::optional<refusal> weight_transfer_service::impl::update_weights(std::string
     } else if (taken.empty()) {
       return refusal{400, where + ".manifest: missing, and no manifest of this update came before"};
     }
-    if (auto why = check_chunk(info, where, taken, "dtype_names"); !why.empty()) {
-      return refusal{400,
-                     why + " (" + update_context(taken.front().update_id, s.config.rank) + ")"};
+    if (auto why = check_chunk(info, where, taken, "dtype_names", s.config.rank); !why.empty()) {
+      return refusal{400, why};
     }
   }
   s.shards = std::move(taken);

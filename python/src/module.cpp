@@ -81,7 +81,7 @@ class publisher_half {
 
 // `f()` with the GIL released (for a call that may wait on a lock and touches no Python).
 template <class F>
-auto unlocked(F&& f) {
+auto without_gil(F&& f) {
   pyb::gil_scoped_release released;
   return f();
 }
@@ -112,13 +112,13 @@ class consumer_half {
   // The consumer's lock may be held by a release unmapping an update: wait for it without the
   // GIL. (unwrap raises, so it runs with the GIL again.)
   void mark_installed(const update_id& id) {
-    unwrap(unlocked([&] { return consumer_.mark_installed(id); }));
+    unwrap(without_gil([&] { return consumer_.mark_installed(id); }));
   }
   void acknowledge(const update_id& id) {
-    unwrap(unlocked([&] { return consumer_.acknowledge(id); }));
+    unwrap(without_gil([&] { return consumer_.acknowledge(id); }));
   }
   void reject(const update_id& id, std::string reason) {
-    unwrap(unlocked([&] { return consumer_.reject(id, std::move(reason)); }));
+    unwrap(without_gil([&] { return consumer_.reject(id, std::move(reason)); }));
   }
   void release(const update_id& id) {
     pyb::gil_scoped_release unlocked;
@@ -132,7 +132,7 @@ class consumer_half {
     unwrap(consumer_.release(id));
   }
   std::string state(const update_id& id) const {
-    return std::string(update_state_name(unwrap(unlocked([&] { return consumer_.state(id); }))));
+    return std::string(update_state_name(unwrap(without_gil([&] { return consumer_.state(id); }))));
   }
   weight_consumer& get() { return consumer_; }
 
@@ -365,7 +365,9 @@ void halves_bind(pyb::module_& m) {
            [](executor_handle& e) {
              return static_cast<double>(e.meter().longest_wait_ns.load()) / 1e9;
            })
-      .def("reset_longest_wait", [](executor_handle& e) { e.meter().reset(); });
+      .def("reset_longest_wait", [](executor_handle& e) { e.meter().reset(); })
+      .def("gate_waiting_installs",
+           [](executor_handle& e) { return e.meter().gate.waiting_writers(); });
 }
 
 }  // namespace

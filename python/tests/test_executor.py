@@ -289,7 +289,10 @@ def test_a_nested_generating_block_joins_its_step_and_an_install_inside_one_is_r
         outer_in.set()
         installer.start()
         installing.wait()
-        time.sleep(0.2)  # the install is waiting for this step now
+        deadline = time.monotonic() + 30
+        while rollout._handle.gate_waiting_installs() == 0:  # until it waits for this step
+            assert time.monotonic() < deadline, "the install never reached the gate"
+            time.sleep(0.001)
         with rollout.generating() as waited:  # would hang here without the nesting rule
             assert waited == 0.0
             seen.append(rollout.installer.active["w"].tolist())
