@@ -39,6 +39,11 @@ subcommand add_coordinator(CLI::App& app) {
                    "aborted; one that is not answered this long after it went out fails its "
                    "unanswered ranks",
                    100, 3600000);
+  add_milliseconds(coord, "--rejoin-grace-ms", opt.rejoin_grace,
+                   "after a start: how long updates of a coordinator before this one stay at "
+                   "their publishers although no rank that rejoined holds them (ranks reconnect "
+                   "every 5 s at most)",
+                   0, 3600000);
   coord
       ->add_option("--history", opt.history_per_model,
                    "finished updates kept per model for `wsync status` (older ones are dropped, "

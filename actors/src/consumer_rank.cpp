@@ -52,7 +52,9 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
           box->put(std::move(out));
           return;
         }
+        side->importing(u->key);
         auto r = side->executor.update_weights(u->shards);
+        side->imported(u->key);
         if (observer) {
           std::uint64_t bytes = 0;
           for (const auto& m : u->shards) bytes += m.total_bytes;

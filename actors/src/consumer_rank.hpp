@@ -57,12 +57,22 @@ struct rollout_side {
 
   std::uint64_t active_version() const { return executor.active_weight_version().value_or(0); }
 
-  /// Update keys whose memory the rank still holds.
+  /// Update keys whose memory the rank still holds: installed as views, or being imported (a
+  /// coordinator that restarted meanwhile must not have the publishers reuse that memory).
   std::vector<std::string> held() const {
     std::lock_guard lock(mu_);
-    std::set<std::string> keys;
+    std::set<std::string> keys(importing_.begin(), importing_.end());
     for (const auto& [id, key] : key_of_) keys.insert(key);
     return {keys.begin(), keys.end()};
+  }
+  /// `key` is being imported and installed (until `imported`): held() names it.
+  void importing(const std::string& key) {
+    std::lock_guard lock(mu_);
+    importing_.insert(key);
+  }
+  void imported(const std::string& key) {
+    std::lock_guard lock(mu_);
+    if (auto it = importing_.find(key); it != importing_.end()) importing_.erase(it);
   }
   /// After installing `key`: forgets the shards the executor let go of and returns the keys
   /// they belonged to, each with one of its shard ids (the rank reports them released), and
@@ -91,6 +101,7 @@ struct rollout_side {
   }
   mutable std::mutex mu_;
   std::map<update_id, std::string> key_of_;  ///< shard id -> update key, for release reports
+  std::multiset<std::string> importing_;     ///< keys of the imports in progress
 };
 
 // Reports the rank workers leave for their endpoint: the only thing the two kinds of actor

@@ -54,6 +54,24 @@ TEST_P(rollout_side_test, a_rank_holds_only_what_it_reads) {
   (void)side.executor.release_active();
 }
 
+TEST_P(rollout_side_test, an_update_being_imported_is_held) {
+  auto t = make_transport("shared-memory", {});
+  ASSERT_TRUE(t) << t.error().message;
+  auto c = (*t)->make_consumer();
+  ASSERT_TRUE(c) << c.error().message;
+  reference_runtime runtime(GetParam());
+  rollout_side side(std::move(*c), 0, true, runtime, runtime.gate());
+  // A re-join while an import runs names its key: a restarted coordinator must not have the
+  // publishers reuse that memory before the rank says it let go.
+  side.importing("m@5");
+  side.importing("m@5");  // a catch-up of the same version alongside
+  EXPECT_EQ(side.held(), (std::vector<std::string>{"m@5"}));
+  side.imported("m@5");
+  EXPECT_EQ(side.held(), (std::vector<std::string>{"m@5"}));
+  side.imported("m@5");
+  EXPECT_TRUE(side.held().empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(installs, rollout_side_test,
                          ::testing::Values(reference_runtime::install_mode::view,
                                            reference_runtime::install_mode::copy));

@@ -6,8 +6,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "coordinator_actor.hpp"
 #include "coordinator_state.hpp"
@@ -30,6 +32,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
   self->state.token = std::move(token);
   self->state.router = std::move(router);
   self->state.book = coordinator_book(config);
+  self->state.orphans_settle_at = coord_clock::now() + config.rejoin_grace;
   self->set_down_handler([=](caf::down_msg& msg) {
     auto& st = self->state;
     auto it = st.members.find(msg.source);
@@ -64,7 +67,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         st.consumers.erase(rank);
         st.active_version.erase(rank);
         std::vector<std::string> keys;
-        for (const auto& [key, holders] : st.orphan_holds) keys.push_back(key);
+        for (const auto& [key, o] : st.orphans) keys.push_back(key);
         for (const auto& key : keys) orphan_release(self, key, rank);
       } else {
         st.publishers.erase(rank);
@@ -141,8 +144,41 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         } else {
           st.publishers[hello.rank] = caf::actor_cast<publisher_actor>(sender);
         }
-        for (const auto& key : hello.held) {
-          if (!st.book.find(key)) st.orphan_holds[key].insert(hello.rank);
+        if (role == rank_role::consumer) {
+          // A key it held before and names no more it let go of while away (its report lost).
+          const std::set<std::string> now_held(hello.held.begin(), hello.held.end());
+          std::vector<std::string> dropped;
+          for (const auto& [key, o] : st.orphans) {
+            if (o.holders.count(hello.rank) && !now_held.count(key)) dropped.push_back(key);
+          }
+          for (const auto& key : dropped) orphan_release(self, key, hello.rank);
+          // Held keys the book does not know, and keys of orphans (an old attempt of a version
+          // the book knows by its retry: the key does not say which attempt the rank holds).
+          for (const auto& key : now_held) {
+            if (!st.book.find(key) || st.orphans.count(key)) {
+              st.orphans[key].holders.insert(hello.rank);
+            }
+          }
+        } else {
+          for (std::size_t i = 0; i < std::min(hello.held.size(), hello.held_ids.size()); ++i) {
+            const auto& key = hello.held[i];
+            const auto& id = hello.held_ids[i];
+            const auto* known = st.book.find(key);
+            bool tracked = false;  // the book's record names this very attempt
+            if (known) {
+              auto shard = known->shards.find(hello.rank);
+              tracked = shard != known->shards.end() && shard->second.update_id == id;
+            }
+            if (!tracked) {
+              // Unknown to the book (it restarted, or never got the shard), or an attempt it
+              // replaced by a retry after releasing it while the rank was away.
+              orphan_published(self, key, hello.rank, id);
+            } else if (known->publishers_released) {
+              // Its release went out while the rank was away (lost with its old link): again.
+              self->send(st.publishers[hello.rank], release_atom::value, st.token, key,
+                         std::vector<std::string>{id});
+            }
+          }
         }
         auto [joined, fresh] =
             st.members.try_emplace(sender_addr, member{role, {}, hello.node, hello.node_port});
@@ -245,6 +281,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         // CAF 0.17 (docs/cluster.md, Security); the nonce cannot be guessed.
         if (nonce != self->state.tick_nonce) return;
         run_effects(self, self->state.book.expire(coord_clock::now()));
+        orphans_settle(self);
         self->delayed_send(self, tick_interval, tick_atom::value, nonce);
       },
       [=](carry_atom, const carry_notice& n) {
@@ -349,6 +386,7 @@ int coordinator_run(const coordinator_options& options) {
   book_config config;
   config.update_deadline = options.update_deadline;
   config.history_per_model = options.history_per_model;
+  config.rejoin_grace = options.rejoin_grace;
   auto coordinator = coordinator_spawn(sys.get(), options.listen.token, config, options.router);
   auto port = sys.publish(coordinator, options.listen);
   if (!port) {

@@ -504,6 +504,148 @@ TEST_F(coordinator_actor_test, a_late_report_of_an_aborted_attempt_does_not_answ
   EXPECT_EQ(outcome["attempt"], 2);
 }
 
+// Updates held from before a coordinator restart ("orphans"): a coordinator with the given
+// rejoin grace in place of the fixture's.
+class orphan_test : public coordinator_actor_test {
+ protected:
+  void restart(std::chrono::milliseconds grace) {
+    stop_guarded(coordinator_, caf::exit_reason::kill);
+    book_config config;
+    config.rejoin_grace = grace;
+    coordinator_ = coordinator_spawn(sys(), token, config);
+  }
+  // Publisher `rank` of model m (of two ranks), saying it still holds `held`: (key, update id).
+  void join_holding_publisher(caf::scoped_actor& self,
+                              std::vector<std::pair<std::string, std::string>> held,
+                              std::int32_t rank = 0) {
+    auto hello = hello_make(token, rank, "publisher", "n0", "m");
+    hello.publisher_ranks = 2;
+    for (auto& [key, id] : held) hello.held.push_back(key), hello.held_ids.push_back(id);
+    ASSERT_EQ(join(self, hello), std::make_pair(token, std::string()));
+  }
+  void join_holding_consumer(caf::scoped_actor& self, std::int32_t rank,
+                             std::vector<std::string> held) {
+    auto hello = consumer_hello(rank);
+    hello.held = std::move(held);
+    ASSERT_EQ(join(self, hello), std::make_pair(token, std::string()));
+  }
+  void released(caf::scoped_actor& consumer, std::int32_t rank, const std::string& key) {
+    consumer->send(coordinator_, report_atom::value,
+                   rank_report{token, key, rank, "released", "", 0, 0.01, ""});
+  }
+  // The next release `publisher` is told within `within` ("" when none): key and update ids.
+  static std::pair<std::string, std::vector<std::string>> release_at(
+      caf::scoped_actor& publisher, std::chrono::milliseconds within = 5000ms) {
+    std::pair<std::string, std::vector<std::string>> out;
+    publisher->receive(
+        [&](release_atom, const std::string& t, const std::string& key,
+            const std::vector<std::string>& ids) {
+          EXPECT_EQ(t, token);
+          out = {key, ids};
+        },
+        caf::after(within) >> [] {});
+    return out;
+  }
+};
+
+TEST_F(orphan_test, what_no_consumer_holds_goes_back_to_its_publisher_after_the_grace) {
+  restart(0ms);
+  caf::scoped_actor publisher{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(publisher, {{"m@3", "u-3"}}));
+  auto [key, ids] = release_at(publisher);
+  EXPECT_EQ(key, "m@3") << "the publisher was never told to give back what nobody holds";
+  EXPECT_EQ(ids, std::vector<std::string>{"u-3"});
+  // The grace is over: a publisher that joins later is told at once.
+  caf::scoped_actor again{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(again, {{"m@4", "u-4"}}, 1));
+  EXPECT_EQ(release_at(again).first, "m@4");
+}
+
+TEST_F(orphan_test, what_a_consumer_holds_goes_back_when_it_lets_go) {
+  restart(0ms);
+  caf::scoped_actor consumer{sys()}, publisher{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_holding_consumer(consumer, 3, {"m@3"}));
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(publisher, {{"m@3", "u-3"}}));
+  EXPECT_EQ(release_at(publisher, 600ms).first, "") << "released while rank 3 holds it";
+  released(consumer, 3, "m@3");
+  EXPECT_EQ(release_at(publisher).first, "m@3");
+}
+
+TEST_F(orphan_test, nothing_goes_back_during_the_grace) {
+  restart(std::chrono::hours(1));
+  caf::scoped_actor consumer{sys()}, publisher{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_holding_consumer(consumer, 3, {"m@3"}));
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(publisher, {{"m@3", "u-3"}, {"m@4", "u-4"}}));
+  // Rank 3 let go, and nobody said it holds m@4; a rank still reconnecting might.
+  released(consumer, 3, "m@3");
+  EXPECT_EQ(release_at(publisher, 600ms).first, "");
+}
+
+TEST_F(orphan_test, only_the_attempts_a_publisher_named_go_back_never_a_retry) {
+  restart(0ms);
+  caf::scoped_actor rank0{sys()}, rank1{sys()};
+  // Rank 0 re-joined holding attempt 1 of version 3 and is told to give back exactly that.
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(rank0, {{"m@3", "u-3-a1"}}));
+  EXPECT_EQ(release_at(rank0),
+            std::make_pair(std::string("m@3"), std::vector<std::string>{"u-3-a1"}));
+  // Rank 1 re-joins holding its attempt 1 too: only rank 1 hears of it (rank 0 may have started
+  // attempt 2 of version 3 meanwhile, under the same key).
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(rank1, {{"m@3", "u-3-b1"}}, 1));
+  EXPECT_EQ(release_at(rank1),
+            std::make_pair(std::string("m@3"), std::vector<std::string>{"u-3-b1"}));
+  EXPECT_EQ(release_at(rank0, 600ms).first, "") << "rank 0 was told again";
+}
+
+TEST_F(orphan_test, a_consumer_that_rejoins_without_the_key_let_go_of_it) {
+  restart(0ms);
+  caf::scoped_actor publisher{sys()};
+  {
+    caf::scoped_actor consumer{sys()};
+    ASSERT_NO_FATAL_FAILURE(join_holding_consumer(consumer, 3, {"m@3"}));
+    ASSERT_NO_FATAL_FAILURE(join_holding_publisher(publisher, {{"m@3", "u-3"}}));
+    EXPECT_EQ(release_at(publisher, 600ms).first, "");
+    // Rank 3's link drops before it reports its release, and the rank restarts (a new endpoint
+    // replaces the old one): it names m@3 no more.
+    caf::scoped_actor restarted{sys()};
+    ASSERT_NO_FATAL_FAILURE(join_holding_consumer(restarted, 3, {}));
+    EXPECT_EQ(release_at(publisher).first, "m@3");
+  }
+}
+
+TEST_F(coordinator_actor_test, a_release_sent_while_the_publisher_was_away_is_sent_on_its_rejoin) {
+  caf::scoped_actor consumer{sys()};
+  ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
+  const auto first = shard(1);
+  {
+    caf::scoped_actor publisher{sys()};
+    ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
+    publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(first));
+    (void)update_at(consumer);
+    consumer->send(coordinator_, report_atom::value,
+                   rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.01, "", first.update_id});
+    publisher->receive([](const std::string&, const std::string&) {},
+                       caf::after(5s) >> [] { ADD_FAILURE() << "no outcome"; });
+  }  // the publisher's endpoint is gone: the release below reaches nobody
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "released", "", 0, 0.01, "", first.update_id});
+  EXPECT_EQ(status()["updates"][0]["ranks"][0]["state"], "released");
+  caf::scoped_actor rejoined{sys()};
+  auto hello = hello_make(token, 0, "publisher", "n0", "m");
+  hello.publisher_ranks = 1;
+  hello.held = {"m@1"};
+  hello.held_ids = {first.update_id};
+  ASSERT_EQ(join(rejoined, hello), std::make_pair(token, std::string()));
+  std::pair<std::string, std::vector<std::string>> got;
+  rejoined->receive(
+      [&](release_atom, const std::string&, const std::string& key,
+          const std::vector<std::string>& ids) {
+        got = {key, ids};
+      },
+      caf::after(5s) >> [] { ADD_FAILURE() << "the lost release was not sent again"; });
+  EXPECT_EQ(got.first, "m@1");
+  EXPECT_EQ(got.second, std::vector<std::string>{first.update_id});
+}
+
 TEST_F(coordinator_actor_test, this_process_can_stop_it) {
   caf::scoped_actor self{sys()};
   self->monitor(coordinator_);

@@ -35,6 +35,15 @@ struct node_lead {
   std::uint64_t epoch = 0;  ///< random per leadership: a stale attach or notice names another
 };
 
+/// An update the book does not know (from before a coordinator restart), or an attempt of one it
+/// let go of while the attempt's publisher was away, that ranks said they hold.
+struct orphan {
+  std::set<std::int32_t> holders;  ///< consumer ranks that said they hold its key
+  /// Publisher rank -> the update ids of the key it holds and is told to give back, exactly
+  /// those (a retry of the version under the same key is not touched).
+  std::map<std::int32_t, std::set<std::string>> attempts;
+};
+
 /// Which leader carries a consumer rank of another endpoint, and since which leadership. An
 /// entry goes with its leader (endpoint_gone), so it always names a live one.
 struct carried_by {
@@ -57,9 +66,11 @@ struct coordinator_state {
   std::map<std::int32_t, std::uint64_t> active_version;  ///< per consumer rank
   std::uint64_t committed = 0;                           ///< updates committed since start
   std::uint64_t tick_nonce = 0;  ///< what the coordinator's own ticks carry (random)
-  /// Updates from before a coordinator restart (unknown to the book) and the consumer ranks
-  /// that said they still hold them; when the last one lets go, the publishers are told.
-  std::map<std::string, std::set<std::int32_t>> orphan_holds;
+  /// By key. Once no consumer holds one, its publishers are told to give back their attempts,
+  /// but not before `orphans_settle_at`: a rank still reconnecting may hold it.
+  std::map<std::string, orphan> orphans;
+  coord_clock::time_point orphans_settle_at;  ///< the start plus book_config::rejoin_grace
+  bool orphans_settled = false;               ///< past orphans_settle_at (seen by a tick)
   update_router router;  ///< how updates cross nodes; empty: from the publishers
   std::map<std::string, node_lead> leaders;     ///< by node
   std::map<std::int32_t, carried_by> carriers;  ///< consumer rank -> its node's leader
@@ -82,8 +93,14 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
 /// when the book refused it (`rp` heard why).
 bool accept_publish(coordinator_pointer self, const weight_update_manifest& m,
                     coordinator_state::outcome_promise rp);
-/// A consumer let go of `key` (or left); release it at the publishers once nobody holds it.
+/// Consumer `rank` let go of `key` (or left); the orphan's attempts go back once nobody holds it.
 void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank);
+/// Publisher `rank` joined holding attempt `id` of `key` that the book does not track: given
+/// back at once when no consumer holds the key and the rejoin grace is over, else when so.
+void orphan_published(coordinator_pointer self, const std::string& key, std::int32_t rank,
+                      const std::string& id);
+/// Ends the rejoin grace once it is over: the orphans nobody holds are released.
+void orphans_settle(coordinator_pointer self);
 /// Names a leader for `node` when it has none; `newcomer`: only it is told where to attach.
 void lead_node(coordinator_pointer self, const std::string& node,
                std::optional<caf::actor_addr> newcomer = std::nullopt);

@@ -222,19 +222,47 @@ bool accept_publish(coordinator_pointer self, const weight_update_manifest& m,
   return true;
 }
 
-// A consumer let go of `key` (or left); release it at the publishers once nobody holds it.
-void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank) {
+namespace {
+
+// Once no consumer holds the orphan's key and the rejoin grace is over: tells each publisher
+// that holds attempts of it to give exactly those back, and forgets it. A publisher that is
+// not joined now says what it holds again when it re-joins.
+void orphan_settle_one(coordinator_pointer self, std::map<std::string, orphan>::iterator it) {
   auto& st = self->state;
-  auto it = st.orphan_holds.find(key);
-  if (it == st.orphan_holds.end() || it->second.erase(rank) == 0 || !it->second.empty()) return;
-  st.orphan_holds.erase(it);
-  auto model = key.substr(0, key.rfind('@'));
-  for (const auto& [r, info] : st.book.publishers()) {
-    if (info.model_id != model) continue;
-    if (auto p = st.publishers.find(r); p != st.publishers.end()) {
-      // A coordinator that restarted knows no update ids: the key's oldest attempt goes.
-      self->send(p->second, release_atom::value, st.token, key, std::vector<std::string>{});
+  if (!it->second.holders.empty() || !st.orphans_settled) return;
+  for (const auto& [rank, ids] : it->second.attempts) {
+    if (auto p = st.publishers.find(rank); p != st.publishers.end()) {
+      self->send(p->second, release_atom::value, st.token, it->first,
+                 std::vector<std::string>(ids.begin(), ids.end()));
     }
+  }
+  st.orphans.erase(it);
+}
+
+}  // namespace
+
+void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank) {
+  auto it = self->state.orphans.find(key);
+  if (it == self->state.orphans.end() || it->second.holders.erase(rank) == 0) return;
+  orphan_settle_one(self, it);
+}
+
+void orphan_published(coordinator_pointer self, const std::string& key, std::int32_t rank,
+                      const std::string& id) {
+  auto& orphans = self->state.orphans;
+  auto it = orphans.try_emplace(key).first;
+  it->second.attempts[rank].insert(id);
+  orphan_settle_one(self, it);
+}
+
+void orphans_settle(coordinator_pointer self) {
+  auto& st = self->state;
+  if (st.orphans_settled || coord_clock::now() < st.orphans_settle_at) return;
+  st.orphans_settled = true;
+  for (auto it = st.orphans.begin(); it != st.orphans.end();) {
+    auto next = std::next(it);
+    orphan_settle_one(self, it);  // may erase `it`
+    it = next;
   }
 }
 
@@ -436,10 +464,10 @@ void take_report(coordinator_pointer self, const rank_report& r) {
   } else if (r.state == "waiting") {
     effects = book.waiting(r.key, r.rank, r.reason, now);
   } else if (r.state == "released") {
-    if (!book.find(r.key) && st.orphan_holds.count(r.key)) {
-      orphan_release(self, r.key, r.rank);
-      return;
-    }
+    // An orphan of the key is held until every rank that said it holds the key lets go.
+    const bool orphan = st.orphans.count(r.key) != 0;
+    if (orphan) orphan_release(self, r.key, r.rank);
+    if (orphan && !book.find(r.key)) return;
     effects = book.released(r.key, r.rank, now);
   } else {
     effects = make_error(errc::invalid_argument, "report refused: state: \"" + r.state +

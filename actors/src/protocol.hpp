@@ -32,9 +32,13 @@ struct rank_hello {
   std::int32_t publisher_ranks = 0;  ///< publishers: how many ranks publish shards of the model
   /// consumers: the version it serves (a restarted coordinator learns versions from this)
   std::uint64_t active_weight_version = 0;
-  /// consumers: update keys whose memory it still holds (a restarted coordinator passes their
-  /// releases on to the publishers once every holder let go)
+  /// update keys whose memory it still holds. Consumers: installed or still being imported; a
+  /// restarted coordinator passes their releases on to the publishers once every holder let
+  /// go. Publishers: one entry per attempt held (a retried version twice), its update id in
+  /// `held_ids`; the coordinator tells it to give back an attempt it released while the rank
+  /// was away, or does not know, once no consumer holds the key (after the rejoin grace).
   std::vector<std::string> held;
+  std::vector<std::string> held_ids;  ///< publishers: the update id of each entry of `held`
   /// consumers: where other consumers pull what it imports (its relay address); empty when its
   /// transport cannot relay
   std::string address;
@@ -45,7 +49,7 @@ struct rank_hello {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_hello& x) {
   return f(caf::meta::type_name("rank_hello"), x.token, x.rank, x.role, x.node, x.model_id,
-           x.transports, x.publisher_ranks, x.active_weight_version, x.held, x.address,
+           x.transports, x.publisher_ranks, x.active_weight_version, x.held, x.held_ids, x.address,
            x.node_port);
 }
 

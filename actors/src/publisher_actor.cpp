@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "guard.hpp"
@@ -257,6 +258,11 @@ struct trainer_rank::impl {
     std::uint64_t round = 0;
     {
       std::lock_guard lock(side->mutex);
+      // What it still holds, so that a coordinator that lost the release (it restarted, or
+      // sent it while this rank was away) gives it back once no consumer holds it.
+      for (const auto& [key, ids] : side->id_of) {
+        for (const auto& id : ids) hello.held.push_back(key), hello.held_ids.push_back(id);
+      }
       round = ++side->join_round;
       side->join_answer.reset();
     }
@@ -373,17 +379,26 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
       !lent && out.error.empty()) {
     out.fail(lent.error());
   }
-  // A refused version never reached the coordinator's books, and a lost coordinator forgot
-  // them: give that memory back here. Any other failure (no outcome in time: the coordinator
-  // may take two deadlines, plus retries) keeps it until the coordinator releases it, since
-  // consumers may still be reading it.
-  if (!out.error.empty() && out.outcome_json.empty() &&
-      (refused || impl_->side->coordinator_lost)) {
+  // A refused version never reached the coordinator's books: give that memory back here. Any
+  // other failure keeps it until a coordinator releases it, since consumers may be reading it:
+  // no outcome in time (the coordinator may take two deadlines, plus retries), or a lost
+  // coordinator (the next join names it among the keys this rank holds; a coordinator that
+  // restarted releases it once no consumer that rejoined holds it).
+  if (!out.error.empty() && out.outcome_json.empty() && refused) {
     (void)impl_->side->publisher->release(m->update_id);
     std::lock_guard lock(impl_->side->mutex);
     impl_->side->forget_locked(key, m->update_id);
   }
   return out;
+}
+
+std::vector<std::uint64_t> trainer_rank::held_versions() const {
+  std::set<std::uint64_t> versions;
+  std::lock_guard lock(impl_->side->mutex);
+  for (const auto& [key, ids] : impl_->side->id_of) {
+    versions.insert(std::strtoull(key.c_str() + key.rfind('@') + 1, nullptr, 10));
+  }
+  return {versions.begin(), versions.end()};
 }
 
 int publisher_run(const publisher_options& o) {

@@ -55,6 +55,14 @@ class trainer_handle {
     d["publish_s"] = out.publish_s;
     return d;
   }
+  std::vector<std::uint64_t> held_versions() {
+    auto rank = rank_;
+    if (!rank) raise(errc::illegal_transition, "TrainerRank: closed");
+    pyb::gil_scoped_release unlocked;  // the rank's lock: an endpoint thread may hold it
+    auto versions = rank->held_versions();
+    rank.reset();  // may be the last reference (close() ran meanwhile): stops without the GIL
+    return versions;
+  }
   void close() {
     auto rank = std::move(rank_);
     pyb::gil_scoped_release unlocked;
@@ -175,6 +183,7 @@ void cluster_bind(pyb::module_& m) {
            pyb::arg("ranks"), pyb::arg("node"), pyb::arg("transport"), pyb::arg("options"),
            pyb::arg("model_id"), pyb::arg("outcome_timeout_ms"), pyb::arg("tls"))
       .def("publish", &trainer_handle::publish)
+      .def("held_versions", &trainer_handle::held_versions)
       .def("close", &trainer_handle::close);
 
   pyb::class_<rollout_handle>(m, "RolloutRank")

@@ -34,15 +34,16 @@ def shm_entries(pids=None) -> set:
 class Coordinator:
     """A `wsync coordinator` on a free loopback port with a fresh token."""
 
-    def __init__(self, deadline_ms: int = 30000) -> None:
+    def __init__(self, deadline_ms: int = 30000, port: int = 0, token: str = "",
+                 args: tuple = ()) -> None:
         self.dir = tempfile.mkdtemp(prefix="wsync-py-")
-        self.token = os.urandom(16).hex()
+        self.token = token or os.urandom(16).hex()
         port_file = os.path.join(self.dir, "port")
         env = dict(os.environ, WSYNC_TOKEN=self.token)
         self.log = open(os.path.join(self.dir, "coordinator.log"), "w")
         self.proc = subprocess.Popen(
-            [wsync_bin(), "coordinator", "--host", "127.0.0.1", "--port", "0", "--port-file",
-             port_file, "--update-deadline-ms", str(deadline_ms)],
+            [wsync_bin(), "coordinator", "--host", "127.0.0.1", "--port", str(port), "--port-file",
+             port_file, "--update-deadline-ms", str(deadline_ms), *args],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
         limit = time.monotonic() + 30
         while not (os.path.exists(port_file) and open(port_file).read().strip()):

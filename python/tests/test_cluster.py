@@ -155,3 +155,52 @@ def test_a_publish_after_publish_async_waits_its_turn(coordinator):
         assert first.result(timeout=60).committed
         assert second.committed, second.table
         assert rollout.wait_for_version(2, timeout=30)
+
+
+def _until(check, what, limit=30.0):
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_trainer_keeps_an_update_in_flight_when_the_coordinator_dies_until_told():
+    """The coordinator dies while version 2 is in flight (the rollout rank imported it and waits
+    at the generation gate). The trainer keeps version 2's memory, where it used to give it back
+    at once though the rank was still copying from it; the rank installs it, and its release
+    reaches no trainer (the trainer has not rejoined the restarted coordinator). The trainer's
+    next join names version 2, and the restarted coordinator has it given back."""
+    import wsync
+    from conftest import Coordinator
+
+    grace = ("--rejoin-grace-ms", "200")
+    first = Coordinator(args=grace)
+    second = None
+    try:
+        where = dict(coordinator=first.address, token=first.token)
+        with wsync.TrainerRank(model=torch.nn.Linear(2, 2), rank=0, ranks=1, **where) as trainer, \
+                wsync.RolloutRank(model=torch.nn.Linear(2, 2), rank=0, **where) as rollout:
+            wsync.wait_for_consumers(1, timeout=30, **where)
+            assert trainer.publish(weight_version=1).committed
+            with rollout.generating():  # version 2 waits at the gate
+                pending = trainer.publish_async(weight_version=2)
+                _until(lambda: any(u.get("weight_version") == 2
+                                   for u in wsync.coordinator_status(**where)["updates"]),
+                       "version 2 was never distributed")
+                first.proc.kill()
+                first.proc.wait()
+                with pytest.raises(wsync.WeightSyncError, match="coordinator went away"):
+                    pending.result(timeout=60)
+                assert 2 in trainer.held_versions(), "given back while the rank reads it"
+                second = Coordinator(port=int(first.address.rsplit(":", 1)[1]),
+                                     token=first.token, args=grace)
+                wsync.wait_for_consumers(1, timeout=30, **where)
+            assert rollout.wait_for_version(2, timeout=30) == 2
+            assert trainer.publish(weight_version=3).committed  # joins again first
+            assert rollout.wait_for_version(3, timeout=30) == 3
+            _until(lambda: 2 not in trainer.held_versions(),
+                   f"version 2 is still held: {trainer.held_versions()}")
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -238,6 +238,8 @@ class TrainerRank:
                       metadata: Optional[Mapping[str, Any]] = ...
                       ) -> concurrent.futures.Future[UpdateOutcome]:
         """publish() in a background thread; leave the tensors alone until the future is done."""
+    def held_versions(self) -> List[int]:
+        """The versions whose memory this rank still holds, ascending."""
     def close(self) -> None:
         """Leaves the cluster."""
     def __enter__(self) -> TrainerRank: ...

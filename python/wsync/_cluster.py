@@ -287,6 +287,12 @@ class TrainerRank:
             self._last_async = future
         return future
 
+    def held_versions(self) -> List[int]:
+        """The versions whose memory this rank still holds, ascending: each is given back when
+        the coordinator says no rollout rank holds it any more (a restarted coordinator does so
+        once the ranks had time to rejoin). Safe to call while a publish runs."""
+        return list(_open_handle(self._handle, "trainer", self.rank).held_versions())
+
     def close(self) -> None:
         """Leaves the cluster."""
         with self._pool_lock:

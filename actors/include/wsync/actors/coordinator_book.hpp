@@ -119,6 +119,10 @@ struct book_config {
   /// First shard to the last one, and then distribution to every answer.
   std::chrono::milliseconds update_deadline{30000};
   std::size_t history_per_model = 16;  ///< finished updates kept for status
+  /// After the coordinator starts: how long updates it does not know (held by ranks of a
+  /// coordinator before it) are kept at their publishers even when no rank that rejoined holds
+  /// them, so that ranks still reconnecting (every 5 s at most) can say they do.
+  std::chrono::milliseconds rejoin_grace{10000};
 };
 
 class coordinator_book {

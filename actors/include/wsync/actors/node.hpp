@@ -59,10 +59,11 @@ struct coordinator_options {
   endpoint listen;        ///< port 0: pick one
   std::string port_file;  ///< written once listening (for launchers)
   std::chrono::milliseconds update_deadline{
-      30000};                                ///< first shard to the last; then to every answer
-  std::uint32_t history_per_model = 16;      ///< finished updates kept for status
-  std::chrono::milliseconds heartbeat{200};  ///< CAF heartbeat; peers time out at 5x
-  update_router router;                      ///< empty: every rank from the publishers
+      30000};                                     ///< first shard to the last; then to every answer
+  std::uint32_t history_per_model = 16;           ///< finished updates kept for status
+  std::chrono::milliseconds heartbeat{200};       ///< CAF heartbeat; peers time out at 5x
+  std::chrono::milliseconds rejoin_grace{10000};  ///< book_config::rejoin_grace
+  update_router router;                           ///< empty: every rank from the publishers
   /// Listen on a non-loopback address without TLS anyway (refused otherwise).
   bool insecure = false;
 };
@@ -179,6 +180,10 @@ class trainer_rank {
   /// The tensors must stay valid until it returns.
   publish_outcome publish(std::span<const tensor_source> tensors, std::uint64_t weight_version,
                           std::map<std::string, std::string> metadata = {});
+  /// The versions whose memory this rank still holds (ascending; a retried version once): given
+  /// back when the coordinator says no consumer holds them any more. Unlike publish, may be
+  /// called from another thread while a publish runs.
+  std::vector<std::uint64_t> held_versions() const;
 
  private:
   struct impl;
