@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <limits>
 #include <string>
 
+#include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/validate.hpp"
 
 // GCC 12 at -O3 reports -Wrestrict inside std::string copies it inlined into this file: a known
@@ -303,6 +306,145 @@ RC_GTEST_PROP(codec, round_trip_property, ()) {
   RC_ASSERT(back.has_value());
   RC_ASSERT(*back == m);
   RC_ASSERT(manifest_to_json(*back) == text);
+}
+
+// The manifest as nlohmann's dump() writes it (what manifest_to_json did before it wrote the
+// text itself): the reference the writer must match byte for byte.
+std::string reference_json(const weight_update_manifest& m) {
+  using json = nlohmann::json;
+  json tensors = json::array();
+  for (const auto& t : m.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"dtype", dtype_name(t.dtype)},
+                       {"shape", t.shape},
+                       {"strides", t.strides},
+                       {"nbytes", t.nbytes},
+                       {"device", t.device},
+                       {"segment", t.segment},
+                       {"offset", t.offset},
+                       {"checksum", checksum_hex(t.checksum)}});
+  }
+  json segments = json::array();
+  for (const auto& seg : m.segments) segments.push_back({{"nbytes", seg.nbytes}});
+  // transport_handle travels as base64: take the writer's (any bytes, tested by the round trip).
+  auto written = json::parse(manifest_to_json(m), nullptr, false);
+  json j = {{"wsync_manifest", 1},
+            {"update_id", m.update_id},
+            {"model_id", m.model_id},
+            {"weight_version", m.weight_version},
+            {"source_worker", m.source_worker},
+            {"source_rank", m.source_rank},
+            {"transport", m.transport},
+            {"transport_handle", written.is_object() ? written["transport_handle"] : json()},
+            {"tensors", std::move(tensors)},
+            {"segments", std::move(segments)},
+            {"metadata", m.metadata},
+            {"total_bytes", m.total_bytes}};
+  if (m.checksum_method != checksum_method{}) {
+    j["checksum"] = {{"algorithm", checksum_algorithm_name(m.checksum_method.algorithm)},
+                     {"chunk_bytes", m.checksum_method.chunk_bytes}};
+  }
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+TEST(codec, writes_what_a_json_library_would_write) {
+  auto m = full_manifest();
+  EXPECT_EQ(manifest_to_json(m), reference_json(m));
+  m.checksum_method = {checksum_algorithm::xxh3_64_chunked, 1 << 20};
+  m.tensors[0].name = "ctl\x01\x1f tab\t nl\n del\x7f \"q\" \\ \xe2\x82\xac";
+  m.tensors[1].name = "bad utf-8 \xff\xc3";  // replaced, as the library replaces it
+  m.metadata["\"key\"\n"] = "\x02";
+  EXPECT_EQ(manifest_to_json(m), reference_json(m));
+  m.metadata.clear();
+  m.tensors.clear();
+  m.segments.clear();
+  EXPECT_EQ(manifest_to_json(m), reference_json(m));
+}
+
+RC_GTEST_PROP(codec, the_writer_matches_the_library_on_any_bytes, ()) {
+  auto m = gen_manifest();
+  auto any = [] {
+    return *rc::gen::container<std::string>(rc::gen::arbitrary<char>());
+  };
+  m.update_id = any();
+  m.source_worker = any();
+  if (!m.tensors.empty()) m.tensors[0].name = any();
+  m.metadata[any()] = any();
+  if (*rc::gen::arbitrary<bool>()) {
+    m.checksum_method = {checksum_algorithm::xxh3_64_chunked, *rc::gen::arbitrary<std::uint64_t>()};
+  }
+  RC_ASSERT(manifest_to_json(m) == reference_json(m));
+}
+
+// The decoder's two paths give the same answer: the same manifest, or the same error.
+void expect_same_answer(const std::string& text) {
+  auto fast = manifest_from_json(text);
+  auto slow = detail::manifest_from_json_document(text);
+  RC_ASSERT(fast.has_value() == slow.has_value());
+  if (fast) {
+    RC_ASSERT(*fast == *slow);
+  } else {
+    RC_ASSERT(fast.error().message == slow.error().message);
+  }
+}
+
+RC_GTEST_PROP(codec, both_decoder_paths_agree_on_a_manifest_however_mangled, ()) {
+  auto m = gen_manifest();
+  if (*rc::gen::arbitrary<bool>()) {
+    m.checksum_method = {checksum_algorithm::xxh3_64_chunked, *rc::gen::arbitrary<std::uint64_t>()};
+  }
+  auto text = manifest_to_json(m);
+  expect_same_answer(text);
+  // Damage it: bytes replaced, removed or repeated, or a stretch swapped for common JSON.
+  const auto edits = *rc::gen::inRange(1, 4);
+  for (int e = 0; e < edits && !text.empty(); ++e) {
+    const auto at = *rc::gen::inRange<std::size_t>(0, text.size());
+    const auto len = *rc::gen::inRange<std::size_t>(0, std::min<std::size_t>(12, text.size() - at));
+    switch (*rc::gen::inRange(0, 4)) {
+      case 0:
+        text[at] = *rc::gen::element(',', ':', '"', '{', '}', '[', ']', '-', '1', 'x', '.', ' ');
+        break;
+      case 1:
+        text.erase(at, len);
+        break;
+      case 2:
+        text.insert(at, text.substr(at, len));
+        break;
+      default:
+        text.replace(at, len,
+                     *rc::gen::element<std::string>("null", "true", "-1", "1.5", "\"\"", "{}", "[]",
+                                                    "\"x\":1,", "18446744073709551616"));
+    }
+  }
+  expect_same_answer(text);
+}
+
+TEST(codec, both_decoder_paths_agree_on_fields_out_of_order_repeated_or_unknown) {
+  const auto text = manifest_to_json(full_manifest());
+  for (const auto& variant : std::vector<std::string>{
+           text,
+           // A key repeated: the document keeps the last one.
+           "{\"model_id\":\"first\"," + text.substr(1),
+           // Fields out of order.
+           "{\"wsync_manifest\":1," + text.substr(1, text.rfind(",\"wsync_manifest\"") - 1) + "}",
+           // Unknown, missing and mistyped fields, and a format from the future.
+           "{\"extra\":1," + text.substr(1),
+           edited("\"wsync_manifest\":1", "\"wsync_manifest\":2"),
+           edited("\"source_rank\":3", "\"source_rank\":-3"),
+           edited("\"segment\":0", "\"segment\":4294967296"),
+           edited("\"metadata\":{", "\"metadata\":{\"step\":\"x\","),
+           edited(",\"total_bytes\":1024", ""),
+       }) {
+    SCOPED_TRACE(variant.substr(0, 80));
+    auto fast = manifest_from_json(variant);
+    auto slow = detail::manifest_from_json_document(variant);
+    ASSERT_EQ(fast.has_value(), slow.has_value());
+    if (fast) {
+      EXPECT_EQ(*fast, *slow);
+    } else {
+      EXPECT_EQ(fast.error().message, slow.error().message);
+    }
+  }
 }
 
 RC_GTEST_PROP(codec, arbitrary_strings_never_crash_the_decoder, (const std::string& text)) {
