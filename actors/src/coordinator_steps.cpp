@@ -138,6 +138,7 @@ void distribute(coordinator_pointer self, const book_effect& e, bool resend = fa
   // By endpoint (the node's leader for the ranks it carries), then by route ("" for straight
   // from the publishers).
   std::map<caf::actor_addr, std::pair<consumer_actor, std::map<std::string, update_available>>> out;
+  std::map<std::string, const std::vector<weight_update_manifest>*> routed;  // by route id
   for (auto rank : e.ranks) {
     auto endpoint = st.consumers.find(rank);
     if (endpoint == st.consumers.end()) continue;  // it left
@@ -151,11 +152,21 @@ void distribute(coordinator_pointer self, const book_effect& e, bool resend = fa
       msg.ranks.push_back(rank);
       continue;
     }
-    update_available mine{st.token, e.key, {}, it->second.received_from, {}, resend};
-    for (const auto& m : it->second.manifests) mine.manifests.push_back(manifest_to_json(m));
-    std::string route_id = mine.received_from;
-    for (const auto& text : mine.manifests) route_id += "\n" + text;
-    auto& msg = messages.try_emplace(route_id, std::move(mine)).first->second;
+    // Each distinct route is encoded once, not once per rank. Routes differ by their hop and
+    // handles (the fan-out router changes nothing else); one that differs otherwise (another
+    // router) is told apart by its whole JSON.
+    std::string route_id = it->second.received_from;
+    for (const auto& m : it->second.manifests) route_id += "\n" + m.transport_handle;
+    if (auto seen = routed.try_emplace(route_id, &it->second.manifests).first;
+        *seen->second != it->second.manifests) {
+      for (const auto& m : it->second.manifests) route_id += "\n" + manifest_to_json(m);
+    }
+    auto [at, fresh] = messages.try_emplace(route_id);
+    auto& msg = at->second;
+    if (fresh) {
+      msg = update_available{st.token, e.key, {}, it->second.received_from, {}, resend};
+      for (const auto& m : it->second.manifests) msg.manifests.push_back(manifest_to_json(m));
+    }
     msg.ranks.push_back(rank);
   }
   for (auto& [addr, sends] : out) {
