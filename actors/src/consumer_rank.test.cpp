@@ -22,17 +22,26 @@ class rollout_side_test : public ::testing::TestWithParam<reference_runtime::ins
     if (publisher_) test::release_held(*publisher_);
   }
 
+  // A rank over shared memory installing into `runtime_`; null (a failure) when no transport.
+  std::unique_ptr<rollout_side> make_side() {
+    auto t = make_transport("shared-memory", {});
+    EXPECT_TRUE(t) << t.error().message;
+    if (!t) return nullptr;
+    auto c = (*t)->make_consumer();
+    EXPECT_TRUE(c) << c.error().message;
+    if (!c) return nullptr;
+    return std::make_unique<rollout_side>(std::move(*c), 0, true, runtime_, runtime_.gate());
+  }
+
   test::pattern_tensors tensors_{4, 512};
   std::unique_ptr<weight_publisher> publisher_;
+  reference_runtime runtime_{GetParam()};
 };
 
 TEST_P(rollout_side_test, a_rank_holds_only_what_it_reads) {
-  auto t = make_transport("shared-memory", {});
-  ASSERT_TRUE(t) << t.error().message;
-  auto c = (*t)->make_consumer();
-  ASSERT_TRUE(c) << c.error().message;
-  reference_runtime runtime(GetParam());
-  rollout_side side(std::move(*c), 0, true, runtime, runtime.gate());
+  auto made = make_side();
+  ASSERT_TRUE(made);
+  auto& side = *made;
   const bool views = GetParam() == reference_runtime::install_mode::view;
   std::set<std::string> released;
   for (std::uint64_t v = 1; v <= 3; ++v) {
@@ -55,12 +64,9 @@ TEST_P(rollout_side_test, a_rank_holds_only_what_it_reads) {
 }
 
 TEST_P(rollout_side_test, an_update_being_imported_is_held) {
-  auto t = make_transport("shared-memory", {});
-  ASSERT_TRUE(t) << t.error().message;
-  auto c = (*t)->make_consumer();
-  ASSERT_TRUE(c) << c.error().message;
-  reference_runtime runtime(GetParam());
-  rollout_side side(std::move(*c), 0, true, runtime, runtime.gate());
+  auto made = make_side();
+  ASSERT_TRUE(made);
+  auto& side = *made;
   // A re-join while an import runs names its key: a restarted coordinator must not have the
   // publishers reuse that memory before the rank says it let go.
   side.importing("m@5");
