@@ -155,11 +155,19 @@ void distribute(coordinator_pointer self, const book_effect& e, bool resend = fa
     // Each distinct route is encoded once, not once per rank. Routes differ by their hop and
     // handles (the fan-out router changes nothing else); one that differs otherwise (another
     // router) is told apart by its whole JSON.
-    std::string route_id = it->second.received_from;
-    for (const auto& m : it->second.manifests) route_id += "\n" + m.transport_handle;
+    // Each part length-prefixed: handles are opaque bytes, and no two routes' parts may join
+    // into the same id.
+    auto part = [](std::string& id, std::string_view text) {
+      id += std::to_string(text.size()) + ":";
+      id += text;
+    };
+    std::string route_id = "h";
+    part(route_id, it->second.received_from);
+    for (const auto& m : it->second.manifests) part(route_id, m.transport_handle);
     if (auto seen = routed.try_emplace(route_id, &it->second.manifests).first;
         *seen->second != it->second.manifests) {
-      for (const auto& m : it->second.manifests) route_id += "\n" + manifest_to_json(m);
+      route_id[0] = 'j';  // never equal to a short id
+      for (const auto& m : it->second.manifests) part(route_id, manifest_to_json(m));
     }
     auto [at, fresh] = messages.try_emplace(route_id);
     auto& msg = at->second;
