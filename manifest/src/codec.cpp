@@ -543,8 +543,7 @@ class writer {
   writer& number(Int v) {
     separate();
     char buf[24];
-    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-    out_.append(buf, end);
+    out_.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);  // 24 digits always fit
     return *this;
   }
   template <class Int>
