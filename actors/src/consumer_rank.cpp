@@ -53,7 +53,10 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
           return;
         }
         side->importing(u->key);
-        auto r = side->executor.update_weights(u->shards);
+        // The ranks of this process share the decoded shards: none copies them.
+        std::vector<manifest_ptr> shards;
+        for (const auto& m : u->shards) shards.emplace_back(u, &m);
+        auto r = side->executor.update_weights(std::span<const manifest_ptr>(shards));
         side->imported(u->key);
         if (observer) {
           std::uint64_t bytes = 0;

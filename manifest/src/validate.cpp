@@ -1,9 +1,9 @@
 #include "wsync/manifest/validate.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <string>
-#include <unordered_set>
 
 #include "wsync/manifest/checksum.hpp"
 
@@ -29,7 +29,15 @@ bool printable_id(std::string_view s) {
 // writer replaces those, which would rename the tensor on the way, or make two names one); and
 // no C0 control characters.
 bool valid_text(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
+  std::size_t i = 0;
+  // Plain ASCII without control characters, eight bytes at a time (tensor names are): no byte
+  // with its high bit set, and none below 0x20 (the borrow test of "has a byte less than n").
+  constexpr std::uint64_t ones = 0x0101010101010101, highs = 0x8080808080808080;
+  for (std::uint64_t w; i + 8 <= s.size(); i += 8) {
+    std::memcpy(&w, s.data() + i, 8);
+    if ((w & highs) != 0 || ((w - 0x20 * ones) & ~w & highs) != 0) break;
+  }
+  while (i < s.size()) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
       if (c < 0x20) return false;
@@ -131,6 +139,36 @@ bool tensor_span_bytes(const tensor_descriptor& t, std::uint64_t& out) {
   return !add_overflows(last, 1, count) && !mul_overflows(count, itemsize, out);
 }
 
+name_set::name_set(std::size_t expected) {
+  std::size_t n = 16;
+  while (n < 2 * expected) n *= 2;
+  slots_.resize(n);
+}
+
+bool name_set::insert(std::string_view name) {
+  // A free slot holds a default view; a name's view never has null data, even when empty.
+  if (name.data() == nullptr) name = std::string_view("", 0);
+  if (2 * (size_ + 1) > slots_.size()) grow();
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = std::hash<std::string_view>{}(name)&mask;; i = (i + 1) & mask) {
+    if (slots_[i].data() == nullptr) {
+      slots_[i] = name;
+      ++size_;
+      return true;
+    }
+    if (slots_[i] == name) return false;
+  }
+}
+
+void name_set::grow() {
+  std::vector<std::string_view> old(slots_.size() * 2);
+  old.swap(slots_);
+  size_ = 0;
+  for (auto v : old) {
+    if (v.data() != nullptr) insert(v);
+  }
+}
+
 result<void> manifest_validate(const weight_update_manifest& m,
                                bool (*known_transport)(std::string_view),
                                const manifest_limits& limits) {
@@ -197,8 +235,7 @@ result<void> manifest_validate(const weight_update_manifest& m,
                                      std::to_string(total));
   }
 
-  std::unordered_set<std::string_view> names;
-  names.reserve(m.tensors.size());
+  name_set names(m.tensors.size());
   for (std::size_t i = 0; i < m.tensors.size(); ++i) {
     const auto& t = m.tensors[i];
     if (t.name.empty()) return c.fail(tensor_field(i, "name"), "empty");
@@ -209,7 +246,7 @@ result<void> manifest_validate(const weight_update_manifest& m,
     if (!valid_text(t.name)) {
       return c.fail(tensor_field(i, "name"), "not UTF-8 text without control characters");
     }
-    if (!names.insert(t.name).second) {
+    if (!names.insert(t.name)) {
       return c.fail(tensor_field(i, "name"), "duplicate name \"" + t.name + "\"");
     }
     if (dtype_itemsize(t.dtype) == 0) {
@@ -289,10 +326,14 @@ result<void> manifest_validate(const weight_update_manifest& m,
   // Overlap: sort tensor ranges by (segment, offset) and compare neighbours.
   std::vector<std::size_t> order(m.tensors.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+  auto before = [&](std::size_t a, std::size_t b) {
     const auto &x = m.tensors[a], &y = m.tensors[b];
     return x.segment != y.segment ? x.segment < y.segment : x.offset < y.offset;
-  });
+  };
+  // A packed manifest lists its tensors in place order already.
+  if (!std::is_sorted(order.begin(), order.end(), before)) {
+    std::sort(order.begin(), order.end(), before);
+  }
   // Compare each range with the furthest end seen so far in its segment, so an empty tensor in
   // between cannot hide an overlap.
   std::uint64_t max_end = 0;

@@ -116,6 +116,18 @@ TEST(validate, refuses_duplicate_names) {
   EXPECT_NE(r.error().message.find("duplicate name \"w\""), std::string::npos) << r.error().message;
 }
 
+// Names spread over a table that grows past its first guess; each is new once and a duplicate
+// after, empty names included (a free slot must not pass for one).
+TEST(name_set, finds_every_duplicate_past_its_first_size) {
+  std::vector<std::string> names = {""};
+  for (int i = 0; i < 1000; ++i) names.push_back("model.layers." + std::to_string(i) + ".w");
+  name_set set(3);
+  for (const auto& n : names) EXPECT_TRUE(set.insert(n)) << n;
+  for (const auto& n : names) EXPECT_FALSE(set.insert(n)) << n;
+  EXPECT_FALSE(set.insert(std::string_view()));  // a default view is the empty name
+  EXPECT_TRUE(set.insert("model.layers.1000.w"));
+}
+
 TEST(validate, refuses_names_that_are_not_text) {
   auto m = valid_manifest();
   m.tensors[0].name = "bad\xff";
@@ -139,6 +151,24 @@ TEST(validate, refuses_names_that_are_not_text) {
     auto back = manifest_from_json(manifest_to_json(m));  // and it round-trips exactly
     ASSERT_TRUE(back) << back.error().message;
     EXPECT_EQ(back->tensors[0].name, m.tensors[0].name);
+  }
+}
+
+// The ASCII fast path reads eight bytes at a time: whatever the word or byte a bad or good
+// character falls on, the answer is the byte-by-byte one.
+TEST(validate, judges_text_the_same_at_every_position) {
+  auto m = valid_manifest();
+  for (std::size_t at = 0; at < 20; ++at) {
+    const std::string head = "n" + std::string(at, 'a');
+    const std::string tail(19 - at, 'z');
+    for (const std::string bad : {"\x1f", "\x01", "\xff", "\x80", "\xc3"}) {
+      m.tensors[0].name = head + bad + tail;
+      expect_refused(m, "tensors[0].name");
+    }
+    for (const std::string good : {" ", "\x7f", "\xc3\xa9", "~", "\xf0\x90\x80\x80"}) {
+      m.tensors[0].name = head + good + tail;
+      expect_accepted(m);
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "wsync/manifest/log.hpp"
+#include "wsync/manifest/validate.hpp"
 
 namespace wsync {
 namespace {
@@ -33,16 +34,25 @@ namespace {
 
 // Shards of one update: same model and version, distinct publisher ranks and update ids, no
 // tensor in two shards.
-result<void> shards_check(std::span<const weight_update_manifest> shards, std::int32_t rank) {
+result<void> shards_check(std::span<const manifest_ptr> shards, std::int32_t rank) {
   if (shards.empty()) {
     return make_error(errc::invalid_argument,
                       "invalid update: no shards (rank=" + std::to_string(rank) + ")");
   }
-  const auto& first = shards.front();
-  std::set<std::string_view> names;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (!shards[i]) {
+      return make_error(errc::invalid_argument, "invalid update: shards[" + std::to_string(i) +
+                                                    "]: no manifest (rank=" + std::to_string(rank) +
+                                                    ")");
+    }
+  }
+  const auto& first = *shards.front();
+  // One shard: a tensor named twice is the validator's to refuse, in its own words.
+  name_set names(shards.size() > 1 ? first.tensors.size() * shards.size() : 0);
   std::set<std::int32_t> sources;
   std::set<std::string_view> ids;
-  for (const auto& m : shards) {
+  for (const auto& shard : shards) {
+    const auto& m = *shard;
     auto where = " (" + update_context(m.update_id, rank) + ")";
     if (m.model_id != first.model_id || m.weight_version != first.weight_version) {
       return make_error(errc::invalid_manifest,
@@ -57,7 +67,7 @@ result<void> shards_check(std::span<const weight_update_manifest> shards, std::i
                             std::to_string(m.source_rank) + where);
     }
     for (const auto& t : m.tensors) {
-      if (!names.insert(t.name).second) {
+      if (shards.size() > 1 && !names.insert(t.name)) {
         return make_error(errc::invalid_manifest, "invalid manifest: tensors: \"" + t.name +
                                                       "\" appears in two shards" + where);
       }
@@ -70,7 +80,7 @@ result<void> shards_check(std::span<const weight_update_manifest> shards, std::i
 
 // Imports, verifies and stages the shards; on failure what was imported is in `imported_ids`
 // and nothing is staged.
-result<void> rollout_executor::import_and_stage(std::span<const weight_update_manifest> shards,
+result<void> rollout_executor::import_and_stage(std::span<const manifest_ptr> shards,
                                                 rollout_report& report,
                                                 std::vector<update_id>& imported_ids,
                                                 std::chrono::steady_clock::time_point& t) {
@@ -78,7 +88,7 @@ result<void> rollout_executor::import_and_stage(std::span<const weight_update_ma
   for (const auto& m : shards) {
     auto imported = consumer_.import_update(m);
     if (!imported) return imported.error();
-    imported_ids.push_back(m.update_id);
+    imported_ids.push_back(m->update_id);
     parts.push_back(*imported);
   }
   // The adapter sees shards by source rank, whatever order they came in (HTTP and Python
@@ -122,14 +132,22 @@ result<void> rollout_executor::import_and_stage(std::span<const weight_update_ma
 }
 
 rollout_report rollout_executor::update_weights(std::span<const weight_update_manifest> shards) {
+  std::vector<manifest_ptr> shared;
+  shared.reserve(shards.size());
+  for (const auto& m : shards) shared.push_back(std::make_shared<const weight_update_manifest>(m));
+  return update_weights(std::span<const manifest_ptr>(shared));
+}
+
+rollout_report rollout_executor::update_weights(std::span<const manifest_ptr> shards) {
   std::lock_guard lock(mutex_);
   rollout_report report;
-  for (const auto& m : shards) report.shard_ids.push_back(m.update_id);
-  if (!shards.empty()) {
+  const bool whole = std::all_of(shards.begin(), shards.end(), [](const auto& m) { return !!m; });
+  for (const auto& m : shards) report.shard_ids.push_back(m ? m->update_id : update_id());
+  if (!shards.empty() && whole) {
     // The update is known by its lowest source rank's shard, the one the adapter stages first.
-    const auto& first = *std::min_element(
+    const auto& first = **std::min_element(
         shards.begin(), shards.end(),
-        [](const auto& a, const auto& b) { return a.source_rank < b.source_rank; });
+        [](const auto& a, const auto& b) { return a->source_rank < b->source_rank; });
     report.id = first.update_id;
     report.weight_version = first.weight_version;
   }

@@ -355,6 +355,44 @@ TEST_F(sharded_test, inconsistent_shards_are_refused_before_import) {
   EXPECT_TRUE(ex.update_weights(v1).acknowledged);  // nothing was imported by the refusals
 }
 
+// Shards handed over shared are imported without a copy: the imported update reads the very
+// manifest given, which stays alive while the update is held, whoever else lets go of it.
+TEST_F(sharded_test, shared_shards_are_kept_not_copied) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto v1 = publish_shards(1);
+  std::vector<manifest_ptr> shared;
+  for (const auto& m : v1) shared.push_back(std::make_shared<const weight_update_manifest>(m));
+  std::weak_ptr<const weight_update_manifest> watch = shared[0];
+  auto r = ex.update_weights(std::span<const manifest_ptr>(shared));
+  ASSERT_TRUE(r.acknowledged) << r.failure->message;
+  shared.clear();
+  EXPECT_FALSE(watch.expired());  // the consumer holds the active update's manifest itself
+  ASSERT_TRUE(ex.update_weights(publish_shards(2)).acknowledged);
+  EXPECT_TRUE(watch.expired());  // released with the update
+  // A missing shard is refused by position before anything is imported.
+  std::vector<manifest_ptr> holey = {std::make_shared<const weight_update_manifest>(v1[0]),
+                                     nullptr};
+  r = ex.update_weights(std::span<const manifest_ptr>(holey));
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message, "invalid update: shards[1]: no manifest (rank=0)");
+  EXPECT_EQ(rt.active_version(), 2u);
+}
+
+// One shard naming a tensor twice is refused in the validator's words, not as two shards.
+TEST_F(executor_test, a_name_twice_in_one_shard_is_the_validators_refusal) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto m = publish(1);
+  m.tensors[1].name = m.tensors[0].name;
+  auto r = ex.update_weights(m);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("invalid manifest: tensors[1].name: duplicate name", 0), 0u)
+      << r.failure->message;
+}
+
 TEST_F(sharded_test, consumer_accepts_sibling_shards_but_not_a_repeat) {
   auto consumer = make_consumer();
   auto v1 = publish_shards(1);

@@ -37,6 +37,15 @@ std::string weight_consumer::context(const update_id& id) const {
 
 result<const imported_update*> weight_consumer::import_update(
     const weight_update_manifest& manifest) {
+  return import_update(std::make_shared<const weight_update_manifest>(manifest));
+}
+
+result<const imported_update*> weight_consumer::import_update(manifest_ptr shared) {
+  if (!shared) {
+    return make_error(errc::invalid_argument, "cannot import update: no manifest (rank=" +
+                                                  std::to_string(config_.rank) + ")");
+  }
+  const weight_update_manifest& manifest = *shared;
   const auto& id = manifest.update_id;
   if (auto ok = manifest_validate(manifest, transport_known); !ok) {
     // The validator names the publisher's rank; say which consumer refused it too.
@@ -80,9 +89,8 @@ result<const imported_update*> weight_consumer::import_update(
                                                  std::to_string(config_.rank));
   }
 
-  auto update = std::make_unique<imported_update>();
+  auto update = std::make_unique<imported_update>(std::move(shared));
   update->memory = transport_->memory();
-  update->manifest = manifest;
   update->segments = std::move(*segments);
   update->tensors.reserve(manifest.tensors.size());
   for (const auto& t : update->manifest.tensors) {

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "wsync/manifest/manifest.hpp"
 #include "wsync/manifest/result.hpp"
@@ -31,5 +32,20 @@ bool tensor_span_bytes(const tensor_descriptor& t, std::uint64_t& out);
 
 /// Number of elements, false on negative dimension or overflow.
 bool tensor_element_count(const tensor_descriptor& t, std::uint64_t& out);
+
+/// The names seen so far, for duplicate checks over the tensors of a manifest or an update: one
+/// open-addressed table of views, so checking N names costs no allocation per name (every rank
+/// of a process checks every update). The names must outlive the set.
+class name_set {
+ public:
+  explicit name_set(std::size_t expected = 0);
+  /// False if `name` is already in the set.
+  bool insert(std::string_view name);
+
+ private:
+  void grow();
+  std::vector<std::string_view> slots_;  ///< a default view (null data) marks a free slot
+  std::size_t size_ = 0;
+};
 
 }  // namespace wsync

@@ -47,7 +47,9 @@ class rollout_executor {
   ~rollout_executor();
 
   /// Installs one update — the shards of every publisher rank at one version, switched to
-  /// together — or rejects it and keeps the previous version. Never throws.
+  /// together — or rejects it and keeps the previous version. Never throws. The shards are
+  /// kept while the update is imported: shared ones are not copied.
+  rollout_report update_weights(std::span<const manifest_ptr> shards);
   rollout_report update_weights(std::span<const weight_update_manifest> shards);
   rollout_report update_weights(const weight_update_manifest& manifest) {
     return update_weights(std::span<const weight_update_manifest>(&manifest, 1));
@@ -63,8 +65,8 @@ class rollout_executor {
   std::vector<update_id> release_active();
 
  private:
-  result<void> import_and_stage(std::span<const weight_update_manifest> shards,
-                                rollout_report& report, std::vector<update_id>& imported_ids,
+  result<void> import_and_stage(std::span<const manifest_ptr> shards, rollout_report& report,
+                                std::vector<update_id>& imported_ids,
                                 std::chrono::steady_clock::time_point& t);
 
   weight_consumer& consumer_;

@@ -27,10 +27,19 @@ struct tensor_view {
   const std::byte* data = nullptr;  ///< a device address when the update's memory is a device
 };
 
+/// A manifest several holders read: the ranks of one process import one decoded manifest each,
+/// and none copies it.
+using manifest_ptr = std::shared_ptr<const weight_update_manifest>;
+
 /// An imported update: the manifest and its tensors, zero-copy where the transport allows.
 struct imported_update {
+  explicit imported_update(manifest_ptr m) : shared(std::move(m)), manifest(*shared) {}
+  imported_update(const imported_update&) = delete;
+  imported_update& operator=(const imported_update&) = delete;
+
   memory_location memory;  ///< where segments and tensor views live (the transport's memory())
-  weight_update_manifest manifest;
+  manifest_ptr shared;     ///< keeps `manifest` alive
+  const weight_update_manifest& manifest;
   std::vector<std::span<const std::byte>> segments;
   std::vector<tensor_view> tensors;  ///< same order as manifest.tensors
 };
@@ -54,8 +63,10 @@ class weight_consumer {
   /// model: the version must be above the active one (the highest acknowledged), not below one
   /// still being imported, and a source rank's shard of a version is taken once while it is
   /// held. A rejected or released version may therefore come again (a retry, with new update
-  /// ids). The returned pointer stays valid until release(update_id).
+  /// ids). The returned pointer stays valid until release(update_id). The first form copies the
+  /// manifest; the second keeps a reference to it.
   result<const imported_update*> import_update(const weight_update_manifest& manifest);
+  result<const imported_update*> import_update(manifest_ptr manifest);
   /// Recomputes every tensor checksum (device memory: on that device); a difference is "tensor
   /// checksum mismatch" naming the tensor.
   result<void> verify(const update_id& id);
