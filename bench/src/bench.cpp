@@ -1,4 +1,5 @@
 #include "wsync/bench/bench.hpp"
+#include "wsync/manifest/checksum.hpp"
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -634,6 +635,7 @@ bool row_fill(point_run& r, bool ok) {
                           : ", maps each slot once, zero-copy import");
   row["env"] = {{"host", host_name()},
                 {"cores", std::thread::hardware_concurrency()},
+                {"checksum_isa", std::string(checksum_isa())},
                 {"transport_notes", transport_notes}};
   return ok;
 }

@@ -1,4 +1,5 @@
 #include "wsync/bench/cluster_bench.hpp"
+#include "wsync/manifest/checksum.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -249,6 +250,7 @@ json row_of(const cluster_bench_options& o, const run_figures& f, int consumers,
           {"env",
            {{"host", host_name()},
             {"cores", std::thread::hardware_concurrency()},
+            {"checksum_isa", std::string(checksum_isa())},
             {"transport_notes",
              "coordinator, publisher and " +
                  (processes == 1 ? std::string("one process holding every consumer rank")

@@ -1,4 +1,5 @@
 #include "wsync/bench/fanout_bench.hpp"
+#include "wsync/manifest/checksum.hpp"
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -421,6 +422,7 @@ json plan_row(fanout_run& run, const fanout_bench_options& o, json row, plan_sha
   if (last) row.update(route_of(*last, run));
   row["env"] = {{"host", host_name()},
                 {"cores", std::thread::hardware_concurrency()},
+                {"checksum_isa", std::string(checksum_isa())},
                 {"transport_notes",
                  "ucx over tcp on each node's veth (UCX_TLS=tcp, UCX_NET_DEVICES=wsync0); links "
                  "tbf-limited both ways; ranks of a node pull from their leader over TCP "

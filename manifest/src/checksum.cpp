@@ -2,47 +2,60 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
+#include "src/xxh3_kernels.hpp"
+#include "wsync/manifest/log.hpp"
 
 namespace wsync {
-namespace {
 
-// Hash and copy in blocks that stay in L2 between the two passes, so the source is read from
-// memory once.
-constexpr std::size_t block_bytes = 128 * 1024;
+namespace detail {
 
-// Copies a cache-hot block with streaming stores: the destination lines are written without
-// being read first (a plain store reads each line for ownership, one more pass over memory).
-void copy_block(unsigned char* dst, const unsigned char* src, std::size_t n) {
-#if defined(__x86_64__)
-  if ((reinterpret_cast<std::uintptr_t>(dst) & 15) == 0) {
-    std::size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-      __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-    }
-    if (i < n) std::memcpy(dst + i, src + i, n - i);
-    return;
-  }
+xxh3_kernel_list xxh3_kernels_available() {
+  static const auto list = [] {
+    static const xxh3_kernels* sets[3] = {};
+    std::size_t n = 0;
+#if defined(WSYNC_XXH3_X86_VARIANTS)
+    // libgcc's check asks the OS too (XGETBV): a CPU whose kernel does not save the wide
+    // registers does not count.
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) sets[n++] = &xxh3_avx512;
+    if (__builtin_cpu_supports("avx2")) sets[n++] = &xxh3_avx2;
 #endif
-  std::memcpy(dst, src, n);
+    sets[n++] = &xxh3_baseline;
+    return xxh3_kernel_list{sets, n};
+  }();
+  return list;
 }
 
-}  // namespace
+const xxh3_kernels& xxh3_kernels_in_use() {
+  static const xxh3_kernels& chosen = []() -> const xxh3_kernels& {
+    const auto list = xxh3_kernels_available();
+    const char* wanted = std::getenv("WSYNC_CHECKSUM_ISA");
+    if (wanted == nullptr || *wanted == '\0') return *list.sets[0];
+    std::string names;
+    for (std::size_t i = 0; i < list.count; ++i) {
+      if (std::string_view(wanted) == list.sets[i]->isa) return *list.sets[i];
+      names += std::string(names.empty() ? "" : ", ") + list.sets[i]->isa;
+    }
+    log_warn(std::string("WSYNC_CHECKSUM_ISA=") + wanted + " is not one this CPU can run (" +
+             names + "): hashing with " + list.sets[0]->isa);
+    return *list.sets[0];
+  }();
+  return chosen;
+}
+
+}  // namespace detail
+
+std::string_view checksum_isa() {
+  return detail::xxh3_kernels_in_use().isa;
+}
 
 std::string checksum_hex(std::uint64_t checksum) {
   static constexpr char digits[] = "0123456789abcdef";
@@ -53,28 +66,11 @@ std::string checksum_hex(std::uint64_t checksum) {
 }
 
 std::uint64_t checksum_compute(const void* data, std::size_t nbytes) {
-  return XXH3_64bits(data, nbytes);
+  return detail::xxh3_kernels_in_use().hash(data, nbytes);
 }
 
 std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes) {
-  auto* d = static_cast<unsigned char*>(dst);
-  const auto* s = static_cast<const unsigned char*>(src);
-  if (nbytes <= block_bytes) {
-    std::uint64_t h = XXH3_64bits(s, nbytes);
-    if (nbytes > 0) std::memcpy(d, s, nbytes);  // an empty tensor may have no storage at all
-    return h;
-  }
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
-  for (std::size_t off = 0; off < nbytes; off += block_bytes) {
-    std::size_t n = nbytes - off < block_bytes ? nbytes - off : block_bytes;
-    XXH3_64bits_update(&state, s + off, n);
-    copy_block(d + off, s + off, n);
-  }
-#if defined(__x86_64__)
-  _mm_sfence();  // streaming stores are weakly ordered; publish only after they are visible
-#endif
-  return XXH3_64bits_digest(&state);
+  return detail::xxh3_kernels_in_use().hash_copy(dst, src, nbytes);
 }
 
 std::string_view checksum_algorithm_name(checksum_algorithm a) {
@@ -89,7 +85,7 @@ std::optional<checksum_algorithm> checksum_algorithm_parse(std::string_view name
 
 std::uint64_t checksum_of_chunks(const std::uint64_t* digests, std::size_t count) {
   static_assert(std::endian::native == std::endian::little, "digests hash as little-endian words");
-  return XXH3_64bits(digests, count * sizeof(std::uint64_t));
+  return checksum_compute(digests, count * sizeof(std::uint64_t));
 }
 
 checksum_pieces::checksum_pieces(const std::vector<std::uint64_t>& tensor_bytes,

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "random_bytes.hpp"
+#include "src/xxh3_kernels.hpp"
 #include "wsync/manifest/xxh3_parts.hpp"
 
 #define XXH_INLINE_ALL
@@ -43,6 +45,36 @@ TEST(checksum, is_xxh3_64_with_seed_0) {
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 7 + 3);
   for (std::size_t n : {1, 3, 16, 17, 128, 129, 240, 241, 1024, 5000}) {
     EXPECT_EQ(checksum_compute(data.data(), n), XXH3_64bits(data.data(), n)) << n;
+  }
+}
+
+// Every instruction set this CPU runs gives libxxhash's digest at every length to 4 KiB, at an
+// odd alignment, and past the long loop's block and stripe edges; and copies every byte while
+// hashing, aligned or not, across the 128 KiB blocks of the fused copy.
+TEST(checksum, every_instruction_set_hashes_and_copies_like_libxxhash) {
+  const auto list = detail::xxh3_kernels_available();
+  ASSERT_GE(list.count, 1u);
+  if (std::getenv("WSYNC_CHECKSUM_ISA") == nullptr) {
+    EXPECT_EQ(checksum_isa(), list.sets[0]->isa);  // the widest, unless told otherwise
+  }
+  const std::size_t big = 8 * block + 1027;  // past 1 MiB
+  auto data = test::random_bytes(big + 64, 11);
+  aligned_buffer out(big + 64);
+  for (std::size_t k = 0; k < list.count; ++k) {
+    const auto& set = *list.sets[k];
+    SCOPED_TRACE(set.isa);
+    for (std::size_t n = 0; n <= 4096; ++n) {
+      ASSERT_EQ(set.hash(data.data() + 1, n), XXH3_64bits(data.data() + 1, n)) << n;
+    }
+    for (std::size_t n : {block - 1, block, block + 1, std::size_t{1} << 20, big}) {
+      ASSERT_EQ(set.hash(data.data() + 3, n), XXH3_64bits(data.data() + 3, n)) << n;
+      for (std::size_t at : {std::size_t{0}, std::size_t{5}}) {
+        std::memset(out.at(0), 0xee, big + 8);
+        ASSERT_EQ(set.hash_copy(out.at(at), data.data() + 3, n), XXH3_64bits(data.data() + 3, n));
+        ASSERT_EQ(std::memcmp(out.at(at), data.data() + 3, n), 0) << n << " at " << at;
+        ASSERT_EQ(out.at(at)[n], 0xee) << "wrote past the end: " << n;
+      }
+    }
   }
 }
 

@@ -23,6 +23,12 @@ std::uint64_t checksum_compute(const void* data, std::size_t nbytes);
 /// each cache-sized block is hashed and then copied while it is still in cache.
 std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes);
 
+/// The instruction set the two above hash with: the widest this CPU runs ("avx512", "avx2",
+/// else "sse2" on x86-64; "neon" on aarch64), or the one the environment variable
+/// WSYNC_CHECKSUM_ISA names, where the CPU runs it (else a warning, and the widest). Every
+/// set gives the same digests; only the speed differs.
+std::string_view checksum_isa();
+
 /// The name manifests use: "xxh3-64" or "xxh3-64-chunked"; and back (nullopt when unknown).
 std::string_view checksum_algorithm_name(checksum_algorithm a);
 std::optional<checksum_algorithm> checksum_algorithm_parse(std::string_view name);
