@@ -1,7 +1,9 @@
 #include "wsync/manifest/codec.hpp"
 
 #include <gtest/gtest.h>
+
 #include <rapidcheck/gtest.h>
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
@@ -299,6 +301,25 @@ weight_update_manifest gen_manifest() {
   return m;
 }
 
+// m with every quote and backslash in its text made '_': text the writer writes unescaped,
+// which the plain lexer reads.
+weight_update_manifest unescaped(weight_update_manifest m) {
+  auto fix = [](std::string s) {
+    std::replace_if(
+        s.begin(), s.end(), [](char c) { return c == '"' || c == '\\'; }, '_');
+    return s;
+  };
+  for (auto* s : {&m.update_id, &m.model_id, &m.source_worker, &m.transport}) *s = fix(*s);
+  for (auto& t : m.tensors) {
+    t.name = fix(t.name);
+    t.device = fix(t.device);
+  }
+  std::map<std::string, std::string> metadata;
+  for (const auto& [k, v] : m.metadata) metadata.emplace(fix(k), fix(v));
+  m.metadata = std::move(metadata);
+  return m;
+}
+
 RC_GTEST_PROP(codec, round_trip_property, ()) {
   auto m = gen_manifest();
   auto text = manifest_to_json(m);
@@ -306,6 +327,10 @@ RC_GTEST_PROP(codec, round_trip_property, ()) {
   RC_ASSERT(back.has_value());
   RC_ASSERT(*back == m);
   RC_ASSERT(manifest_to_json(*back) == text);
+  const auto plain = unescaped(m);
+  auto read = detail::manifest_from_plain_json(manifest_to_json(plain));
+  RC_ASSERT(read.has_value());
+  RC_ASSERT(*read == plain);
 }
 
 // The manifest as nlohmann's dump() writes it (what manifest_to_json did before it wrote the
@@ -380,6 +405,10 @@ RC_GTEST_PROP(codec, the_writer_matches_the_library_on_any_bytes, ()) {
 void expect_same_answer(const std::string& text) {
   auto fast = manifest_from_json(text);
   auto slow = detail::manifest_from_json_document(text);
+  if (auto plain = detail::manifest_from_plain_json(text)) {
+    RC_ASSERT(slow.has_value());
+    RC_ASSERT(*plain == *slow);
+  }
   RC_ASSERT(fast.has_value() == slow.has_value());
   if (fast) {
     RC_ASSERT(*fast == *slow);
@@ -390,6 +419,7 @@ void expect_same_answer(const std::string& text) {
 
 RC_GTEST_PROP(codec, both_decoder_paths_agree_on_a_manifest_however_mangled, ()) {
   auto m = gen_manifest();
+  if (*rc::gen::arbitrary<bool>()) m = unescaped(std::move(m));  // the plain lexer's text
   if (*rc::gen::arbitrary<bool>()) {
     m.checksum_method = {checksum_algorithm::xxh3_64_chunked, *rc::gen::arbitrary<std::uint64_t>()};
   }
@@ -412,11 +442,49 @@ RC_GTEST_PROP(codec, both_decoder_paths_agree_on_a_manifest_however_mangled, ())
         break;
       default:
         text.replace(at, len,
-                     *rc::gen::element<std::string>("null", "true", "-1", "1.5", "\"\"", "{}", "[]",
-                                                    "\"x\":1,", "18446744073709551616"));
+                     *rc::gen::element<std::string>(
+                         "null", "true", "-1", "1.5", "\"\"", "{}", "[]", "\"x\":1,",
+                         "18446744073709551616", "01", "-0", "1e5", " \t\r\n", "\\n", "\\u0041",
+                         "\xc3\xa9", "\x01", "-9223372036854775808", "-9223372036854775809", "0"));
     }
   }
   expect_same_answer(text);
+}
+
+// The plain lexer reads what the writer writes, and JSON laid out otherwise; it leaves
+// escapes, non-ASCII text, fractions and the like to the library's lexer, which reads them the
+// same way the document does.
+TEST(codec, the_plain_lexer_reads_plain_json_and_leaves_the_rest) {
+  auto m = full_manifest();
+  m.metadata = {{"step", "1200"}};
+  m.tensors[2].shape = {2, -3};
+  const auto text = manifest_to_json(m);
+  auto plain = detail::manifest_from_plain_json(text);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(*plain, m);
+  const auto pretty = nlohmann::json::parse(text).dump(2);  // spaces and newlines between tokens
+  plain = detail::manifest_from_plain_json(pretty);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(*plain, m);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"step\":\"1200\"", "\"step\":\"12\\u0030\""},  // an escape
+           {"\"step\":\"1200\"", "\"step\":\"\xc3\xa9\""},   // UTF-8
+           {"\"nbytes\":512", "\"nbytes\":5.12e2"},          // a fraction
+           {"\"source_rank\":3", "\"source_rank\":03"},      // not JSON
+           {"[2,-3]", "[2,-0]"}}) {
+    auto variant = text;
+    const auto at = variant.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    variant.replace(at, from.size(), to);
+    SCOPED_TRACE(to);
+    EXPECT_FALSE(detail::manifest_from_plain_json(variant));
+    auto got = manifest_from_json(variant);
+    auto reference = detail::manifest_from_json_document(variant);
+    ASSERT_EQ(got.has_value(), reference.has_value());
+    if (got) {
+      EXPECT_EQ(*got, *reference);
+    }
+  }
 }
 
 TEST(codec, both_decoder_paths_agree_on_fields_out_of_order_repeated_or_unknown) {
