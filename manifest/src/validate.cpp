@@ -145,19 +145,28 @@ name_set::name_set(std::size_t expected) {
   slots_.resize(n);
 }
 
+// The slot holding `name`, or the free one where it would go (the table is never full).
+std::size_t name_set::find(std::string_view name) const {
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = std::hash<std::string_view>{}(name)&mask;; i = (i + 1) & mask) {
+    if (slots_[i].data() == nullptr || slots_[i] == name) return i;
+  }
+}
+
 bool name_set::insert(std::string_view name) {
   // A free slot holds a default view; a name's view never has null data, even when empty.
   if (name.data() == nullptr) name = std::string_view("", 0);
   if (2 * (size_ + 1) > slots_.size()) grow();
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = std::hash<std::string_view>{}(name)&mask;; i = (i + 1) & mask) {
-    if (slots_[i].data() == nullptr) {
-      slots_[i] = name;
-      ++size_;
-      return true;
-    }
-    if (slots_[i] == name) return false;
-  }
+  auto& slot = slots_[find(name)];
+  if (slot.data() != nullptr) return false;
+  slot = name;
+  ++size_;
+  return true;
+}
+
+bool name_set::contains(std::string_view name) const {
+  if (name.data() == nullptr) name = std::string_view("", 0);
+  return slots_[find(name)].data() != nullptr;
 }
 
 void name_set::grow() {

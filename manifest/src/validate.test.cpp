@@ -125,7 +125,10 @@ TEST(name_set, finds_every_duplicate_past_its_first_size) {
   for (const auto& n : names) EXPECT_TRUE(set.insert(n)) << n;
   for (const auto& n : names) EXPECT_FALSE(set.insert(n)) << n;
   EXPECT_FALSE(set.insert(std::string_view()));  // a default view is the empty name
+  EXPECT_TRUE(set.contains(std::string_view()));
+  EXPECT_FALSE(set.contains("model.layers.1000.w"));
   EXPECT_TRUE(set.insert("model.layers.1000.w"));
+  EXPECT_TRUE(set.contains("model.layers.1000.w"));
 }
 
 TEST(validate, refuses_names_that_are_not_text) {

@@ -47,8 +47,13 @@ result<void> shards_check(std::span<const manifest_ptr> shards, std::int32_t ran
     }
   }
   const auto& first = *shards.front();
-  // One shard: a tensor named twice is the validator's to refuse, in its own words.
-  name_set names(shards.size() > 1 ? first.tensors.size() * shards.size() : 0);
+  // Names are compared with earlier shards' only: a tensor named twice within one shard is the
+  // validator's to refuse, in its own words. (Sized for valid shards; a larger one grows it.)
+  std::size_t expected = 0;
+  for (const auto& shard : shards) {
+    expected += std::min<std::size_t>(shard->tensors.size(), manifest_limits{}.max_tensors);
+  }
+  name_set names(shards.size() > 1 ? expected : 0);
   std::set<std::int32_t> sources;
   std::set<std::string_view> ids;
   for (const auto& shard : shards) {
@@ -66,12 +71,14 @@ result<void> shards_check(std::span<const manifest_ptr> shards, std::int32_t ran
                         "invalid manifest: source_rank: two shards from source_rank " +
                             std::to_string(m.source_rank) + where);
     }
+    if (shards.size() == 1) break;
     for (const auto& t : m.tensors) {
-      if (shards.size() > 1 && !names.insert(t.name)) {
+      if (names.contains(t.name)) {
         return make_error(errc::invalid_manifest, "invalid manifest: tensors: \"" + t.name +
                                                       "\" appears in two shards" + where);
       }
     }
+    for (const auto& t : m.tensors) names.insert(t.name);
   }
   return {};
 }
@@ -133,8 +140,26 @@ result<void> rollout_executor::import_and_stage(std::span<const manifest_ptr> sh
 
 rollout_report rollout_executor::update_weights(std::span<const weight_update_manifest> shards) {
   std::vector<manifest_ptr> shared;
-  shared.reserve(shards.size());
-  for (const auto& m : shards) shared.push_back(std::make_shared<const weight_update_manifest>(m));
+  try {
+    shared.reserve(shards.size());
+    for (const auto& m : shards) {
+      shared.push_back(std::make_shared<const weight_update_manifest>(m));
+    }
+  } catch (const std::exception& e) {  // out of memory: refused before anything was imported
+    rollout_report report;
+    for (const auto& m : shards) report.shard_ids.push_back(m.update_id);
+    if (!shards.empty()) {
+      const auto& first = *std::min_element(
+          shards.begin(), shards.end(),
+          [](const auto& a, const auto& b) { return a.source_rank < b.source_rank; });
+      report.id = first.update_id;
+      report.weight_version = first.weight_version;
+    }
+    report.failure =
+        make_error(errc::install_failed, std::string("install failed: ") + e.what() + " (" +
+                                             update_context(report.id, consumer_.rank()) + ")");
+    return report;
+  }
   return update_weights(std::span<const manifest_ptr>(shared));
 }
 
@@ -168,10 +193,10 @@ rollout_report rollout_executor::update_weights(std::span<const manifest_ptr> sh
     return report;
   };
 
-  if (auto ok = shards_check(shards, consumer_.rank()); !ok) return fail(ok.error());
   // Nothing below may leave by an exception (an adapter out of memory, say) with the shards
   // still imported: it becomes a rejection like any other failure.
   try {
+    if (auto ok = shards_check(shards, consumer_.rank()); !ok) return fail(ok.error());
     if (auto ok = import_and_stage(shards, report, imported_ids, t); !ok) return fail(ok.error());
   } catch (const std::exception& e) {
     adapter_.discard(report.id);

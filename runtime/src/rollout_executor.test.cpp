@@ -352,6 +352,13 @@ TEST_F(sharded_test, inconsistent_shards_are_refused_before_import) {
   r = ex.update_weights(overlap);
   ASSERT_TRUE(r.failure);
   EXPECT_EQ(r.failure->message.rfind("invalid manifest: tensors:", 0), 0u);
+  // A name twice within one of several shards is the validator's refusal, not "two shards".
+  auto twice_in_one = v1;
+  twice_in_one[1].tensors[1].name = twice_in_one[1].tensors[0].name;
+  r = ex.update_weights(twice_in_one);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("invalid manifest: tensors[1].name: duplicate name", 0), 0u)
+      << r.failure->message;
   EXPECT_TRUE(ex.update_weights(v1).acknowledged);  // nothing was imported by the refusals
 }
 

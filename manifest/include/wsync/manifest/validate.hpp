@@ -41,8 +41,10 @@ class name_set {
   explicit name_set(std::size_t expected = 0);
   /// False if `name` is already in the set.
   bool insert(std::string_view name);
+  bool contains(std::string_view name) const;
 
  private:
+  std::size_t find(std::string_view name) const;
   void grow();
   std::vector<std::string_view> slots_;  ///< a default view (null data) marks a free slot
   std::size_t size_ = 0;

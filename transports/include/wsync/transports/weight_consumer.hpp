@@ -37,8 +37,8 @@ struct imported_update {
   imported_update(const imported_update&) = delete;
   imported_update& operator=(const imported_update&) = delete;
 
-  memory_location memory;  ///< where segments and tensor views live (the transport's memory())
-  manifest_ptr shared;     ///< keeps `manifest` alive
+  memory_location memory;     ///< where segments and tensor views live (the transport's memory())
+  const manifest_ptr shared;  ///< keeps `manifest` alive
   const weight_update_manifest& manifest;
   std::vector<std::span<const std::byte>> segments;
   std::vector<tensor_view> tensors;  ///< same order as manifest.tensors
