@@ -258,6 +258,10 @@ subcommand add_bench(CLI::App& app) {
       "Time one weight update end to end (publish, import, verify, install, ack, release) and "
       "print JSON rows: one per timed update, the result row last. Baselines (single-thread "
       "memcpy into pre-faulted memory, single-thread xxh3) are measured in the same run.");
+  bench->footer(
+      "CPU hashing runs with the widest instruction set this CPU has (each row's "
+      "env.checksum_isa); WSYNC_CHECKSUM_ISA=sse2|avx2|avx512 picks another, e.g. to measure one "
+      "against the other.");
   add_point_flags(bench, *state);
   add_fanout_flags(bench, state->fanout);
   // Read by ucx and fanout modes alike, so it follows both groups.
