@@ -6,6 +6,7 @@
 
 #include "coordinator_state.hpp"
 #include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/json_writer.hpp"
 #include "wsync/manifest/log.hpp"
 #include "wsync/transports/registry.hpp"
 
@@ -15,25 +16,33 @@ using json = nlohmann::json;
 // Every dump below replaces invalid UTF-8 (a reason quoting bytes a peer sent) instead of
 // throwing inside an actor.
 
-json outcome_json(const update_record& u) {
-  json ranks = json::array();
-  for (const auto& [rank, p] : u.consumers) {
-    ranks.push_back({{"rank", rank},
-                     {"state", rank_state_name(p.state)},
-                     {"acknowledged", p.acknowledged},
-                     {"reason", p.reason},
-                     {"received_from", p.received_from},
-                     {"data_s", p.data_s}});
-  }
-  double commit_s =
+// An update's outcome as publishers and the status table read it, written directly: a
+// thousand ranks through a JSON document cost ~3 ms per update, on the trainer's path.
+std::string outcome_text(const update_record& u) {
+  json_writer w(256 + u.consumers.size() * 128);
+  const double commit_s =
       u.finished ? std::chrono::duration<double>(*u.finished - u.created).count() : 0.0;
-  return {{"key", u.key},
-          {"weight_version", u.weight_version},
-          {"commit_s", commit_s},
-          {"phase", update_phase_name(u.phase)},
-          {"reason", u.reason},
-          {"attempt", u.attempt},
-          {"ranks", std::move(ranks)}};
+  w.open('{');
+  w.key("attempt").number(u.attempt);
+  w.key("commit_s").real(commit_s);
+  w.key("key").text(u.key);
+  w.key("phase").text(update_phase_name(u.phase));
+  w.key("ranks").open('[');
+  for (const auto& [rank, p] : u.consumers) {
+    w.open('{');
+    w.key("acknowledged").boolean(p.acknowledged);
+    w.key("data_s").real(p.data_s);
+    w.key("rank").number(rank);
+    w.key("reason").text(p.reason);
+    w.key("received_from").text(p.received_from);
+    w.key("state").text(rank_state_name(p.state));
+    w.close('}');
+  }
+  w.close(']');
+  w.key("reason").text(u.reason);
+  w.key("weight_version").number(u.weight_version);
+  w.close('}');
+  return w.take();
 }
 
 // What a refused publish answers: the message and its error code, so a trainer raises the right
@@ -201,7 +210,7 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
         if (u->phase == update_phase::committed) ++st.committed;
         log_info("update " + e.key + " " + std::string(update_phase_name(u->phase)) +
                  (u->reason.empty() ? "" : ": " + u->reason));
-        auto text = outcome_json(*u).dump(-1, ' ', false, json::error_handler_t::replace);
+        auto text = outcome_text(*u);
         for (auto& rp : st.waiting[e.key]) rp.deliver(st.token, text);
         st.waiting.erase(e.key);
         break;
@@ -407,7 +416,7 @@ std::string status_json(coordinator_state& st) {
       committed_of[model] = c->weight_version;
     }
     for (const auto* u : st.book.updates(model)) {
-      updates.push_back(outcome_json(*u));
+      updates.push_back(json::parse(outcome_text(*u), nullptr, false));  // status is rare
       for (const auto& [rank, p] : u->consumers) latest[rank] = &p;
     }
   }

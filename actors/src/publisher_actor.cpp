@@ -18,6 +18,7 @@
 #include "runtime_support.hpp"
 #include "wsync/actors/node.hpp"
 #include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/json_writer.hpp"
 #include "wsync/manifest/log.hpp"
 #include "wsync/sources/shard.hpp"
 #include "wsync/transports/registry.hpp"
@@ -28,6 +29,48 @@ namespace {
 
 using namespace proto;
 using json = nlohmann::json;
+
+// The top-level text fields of the coordinator's answer (phase and reason of an outcome, error
+// and code of a refusal), read without building its document: an outcome lists every rank,
+// and a thousand of them took ~3 ms to parse and re-encode on the trainer's path.
+struct outcome_head {
+  bool object = false;  // the answer is a JSON object
+  int depth = 0;
+  std::string last_key;  // the last top-level key
+  std::map<std::string, std::string> fields;
+
+  std::string value(const std::string& k, const std::string& otherwise) const {
+    auto it = fields.find(k);
+    return it == fields.end() ? otherwise : it->second;
+  }
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool string(std::string& v) {
+    const auto& k = last_key;
+    if (depth == 1 && (k == "error" || k == "code" || k == "phase" || k == "reason")) {
+      fields[k] = std::move(v);
+    }
+    return true;
+  }
+  bool key(std::string& k) {
+    if (depth == 1) last_key = std::move(k);
+    return true;
+  }
+  bool start_object(std::size_t) {
+    if (depth++ == 0) object = true;
+    return true;
+  }
+  bool end_object() { return --depth, true; }
+  bool start_array(std::size_t) { return ++depth, true; }
+  bool end_array() { return --depth, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) {
+    return false;
+  }
+};
 // Every dump below replaces invalid UTF-8 (a reason quoting bytes a peer sent) instead of
 // throwing inside an actor.
 
@@ -358,17 +401,28 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
                 o.coordinator.token, key, m->update_id, manifest_to_json(*m))
       .receive(
           [&](const std::string& outcome) {
-            auto j = json::parse(outcome, nullptr, false);
-            if (j.is_discarded() || j.contains("error")) {
-              out.error = j.is_object() ? j.value("error", outcome) : outcome;
-              out.error_code = j.is_object() ? j.value("code", "io_error") : "io_error";
-              refused = j.is_object() && j.contains("code");  // refusals carry their code
+            outcome_head head;
+            const bool parsed = json::sax_parse(outcome, &head) && head.object;
+            if (!parsed || head.fields.count("error")) {
+              out.error = parsed ? head.value("error", outcome) : outcome;
+              out.error_code = parsed ? head.value("code", "io_error") : "io_error";
+              refused = parsed && head.fields.count("code");  // refusals carry their code
               return;
             }
-            j["publish_s"] = out.publish_s;
-            out.outcome_json = j.dump(-1, ' ', false, json::error_handler_t::replace);
-            out.committed = j.value("phase", std::string()) == "committed";
-            if (!out.committed) out.error = "update " + key + " aborted: " + j.value("reason", "");
+            // The outcome with this rank's publish time, spliced in, not re-encoded: where
+            // sorted keys put it (before "ranks", which the coordinator writes after "phase"
+            // and whose name no earlier value can hold), else first.
+            json_writer seconds;
+            seconds.real(out.publish_s);
+            const auto field = "\"publish_s\":" + seconds.take();
+            const auto ranks = outcome.find(",\"ranks\":");
+            out.outcome_json =
+                ranks != std::string::npos
+                    ? outcome.substr(0, ranks + 1) + field + outcome.substr(ranks)
+                    : "{" + field + (outcome.size() > 2 ? "," : "") + outcome.substr(1);
+            out.committed = head.value("phase", "") == "committed";
+            if (!out.committed)
+              out.error = "update " + key + " aborted: " + head.value("reason", "");
           },
           [&](caf::error& err) {
             out.fail(make_error(errc::io_error, impl_->sys.get().render(err)));

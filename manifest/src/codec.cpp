@@ -2,6 +2,7 @@
 
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/json_bounded.hpp"
+#include "wsync/manifest/json_writer.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -642,84 +643,12 @@ plain_result plain_parse(std::string_view text, Handler& h) {
 
 }  // namespace
 
-namespace {
-
 // The manifest's JSON written straight into one string: what nlohmann's dump() of the same
-// object gives, byte for byte (keys in sorted order, compact), without building the object
-// first. For 290 tensors that took about 2 ms, on the path of every publish and distribution.
-class writer {
- public:
-  explicit writer(std::size_t reserve) { out_.reserve(reserve); }
-
-  writer& key(std::string_view k) {
-    separate();
-    string(k);
-    out_ += ':';
-    fresh_ = true;  // the value that follows needs no comma
-    return *this;
-  }
-  writer& text(std::string_view v) {
-    separate();
-    string(v);
-    return *this;
-  }
-  template <class Int>
-  writer& number(Int v) {
-    separate();
-    char buf[24];
-    out_.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);  // 24 digits always fit
-    return *this;
-  }
-  template <class Int>
-  writer& numbers(const std::vector<Int>& vs) {
-    open('[');
-    for (auto v : vs) number(v);
-    return close(']');
-  }
-  writer& open(char bracket) {
-    separate();
-    out_ += bracket;
-    fresh_ = true;
-    return *this;
-  }
-  writer& close(char bracket) {
-    out_ += bracket;
-    fresh_ = false;
-    return *this;
-  }
-  std::string take() { return std::move(out_); }
-
- private:
-  // Printable ASCII without quote or backslash: copied as it is.
-  static bool plain(std::string_view v) {
-    for (unsigned char c : v) {
-      if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') return false;
-    }
-    return true;
-  }
-  void string(std::string_view v) {
-    if (plain(v)) {
-      out_ += '"';
-      out_ += v;
-      out_ += '"';
-    } else {
-      // Escapes, and invalid UTF-8 replaced (validation refuses such ids): nlohmann's rules.
-      out_ += json(std::string(v)).dump(-1, ' ', false, json::error_handler_t::replace);
-    }
-  }
-  void separate() {
-    if (!fresh_) out_ += ',';
-    fresh_ = false;
-  }
-
-  std::string out_;
-  bool fresh_ = true;
-};
-
-}  // namespace
-
+// object gives, byte for byte (keys written in sorted order, compact), without building the
+// object first. For 290 tensors that took about 2 ms, on the path of every publish and
+// distribution.
 std::string manifest_to_json(const weight_update_manifest& m) {
-  writer w(512 + m.tensors.size() * 192 + m.transport_handle.size() * 4 / 3);
+  json_writer w(512 + m.tensors.size() * 192 + m.transport_handle.size() * 4 / 3);
   w.open('{');
   if (m.checksum_method != checksum_method{}) {
     w.key("checksum").open('{');
