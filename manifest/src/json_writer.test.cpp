@@ -45,9 +45,8 @@ RC_GTEST_PROP(json_writer, any_double_reads_back_exactly, (double v)) {
 
 // Objects, arrays, booleans, integers and any bytes as text: what nlohmann reads back is what
 // was written (text as nlohmann's dump() has it: escapes, invalid UTF-8 replaced).
-RC_GTEST_PROP(json_writer, writes_what_a_json_reader_reads_back, (const std::string& a,
-                                                                  const std::string& b,
-                                                                  std::int64_t n, bool flag)) {
+RC_GTEST_PROP(json_writer, writes_what_a_json_reader_reads_back,
+              (const std::string& a, const std::string& b, std::int64_t n, bool flag)) {
   json_writer w;
   w.open('{');
   w.key("a").text(a);
