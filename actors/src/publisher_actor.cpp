@@ -37,6 +37,7 @@ struct outcome_head {
   bool object = false;  // the answer is a JSON object
   int depth = 0;
   std::string last_key;  // the last top-level key
+  bool members = false;  // the object has a key
   std::map<std::string, std::string> fields;
 
   std::string value(const std::string& k, const std::string& otherwise) const {
@@ -57,7 +58,10 @@ struct outcome_head {
     return true;
   }
   bool key(std::string& k) {
-    if (depth == 1) last_key = std::move(k);
+    if (depth == 1) {
+      last_key = std::move(k);
+      members = true;
+    }
     return true;
   }
   bool start_object(std::size_t) {
@@ -416,10 +420,13 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
             seconds.real(out.publish_s);
             const auto field = "\"publish_s\":" + seconds.take();
             const auto ranks = outcome.find(",\"ranks\":");
-            out.outcome_json =
-                ranks != std::string::npos
-                    ? outcome.substr(0, ranks + 1) + field + outcome.substr(ranks)
-                    : "{" + field + (outcome.size() > 2 ? "," : "") + outcome.substr(1);
+            if (ranks != std::string::npos) {
+              out.outcome_json = outcome.substr(0, ranks + 1) + field + outcome.substr(ranks);
+            } else {  // an object (parsed as one), maybe after spaces
+              const auto open = outcome.find('{') + 1;
+              out.outcome_json = outcome.substr(0, open) + field + (head.members ? "," : "") +
+                                 outcome.substr(open);
+            }
             out.committed = head.value("phase", "") == "committed";
             if (!out.committed)
               out.error = "update " + key + " aborted: " + head.value("reason", "");

@@ -34,8 +34,12 @@ json_writer& json_writer::real(double v) {
     out_ += "null";
     return *this;
   }
-  char buf[32];
-  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  // nlohmann's layout of the shortest digits: fixed from 1e-4 up to 1e15, else an exponent.
+  const double a = std::fabs(v);
+  const auto format =
+      a == 0 || (a >= 1e-4 && a < 1e15) ? std::chars_format::fixed : std::chars_format::scientific;
+  char buf[64];  // fixed below 1e15 and above 1e-4: at most 17 digits, a sign and a point
+  const auto end = std::to_chars(buf, buf + sizeof buf, v, format).ptr;
   out_.append(buf, end);
   if (std::string_view(buf, static_cast<std::size_t>(end - buf)).find_first_of(".e") ==
       std::string_view::npos) {

@@ -34,6 +34,17 @@ TEST(json_writer, doubles_read_back_exactly_and_as_floats) {
   EXPECT_EQ(w.take(), "[null,null]");  // as nlohmann writes what JSON cannot say
 }
 
+// The same text as nlohmann's dump() on the doubles a duration or a rate takes, and around
+// the edges where the layout changes.
+TEST(json_writer, doubles_are_laid_out_as_nlohmann_lays_them_out) {
+  for (double v : {0.0, -0.0, 1.0, 0.0123, 0.0001, 0.00009999, 1e-05, 100000.0, 123456.789,
+                   999999999999999.9, 1e15, 1e16, 2.5e-07, 0.001508391, 5e-324, 1e300}) {
+    json_writer w;
+    w.real(v);
+    EXPECT_EQ(w.take(), json(v).dump()) << v;
+  }
+}
+
 RC_GTEST_PROP(json_writer, any_double_reads_back_exactly, (double v)) {
   RC_PRE(std::isfinite(v));
   json_writer w;

@@ -3,8 +3,9 @@
 // the coordinator's outcome): building a nlohmann document first cost milliseconds for a
 // model's 290 tensors or a thousand ranks. Keys come out in the order written; text as
 // nlohmann's dump() writes it (escapes, invalid UTF-8 replaced by U+FFFD), integers exactly,
-// doubles in their shortest round-trip form (with ".0" on whole numbers, as nlohmann does, so a
-// reader still sees a float; not finite: null).
+// doubles in their shortest round-trip digits laid out as nlohmann lays them out (fixed from
+// 1e-4 to 1e15, else with an exponent; ".0" on whole numbers, so a reader still sees a float;
+// not finite: null).
 
 #include <charconv>
 #include <cstddef>
