@@ -10,6 +10,7 @@
 
 #include "service_state.hpp"
 #include "wsync/manifest/codec.hpp"
+#include "wsync/manifest/codec_json.hpp"
 #include "wsync/manifest/dtype.hpp"
 #include "wsync/manifest/json_bounded.hpp"
 #include "wsync/manifest/log.hpp"
@@ -338,7 +339,9 @@ std::string weight_transfer_service::impl::accept_manifest(
   if (!mj.is_object() && !mj.is_string()) {
     return at + ": must be a wsync manifest (JSON object)";
   }
-  auto m = manifest_from_json(mj.is_string() ? mj.get<std::string>() : mj.dump());
+  // An object is read as parsed; the text of one is decoded.
+  auto m = mj.is_string() ? manifest_from_json(mj.get_ref<const std::string&>())
+                          : manifest_from_json_value(mj);
   if (!m) return at + ": " + m.error().message;
   if (m->transport != transport) {
     return at + ".transport: \"" + m->transport + "\" differs from the initialised transport \"" +
@@ -387,14 +390,14 @@ std::optional<refusal> weight_transfer_service::impl::update_weights(std::string
   auto j = read_body(body, false, bad_body);
   if (!j) return refusal{400, bad_body};
   if (!j->contains("update_info")) return refusal{400, "update_info: missing in request body"};
-  std::vector<json> infos;
+  std::vector<const json*> infos;  // into the body: copying a manifest is not free
   const auto& given = (*j)["update_info"];
   if (given.is_object()) {
-    infos.push_back(given);
+    infos.push_back(&given);
   } else if (given.is_array() && !given.empty()) {
     for (const auto& i : given) {
       if (!i.is_object()) return refusal{400, "update_info: every entry must be a JSON object"};
-      infos.push_back(i);
+      infos.push_back(&i);
     }
   } else {
     return refusal{400, "update_info: must be a JSON object (or a non-empty list of them)"};
@@ -413,7 +416,7 @@ std::optional<refusal> weight_transfer_service::impl::update_weights(std::string
     for (std::size_t k = 0; k < infos.size(); ++k) {
       std::string where =
           infos.size() == 1 ? "update_info" : "update_info[" + std::to_string(k) + "]";
-      if (auto why = s.nccl_check(infos[k], where, taken, entries[k]); !why.empty()) {
+      if (auto why = s.nccl_check(*infos[k], where, taken, entries[k]); !why.empty()) {
         return refusal{400, why};
       }
     }
@@ -428,7 +431,7 @@ std::optional<refusal> weight_transfer_service::impl::update_weights(std::string
   // Check every chunk before keeping any: a refused request changes nothing.
   auto taken = s.shards;
   for (std::size_t k = 0; k < infos.size(); ++k) {
-    const auto& info = infos[k];
+    const auto& info = *infos[k];
     std::string where =
         infos.size() == 1 ? "update_info" : "update_info[" + std::to_string(k) + "]";
     if (info.contains("manifest")) {

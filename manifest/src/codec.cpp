@@ -1,6 +1,7 @@
 #include "wsync/manifest/codec.hpp"
 
 #include "wsync/manifest/checksum.hpp"
+#include "wsync/manifest/codec_json.hpp"
 #include "wsync/manifest/json_bounded.hpp"
 #include "wsync/manifest/json_writer.hpp"
 
@@ -720,18 +721,22 @@ std::optional<weight_update_manifest> manifest_from_plain_json(std::string_view 
 result<weight_update_manifest> manifest_from_json_document(std::string_view text) {
   bool too_deep = false;
   json j = json_parse_bounded(text, &too_deep);
-  weight_update_manifest m;
-  std::string err;
-  if (j.is_discarded()) {
-    err = too_deep ? "manifest: nested deeper than " + std::to_string(json_max_depth) + " levels"
-                   : "manifest: not valid JSON";
-  } else if (read_manifest(j, m, err)) {
-    return m;
-  }
-  std::string context = update_context(m.update_id, m.source_rank);
-  return make_error(errc::invalid_manifest, "invalid manifest: " + err + " (" + context + ")");
+  if (!j.is_discarded()) return manifest_from_json_value(j);
+  const std::string err =
+      too_deep ? "manifest: nested deeper than " + std::to_string(json_max_depth) + " levels"
+               : "manifest: not valid JSON";
+  return make_error(errc::invalid_manifest,
+                    "invalid manifest: " + err + " (" + update_context(update_id(), 0) + ")");
 }
 
 }  // namespace detail
+
+result<weight_update_manifest> manifest_from_json_value(const json& j) {
+  weight_update_manifest m;
+  std::string err;
+  if (read_manifest(j, m, err)) return m;
+  std::string context = update_context(m.update_id, m.source_rank);
+  return make_error(errc::invalid_manifest, "invalid manifest: " + err + " (" + context + ")");
+}
 
 }  // namespace wsync
