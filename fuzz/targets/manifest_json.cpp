@@ -11,7 +11,16 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace wsync;
-  auto m = manifest_from_json(fuzz::text(data, size));
+  const auto text = fuzz::text(data, size);
+  auto m = manifest_from_json(text);
+  // Its fast paths (our plain lexer, then nlohmann's SAX) answer as the document reader does.
+  auto reference = detail::manifest_from_json_document(text);
+  fuzz::expect(m.has_value() == reference.has_value(), "both decoder paths accept alike");
+  if (m) fuzz::expect(*m == *reference, "both decoder paths read the same manifest");
+  if (!m) fuzz::expect(m.error().message == reference.error().message, "and refuse alike");
+  if (auto plain = detail::manifest_from_plain_json(text)) {
+    fuzz::expect(reference.has_value() && *plain == *reference, "the plain lexer reads alike");
+  }
   if (!m) {
     fuzz::expect(!m.error().message.empty(), "a refused manifest says why");
     return 0;
