@@ -380,6 +380,139 @@ def test_failed_round_keeps_the_previous_version_held():
         worker.shutdown()
 
 
+class UnansweredFinishClient(InProcessClient):
+    """The worker finishes, but its answer may never reach the trainer (the client timed out);
+    ``status()`` says what the worker serves, as :class:`wsync.VLLMHTTPClient`'s does."""
+
+    def __init__(self, worker, load_weights) -> None:
+        super().__init__(worker, load_weights)
+        self.lose_next_answer = False
+
+    def finish_weight_update(self):
+        super().finish_weight_update()
+        if self.lose_next_answer:
+            self.lose_next_answer = False
+            raise wsync.WeightSyncTimeoutError("POST /finish_weight_update: no answer within 1 s")
+
+    def status(self):
+        return {"active_weight_version": self.worker.weight_version, "phase": "ready"}
+
+
+def test_a_round_without_an_answer_keeps_what_the_worker_may_serve():
+    trainer_model, rollout_model = TinyModel(seed=13), TinyModel(seed=14)
+    worker = make_worker(rollout_model)
+    client = UnansweredFinishClient(worker, copy_loader(rollout_model, []))
+    engine = wv.WsyncTrainerEngine.trainer_init(None, {"rank": 0}, client=client,
+                                                source=trainer_model)
+    try:
+        first = engine.send_weights()
+        train_step(trainer_model, 1)
+        client.lose_next_answer = True
+        with pytest.raises(wsync.WeightSyncTimeoutError):
+            engine.send_weights()
+        # The worker took version 2 (a zero-copy consumer would serve it from the trainer's
+        # memory), but the trainer cannot know: both versions stay published.
+        assert worker.weight_version == 2 and engine.weight_version == 1
+        held = engine.bridge._publisher.held()
+        assert len(held) == 2 and first.update_id in held
+        with pytest.raises(VersionNotMonotonicError, match="sent earlier without an answer"):
+            engine.send_weights(weight_version=2)
+        # The next round takes version 3. Both of the publisher's two slots are held: its start
+        # comes first, the worker's status names version 2, and version 1 is let go for it.
+        train_step(trainer_model, 2)
+        third = engine.send_weights()
+        assert third.weight_version == 3 and worker.weight_version == 3
+        assert_same(rollout_model, trainer_model)
+        assert [m.update_id for m in engine._held] == [third.update_id]
+        assert engine.bridge._publisher.held() == [third.update_id]
+        assert client.calls[-3:] == ["start", "update", "finish"]
+    finally:
+        engine.shutdown()
+        worker.shutdown()
+
+
+class RefusingClient(InProcessClient):
+    """The worker answers update_weights with a refusal while ``refuse`` is set."""
+
+    refuse = False
+
+    def update_weights(self, update_info):
+        if not self.refuse:
+            return super().update_weights(update_info)
+        self.calls.append("update")
+        raise InstallFailedError("update_weights: refused by the worker")
+
+
+def test_a_refused_round_releases_the_new_version():
+    trainer_model, rollout_model = TinyModel(seed=15), TinyModel(seed=16)
+    worker = make_worker(rollout_model)
+    client = RefusingClient(worker, copy_loader(rollout_model, []))
+    engine = wv.WsyncTrainerEngine.trainer_init(None, {"rank": 0}, client=client,
+                                                source=trainer_model)
+    try:
+        first = engine.send_weights()
+        client.refuse = True
+        with pytest.raises(InstallFailedError):
+            engine.send_weights()
+        assert engine.bridge._publisher.held() == [first.update_id]
+        with pytest.raises(IllegalTransitionError):
+            worker.finish_weight_update()  # nothing came: refused, but the phase closes
+        client.refuse = False
+        assert engine.send_weights().weight_version == 2  # the refused number is free again
+        assert_same(rollout_model, trainer_model)
+    finally:
+        engine.shutdown()
+        worker.shutdown()
+
+
+def test_a_list_of_shards_outside_a_start_is_one_update():
+    trainer_model, rollout_model = TinyModel(seed=17), TinyModel(seed=18)
+    pairs = list(trainer_model.named_parameters())
+    halves = [wsync.make_weight_bridge(TRANSPORT, source_worker="trainer", source_rank=r,
+                                       model_id="tiny") for r in (0, 1)]
+    worker = make_worker(rollout_model)
+    try:
+        worker.init_transfer_engine({"transport": TRANSPORT})
+        shards = [halves[0].publish(pairs[:3], 1), halves[1].publish(pairs[3:], 1)]
+        worker.update_weights([{"manifest": m.to_json()} for m in shards])
+        assert worker.weight_version == 1
+        assert_same(rollout_model, trainer_model)
+        assert not worker._started
+        # A shard that fails fails the whole list, and the version stays.
+        train_step(trainer_model, 1)
+        shards = [halves[0].publish(pairs[:3], 2), halves[1].publish(pairs[3:], 2)]
+        bad = json.loads(shards[1].to_json())
+        bad["tensors"][0]["checksum"] = "0000000000000001"
+        with pytest.raises(ChecksumMismatchError):
+            worker.update_weights([{"manifest": shards[0].to_json()}, {"manifest": bad}])
+        assert worker.weight_version == 1 and not worker._started
+        for bridge, m in zip(halves, shards):
+            bridge.release(m.update_id)
+    finally:
+        worker.shutdown()
+        for bridge in halves:
+            bridge.close()
+
+
+def test_kernel_format_refuses_another_dtype():
+    trainer_model, rollout_model = TinyModel(seed=19).double(), TinyModel(seed=20)
+    trainer = wsync.make_weight_bridge(TRANSPORT, source_worker="trainer", model_id="tiny")
+    worker = make_worker(rollout_model)
+    try:
+        worker.init_transfer_engine({"transport": TRANSPORT})
+        m = publish(trainer, trainer_model, 1)
+        with pytest.raises(InvalidArgumentError,
+                           match=f"update_id={m.update_id}.*dtype torch.float64 differs from "
+                                 "the model's torch.float32"):
+            worker.update_weights({"manifest": m.to_json()})
+        assert worker.weight_version == 0
+        assert_same(rollout_model, TinyModel(seed=20))
+        trainer.release(m.update_id)
+    finally:
+        worker.shutdown()
+        trainer.close()
+
+
 STUB_FILES = {
     "vllm/__init__.py": "",
     "vllm/distributed/__init__.py": "",

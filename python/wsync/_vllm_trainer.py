@@ -3,8 +3,9 @@
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from wsync._errors import (IllegalTransitionError, InvalidArgumentError,
-                           VersionNotMonotonicError, WeightSyncError)
+from wsync._errors import (HTTPError, IllegalTransitionError, InvalidArgumentError,
+                           TransportIOError, VersionNotMonotonicError, WeightSyncError,
+                           WeightSyncTimeoutError)
 from wsync._text import options_text
 from wsync._vllm_common import (WsyncTrainerInitInfo, _detached, _from_dict, _make_bridge,
                                 _update_info_of)
@@ -50,6 +51,7 @@ class WsyncTrainerEngine:
         self.bridge: Any = None
         self.weight_version = 0  # the last version the workers finished
         self._held: List[Any] = []  # manifests published and not released yet
+        self._sent_version = 0  # the last version sent whose round ended without an answer
 
     @classmethod
     def trainer_init(cls, config: Any, init_info: Any, *, client: Any,
@@ -96,17 +98,23 @@ class WsyncTrainerEngine:
             weight_version: the version to publish; default one above the last.
 
         Returns:
-            The published Manifest on rank 0, ``None`` on the other ranks. On failure the new
-            version is released and the previous one stays held (and active on the workers);
-            a worker whose update call failed may still be mid-update, as with vLLM's own
-            engines (a wsync consumer then refuses the next start with 409 until an update is
-            finished).
+            The published Manifest on rank 0, ``None`` on the other ranks. When the worker
+            refuses the round, the new version is released and the previous one stays held (and
+            active on the worker); a worker whose update call failed may still be mid-update, as
+            with vLLM's own engines (a wsync consumer then refuses the next start with 409 until
+            an update is finished). When the round ends without an answer (a timeout, a lost
+            connection, a 5xx, an interrupt), the worker may serve the new version: it stays
+            held too, and the next round takes the version above it. That round starts first,
+            and, where the client has ``status()`` (:class:`VLLMHTTPClient`), releases whichever
+            of the two the worker does not serve.
         """
-        version = self.weight_version + 1 if weight_version is None else int(weight_version)
-        if version <= self.weight_version:
+        last = max(self.weight_version, self._sent_version)
+        version = last + 1 if weight_version is None else int(weight_version)
+        if version <= last:
             raise VersionNotMonotonicError(
                 f"send_weights: weight_version must increase monotonically: {version} is not "
-                f"above {self.weight_version}")
+                f"above {last}" + (" (sent earlier without an answer)"
+                                   if last > self.weight_version else ""))
         if not self.is_sender:
             for _ in _pairs(self.source):
                 pass
@@ -117,17 +125,42 @@ class WsyncTrainerEngine:
         pairs = _detached(_pairs(self.source))
         if self.init_info.copy_to_cpu:
             pairs = ((name, t.cpu()) for name, t in pairs)
-        manifest = self.bridge.publish(pairs, version, metadata=self.init_info.metadata)
+        start = getattr(self.client, "start_weight_update", None)
+        finish = getattr(self.client, "finish_weight_update", None)
+        started = False
+        if len(self._held) > 1 and callable(start):
+            # A round went unanswered, so two versions are held, and this one may need the slot
+            # of one of them. Once a start is accepted no install runs on the worker, and its
+            # status (where the client can ask) says which version it serves.
+            start()
+            started = True
+            self._settle()
         try:
-            start = getattr(self.client, "start_weight_update", None)
-            if callable(start):
+            manifest = self.bridge.publish(pairs, version, metadata=self.init_info.metadata)
+        except BaseException:
+            if started and callable(finish):
+                try:
+                    finish()  # nothing came: the worker drops the empty update, the phase ends
+                except WeightSyncError:
+                    pass
+            raise
+        sent = False
+        try:
+            if callable(start) and not started:
                 start()
+            sent = True
             self.client.update_weights(_update_info_of(manifest))
-            finish = getattr(self.client, "finish_weight_update", None)
             if callable(finish):
                 finish()
-        except BaseException:
-            self._release(manifest)
+        except BaseException as e:
+            if sent and not _refused(e):
+                # No answer (a timeout, a lost connection, an interrupt): the workers may be
+                # installing it, or serve it already. Its memory stays held until a later
+                # round is active, and that round takes the next version.
+                self._held.append(manifest)
+                self._sent_version = max(self._sent_version, version)
+            else:
+                self._release(manifest)
             raise
         # The workers run `version` now, whatever becomes of the old versions' releases.
         previous, self._held = self._held, [manifest]
@@ -143,12 +176,41 @@ class WsyncTrainerEngine:
             self._release(manifest)
         self.bridge = None
 
+    def _settle(self) -> None:
+        """Releases the held versions other than the one the worker serves, when its status
+        names one of them."""
+        status = getattr(self.client, "status", None)
+        if not callable(status):
+            return
+        try:
+            active = status().get("active_weight_version")
+        except (WeightSyncError, AttributeError):
+            return
+        keep = [m for m in self._held if m.weight_version == active]
+        if not isinstance(active, int) or len(keep) != 1:
+            return
+        for manifest in self._held:
+            if manifest is not keep[0]:
+                self._release(manifest)
+        self._held = keep
+        self.weight_version = max(self.weight_version, active)
+
     def _release(self, manifest: Any) -> None:
         # Never hides the error being raised, nor stops a shutdown: a failed release is warned.
         try:
             self.bridge.release(manifest.update_id)
         except WeightSyncError as e:
             warnings.warn(f"wsync: release of {manifest.update_id} failed: {e}")
+
+
+def _refused(e: BaseException) -> bool:
+    """Whether the worker answered the round with a refusal (it then serves the version it had):
+    its own error, or an HTTP answer below 500. A timeout, a lost connection, a 5xx or an
+    interrupt leaves open whether it installed."""
+    if isinstance(e, HTTPError):
+        return e.status < 500
+    return isinstance(e, WeightSyncError) and not isinstance(
+        e, (WeightSyncTimeoutError, TransportIOError))
 
 
 def _pairs(source: Any) -> Iterable[Tuple[str, Any]]:

@@ -141,12 +141,30 @@ class WsyncWeightTransferEngine:
 
     def update_weights(self, update_info: Any) -> None:
         """vLLM's entry for one chunk: parses ``update_info`` (a dict, or a list of them) and
-        receives it into ``self.model``."""
+        receives it into ``self.model``.
+
+        Outside a started update the whole list is one update, finished once after its last
+        entry: its manifests (the shards of one version) are installed together or not at all.
+        """
         infos = update_info if isinstance(update_info, list) else [update_info]
         if not infos:
             raise InvalidArgumentError("update_info: an empty list")
-        for info in infos:
-            self.receive_weights(self.parse_update_info(info))
+        parsed = [self.parse_update_info(info) for info in infos]
+        if self._started or len(parsed) == 1:
+            for info in parsed:
+                self.receive_weights(info)
+        else:
+            self._begin("update_weights", parsed[0].is_checkpoint_format)
+            try:
+                for info in parsed:
+                    self.receive_weights(info)
+            except BaseException:
+                # receive_weights rejected and released what came: close the phase, as a
+                # single whole update does.
+                self._started = False
+                self._failure = None
+                raise
+            self.finish_weight_update()
         _synchronize(self.device)
 
     def receive_weights(self, update_info: Any,
@@ -175,7 +193,8 @@ class WsyncWeightTransferEngine:
                 "start another")
         try:
             chunk = self._import_chunk(info)
-            loader = load_weights or self._default_loader()
+            loader = load_weights or self._default_loader(
+                ", ".join(e.manifest.update_id for e in self._pending))
             loader(chunk)
             for entry in self._pending:
                 entry.loaded.update(name for name, _ in chunk if name in entry.tensors)
@@ -414,14 +433,14 @@ class WsyncWeightTransferEngine:
                                                f"manifest's shape for \"{name}\"")
         return set(info.names)
 
-    def _default_loader(self) -> Callable[[List[Tuple[str, Any]]], Any]:
+    def _default_loader(self, update_ids: str) -> Callable[[List[Tuple[str, Any]]], Any]:
         model = self.model
         if model is None:
             raise InvalidArgumentError("receive_weights: load_weights: missing, and the engine "
                                        "has no model to load into")
         if self._checkpoint_format and callable(getattr(model, "load_weights", None)):
             return model.load_weights
-        return lambda weights: _copy_by_name(model, weights)
+        return lambda weights: _copy_by_name(model, weights, update_ids)
 
     def _fail(self, reason: str) -> None:
         """Rejects and releases every manifest of the current update."""
@@ -443,9 +462,12 @@ class WsyncWeightTransferEngine:
                 warnings.warn(f"wsync: release of {entry.manifest.update_id} failed: {e}")
 
 
-def _copy_by_name(model: Any, weights: Iterable[Tuple[str, Any]]) -> None:
-    """Kernel-format load: copies each tensor into the parameter or buffer of its name."""
+def _copy_by_name(model: Any, weights: Iterable[Tuple[str, Any]], update_ids: str) -> None:
+    """Kernel-format load: copies each tensor into the parameter or buffer of its name, which
+    must have its shape and dtype (a silent cast would serve other weights than were sent)."""
     import torch
+
+    where = f"load_weights (update_id={update_ids})"
 
     targets = dict(model.named_parameters())
     targets.update(model.named_buffers())
@@ -453,11 +475,14 @@ def _copy_by_name(model: Any, weights: Iterable[Tuple[str, Any]]) -> None:
         for name, tensor in weights:
             target = targets.get(name)
             if target is None:
-                raise InvalidArgumentError(f"load_weights: {name!r} is not a parameter or buffer "
-                                           "of the model")
+                raise InvalidArgumentError(f"{where}: {name!r} is not a parameter or buffer of "
+                                           "the model")
             if tuple(target.shape) != tuple(tensor.shape):
-                raise InvalidArgumentError(f"load_weights: {name!r}: shape {list(tensor.shape)} "
+                raise InvalidArgumentError(f"{where}: {name!r}: shape {list(tensor.shape)} "
                                            f"differs from the model's {list(target.shape)}")
+            if target.dtype != tensor.dtype:
+                raise InvalidArgumentError(f"{where}: {name!r}: dtype {tensor.dtype} differs from "
+                                           f"the model's {target.dtype}")
             target.copy_(tensor)
 
 
