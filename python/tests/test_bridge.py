@@ -193,6 +193,37 @@ def test_manifest_json_and_pickle_round_trip():
     pub.release(m.update_id)
 
 
+class InterruptedOnReturn:
+    """A publisher half whose publish completes, then meets Ctrl-C: a SIGINT during the C++
+    call is raised as it returns, before the caller has the manifest."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def publish(self, *args):
+        self.real.publish(*args)
+        raise KeyboardInterrupt
+
+
+def test_a_publish_interrupted_as_it_returns_is_given_back():
+    pub = wsync.SharedMemoryTensorBridge()
+    try:
+        kept = pub.publish({"w": torch.ones(4)}, weight_version=1)
+        pub._publisher = InterruptedOnReturn(pub._publisher_half())
+        with pytest.raises(KeyboardInterrupt):
+            pub.publish({"w": torch.full((4,), 2.0)}, weight_version=2)
+        assert pub._publisher.held() == [kept.update_id]  # what came before stays
+        pub._publisher = pub._publisher.real
+        # The slot is free again: two more publishes fit the two-slot ring with version 1.
+        m2 = pub.publish({"w": torch.full((4,), 2.0)}, weight_version=2)
+        pub.release(m2.update_id)
+    finally:
+        pub.close()
+
+
 def test_a_rejected_version_is_published_again():
     pub, con = wsync.SharedMemoryTensorBridge(), wsync.SharedMemoryTensorBridge()
     m2 = pub.publish({"w": torch.full((4,), 2.0)}, weight_version=2)

@@ -183,6 +183,9 @@ def test_a_trainer_keeps_an_update_in_flight_when_the_coordinator_dies_until_tol
             wsync.wait_for_consumers(1, timeout=30, **where)
             assert trainer.publish(weight_version=1).committed
             with rollout.generating():  # version 2 waits at the gate
+                # It would wait for this very block: refused at once, naming the way out.
+                with pytest.raises(wsync.IllegalTransitionError, match="after the block"):
+                    rollout.wait_for_version(2, timeout=30)
                 pending = trainer.publish_async(weight_version=2)
                 _until(lambda: any(u.get("weight_version") == 2
                                    for u in wsync.coordinator_status(**where)["updates"]),

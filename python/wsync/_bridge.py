@@ -8,7 +8,8 @@ tensor is dropped, and happens then. So a tensor never reads another version's b
 memory; keep tensors only as long as you need them (``releases_pending()`` lists the updates
 whose release is waiting). Treat the tensors as read-only: shared-memory and file-mmap map the
 bytes read-only (a write faults); local-clone imports a private copy, so a write there changes
-only this consumer's copy, after its checksums were verified.
+only this consumer's copy, after its checksums were verified; cuda-ipc and cuda-vmm map the
+publisher's device memory writable, so a write there changes what every consumer reads.
 """
 
 import threading
@@ -65,6 +66,7 @@ class WeightBridge:
         self._verify_threads = int(verify_threads)
         self._publisher = None
         self._consumer = None
+        self._publishing = threading.Lock()  # one publish at a time: see publish's cleanup
         if transport not in _wsync.transports():
             raise error_for("unknown_transport",
                             f"unknown transport '{transport}'; this build has: "
@@ -105,9 +107,20 @@ class WeightBridge:
         if not pairs:
             raise InvalidArgumentError("publish: field tensors: nothing to publish")
         tuples, keep = _torch.publish_sources(pairs)
-        with _torch.device_kept():
-            m = self._publisher_half().publish(tuples, int(weight_version), [],
-                                               encode_metadata(metadata))
+        publisher = self._publisher_half()
+        with self._publishing:
+            held_before = set(publisher.held())
+            try:
+                with _torch.device_kept():
+                    m = publisher.publish(tuples, int(weight_version), [],
+                                          encode_metadata(metadata))
+            except BaseException:
+                # Ctrl-C lands as the call returns, before its manifest reaches the caller, who
+                # then could never release it: give back what this call published.
+                for update_id in set(publisher.held()) - held_before:
+                    with suppress(WeightSyncError):
+                        publisher.release(update_id)
+                raise
         del keep
         return m
 

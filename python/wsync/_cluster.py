@@ -361,7 +361,10 @@ class RolloutRank(_Gate):
         return _open_handle(self._handle, "RolloutRank", self.rank).status()
 
     def wait_for_version(self, version: int, timeout: float = 60.0) -> int:
-        """Blocks until the active version is at least `version`; returns it."""
+        """Blocks until the active version is at least `version`; returns it. Not from inside
+        this thread's ``with generating():`` block: the install it waits for waits for that
+        block to end."""
+        self._not_generating("RolloutRank.wait_for_version")
         deadline = time.monotonic() + timeout
         while self.active_weight_version < version:
             if time.monotonic() > deadline:
