@@ -291,14 +291,15 @@ void halves_bind(pyb::module_& m) {
 
   pyb::class_<device_segment>(
       m, "DeviceSegment",
-      "Imported bytes in CUDA device memory (read-only); keeps its update's memory while it "
-      "lives. torch.as_tensor(s, device=f'cuda:{s.device}') views it without a copy.")
+      "Imported bytes in CUDA device memory; keeps its update's memory while it lives. "
+      "torch.as_tensor(s, device=f'cuda:{s.device}') views it without a copy. Treat it as "
+      "read-only: CUDA maps it writable, and a write changes the publisher's slot.")
       .def_property_readonly("__cuda_array_interface__",
                              [](const device_segment& s) {
                                pyb::dict d;
                                d["shape"] = pyb::make_tuple(s.nbytes);
                                d["typestr"] = "|u1";
-                               // Read-only by convention: torch refuses the flag set.
+                               // Read-only by convention only: torch refuses the flag set.
                                d["data"] =
                                    pyb::make_tuple(reinterpret_cast<std::uintptr_t>(s.data), false);
                                d["strides"] = pyb::none();

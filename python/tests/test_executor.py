@@ -47,6 +47,41 @@ def test_install_into_module_then_keep_previous_on_each_mismatch():
     rollout.release_weights()
 
 
+class Tied(torch.nn.Module):
+    """An embedding and an output head that share one weight, as many language models do."""
+
+    def __init__(self, tie: bool) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 4)
+        self.head = torch.nn.Linear(4, 8, bias=False)
+        if tie:
+            self.head.weight = self.embed.weight
+
+
+def test_tied_names_must_carry_the_same_bytes():
+    pub = wsync.SharedMemoryTensorBridge()
+    rollout_model = Tied(tie=True)
+    rollout = wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge(), model=rollout_model)
+    before = rollout_model.embed.weight.detach().clone()
+    untied = Tied(tie=False)  # a trainer that does not tie them: two different tensors
+    m1 = pub.publish(untied, weight_version=1)
+    with pytest.raises(wsync.InstallFailedError,
+                       match="tensor head.weight: field checksum: the model ties it to "
+                             f"embed.weight.*update_id={m1.update_id}"):
+        rollout.update_weights(m1)
+    assert torch.equal(rollout_model.embed.weight, before)
+    pub.release(m1.update_id)
+    with torch.no_grad():
+        untied.head.weight.copy_(untied.embed.weight)  # the same bytes under both: installed
+    m2 = pub.publish(untied, weight_version=2)
+    rollout.update_weights(m2)
+    assert torch.equal(rollout_model.head.weight, untied.embed.weight)
+    assert rollout_model.head.weight is rollout_model.embed.weight
+    rollout.release_weights()
+    pub.release(m2.update_id)
+    pub.close()
+
+
 def test_readers_only_ever_see_whole_versions():
     trainer = small_model(3)
     rollout_model = small_model(4)

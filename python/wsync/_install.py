@@ -7,6 +7,7 @@ ModuleInstaller exposes ``slots`` and the extension switches those itself (pytho
 python/src/common.hpp), through the C API, so a Ctrl-C cannot stop it half-way.
 """
 
+import json
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -116,11 +117,36 @@ class ModuleInstaller:
             if name not in self.targets:
                 raise InstallFailedError(f"install: tensor {name}: not in the model ({where})")
 
+    def _check_tied(self, update_id: str, shards, digests: Dict[str, Tuple[int, int]]) -> None:
+        """Names the model ties to one tensor get one copy (the first name's bytes): the update
+        must send the same bytes under each, or the model would serve other weights than were
+        sent. Equal bytes have equal checksums under one checksum method."""
+        methods: Dict[int, list] = {}
+
+        def method(shard: int) -> list:
+            if shard not in methods:
+                fields = json.loads(shards[shard][0].to_json())
+                methods[shard] = sorted((k, str(v)) for k, v in fields.items()
+                                        if k.startswith("checksum"))
+            return methods[shard]
+
+        first_of: Dict[int, str] = {}
+        for name, slot in self._slot_of.items():
+            first = first_of.setdefault(slot, name)
+            if first == name:
+                continue
+            (k0, c0), (k1, c1) = digests[first], digests[name]
+            if c0 != c1 and (k0 == k1 or method(k0) == method(k1)):
+                raise InstallFailedError(
+                    f"install: tensor {name}: field checksum: the model ties it to {first}, and "
+                    f"the update sends different bytes for the two ({self._where(update_id)})")
+
     def stage(self, update_id: str, shards) -> List[tuple]:
         """Checks the update against the module and returns the copies into the spare set, for
         the extension to run without the GIL."""
         found: Dict[str, Tuple[str, list]] = {}
         where: Dict[str, tuple] = {}
+        digests: Dict[str, Tuple[int, int]] = {}
         for k, (manifest, _segments) in enumerate(shards):
             for info in manifest.tensors:
                 if info.strides:
@@ -129,7 +155,9 @@ class ModuleInstaller:
                                              f"({self._where(update_id)})")
                 found[info.name] = (info.dtype, info.shape)
                 where[info.name] = (k, info.segment, info.offset, info.nbytes)
+                digests[info.name] = (k, info.checksum)
         self.check(update_id, found)
+        self._check_tied(update_id, shards, digests)
         # The slots are the module's tensors as they were when the executor was made: one the
         # module replaced since (a buffer after model.to(), an assignment) would take the bytes
         # while the module reads another.
