@@ -122,7 +122,13 @@ TEST_F(http_gateway_test, wait_drains_live_generations_then_an_update_installs_a
   ASSERT_EQ(install(1), 200);
   auto g = generate(40, 2);
   wait_in_flight(1);
-  EXPECT_EQ(post_status("/pause?mode=wait"), 200);  // returns after the generation completed
+  auto first = std::async(std::launch::async, [&] { return post_status("/pause?mode=wait"); });
+  while (!get_json("/is_paused")["is_paused"].get<bool>()) std::this_thread::sleep_for(1ms);
+  // A second caller (or a retry) may update once answered: it too waits for the drain, and its
+  // mode changes nothing.
+  EXPECT_EQ(post_status("/pause?mode=keep"), 200);
+  EXPECT_EQ(service_metric("wsync_generations_in_flight"), 0);
+  EXPECT_EQ(first.get(), 200);  // returns after the generation completed
   auto drained = g.get();
   EXPECT_EQ(drained["status"], "completed");
   EXPECT_EQ(drained["steps_done"], 40);

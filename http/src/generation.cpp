@@ -18,7 +18,7 @@ http_reply weight_transfer_service::pause(std::string_view mode) {
   if (!m) {
     return fail(400, "mode: \"" + std::string(mode) + "\" is not one of abort, wait, keep");
   }
-  impl_->generation.pause(*m);
+  if (!impl_->generation.pause(*m)) return fail(409, resumed_first);
   return reply(200, {{"status", "paused"}});
 }
 

@@ -33,6 +33,9 @@ namespace wsync {
 // histogram) must not collide with anything else linked into a wsync program.
 namespace http_detail {
 
+/// A pause that a resume overtook before it took hold (vLLM's /pause, SGLang's pause).
+inline constexpr const char* resumed_first = "pause: /resume came first: generation runs";
+
 using json = nlohmann::json;
 
 // Invalid UTF-8 (a query value echoed in an error, say) is replaced, never thrown on: every

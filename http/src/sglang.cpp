@@ -202,7 +202,9 @@ http_reply weight_transfer_service::sglang_pause(std::string_view body) {
   } else if (m != "abort") {
     return failure("mode: \"" + m + "\" is not one of abort, retract, in_place");
   }
-  impl_->generation.pause(mapped);
+  if (!impl_->generation.pause(mapped)) {
+    return reply(409, {{"success", false}, {"message", resumed_first}});
+  }
   return reply(200, {{"message", "generation paused (mode " + m + ", wsync's " +
                                      pause_mode_name(mapped) + ")"},
                      {"status", "ok"}});

@@ -65,17 +65,20 @@ void generation_control::abort_locked() {
   cv_.notify_all();
 }
 
-void generation_control::pause(pause_mode mode) {
+bool generation_control::pause(pause_mode mode) {
   std::unique_lock lock(mutex_);
-  if (paused_) return;
-  paused_ = true;
-  mode_ = mode;
-  if (mode == pause_mode::abort) abort_locked();
-  if (mode == pause_mode::keep) {
-    cv_.wait(lock, [&] { return holding_ == in_flight_ || !paused_; });
-  } else {
-    cv_.wait(lock, [&] { return in_flight_ == 0 || !paused_; });
+  if (!paused_) {
+    paused_ = true;
+    mode_ = mode;
+    if (mode == pause_mode::abort) abort_locked();
   }
+  // A second pause (a retry, another caller) changes nothing, but it too returns only once the
+  // pause in force keeps its promise: its caller may update next.
+  cv_.wait(lock, [&] {
+    if (!paused_) return true;
+    return mode_ == pause_mode::keep ? holding_ == in_flight_ : in_flight_ == 0;
+  });
+  return paused_;
 }
 
 void generation_control::resume() {

@@ -29,7 +29,7 @@ TEST(generation_control, abort_ends_in_flight_generations_and_returns_when_none_
     return steps.load();
   });
   while (steps < 3) std::this_thread::yield();
-  c.pause(pause_mode::abort);  // returns only once the generation ended
+  EXPECT_TRUE(c.pause(pause_mode::abort));  // returns only once the generation ended
   EXPECT_EQ(c.in_flight(), 0u);
   EXPECT_GE(gen.get(), 3);
   EXPECT_TRUE(c.paused());
@@ -50,12 +50,57 @@ TEST(generation_control, wait_lets_in_flight_generations_finish) {
     return done;
   });
   started.get_future().wait();
-  auto pausing = std::async(std::launch::async, [&] { c.pause(pause_mode::wait); });
+  auto pausing = std::async(std::launch::async, [&] { return c.pause(pause_mode::wait); });
   EXPECT_EQ(pausing.wait_for(50ms), std::future_status::timeout);  // still draining
   may_finish = true;
-  pausing.get();
+  EXPECT_TRUE(pausing.get());
   EXPECT_GE(gen.get(), 0);  // never aborted
   EXPECT_EQ(c.in_flight(), 0u);
+}
+
+TEST(generation_control, a_second_pause_returns_only_once_the_first_ones_promise_holds) {
+  generation_control c;
+  std::promise<void> started;
+  std::atomic<bool> may_finish{false};
+  auto gen = std::async(std::launch::async, [&] {
+    generation_scope g(c);
+    started.set_value();
+    while (!may_finish) {
+      if (g.step() != generation_status::running) return false;
+    }
+    return true;
+  });
+  started.get_future().wait();
+  auto first = std::async(std::launch::async, [&] { return c.pause(pause_mode::wait); });
+  while (!c.paused()) std::this_thread::yield();
+  // A retry, or another caller: it may update once this returns, so it waits for the drain
+  // like the first, and its own mode (keep) changes nothing.
+  auto retry = std::async(std::launch::async, [&] { return c.pause(pause_mode::keep); });
+  EXPECT_EQ(retry.wait_for(50ms), std::future_status::timeout);
+  EXPECT_EQ(c.in_flight(), 1u);
+  may_finish = true;
+  EXPECT_TRUE(retry.get());
+  EXPECT_TRUE(first.get());
+  EXPECT_TRUE(gen.get());  // it ran to completion: a keep pause would have held it
+  EXPECT_EQ(c.in_flight(), 0u);
+}
+
+TEST(generation_control, a_resume_before_the_pause_took_hold_makes_it_say_so) {
+  generation_control c;
+  std::promise<void> started;
+  std::atomic<bool> may_finish{false};
+  auto gen = std::async(std::launch::async, [&] {
+    generation_scope g(c);
+    started.set_value();
+    while (!may_finish) (void)g.step();
+  });
+  started.get_future().wait();
+  auto pausing = std::async(std::launch::async, [&] { return c.pause(pause_mode::wait); });
+  while (!c.paused()) std::this_thread::yield();
+  c.resume();
+  EXPECT_FALSE(pausing.get());  // the generation still runs: the pause's promise never held
+  may_finish = true;
+  gen.get();
 }
 
 TEST(generation_control, keep_holds_in_flight_generations_until_resume) {
@@ -71,7 +116,7 @@ TEST(generation_control, keep_holds_in_flight_generations_until_resume) {
     return true;
   });
   while (steps < 1) std::this_thread::yield();
-  c.pause(pause_mode::keep);  // returns once the generation holds
+  EXPECT_TRUE(c.pause(pause_mode::keep));  // returns once the generation holds
   int held_at = steps;
   std::this_thread::sleep_for(20ms);
   EXPECT_EQ(steps, held_at);  // no step while paused
@@ -84,7 +129,7 @@ TEST(generation_control, keep_holds_in_flight_generations_until_resume) {
 
 TEST(generation_control, a_generation_that_begins_while_paused_waits_for_resume) {
   generation_control c;
-  c.pause(pause_mode::abort);
+  EXPECT_TRUE(c.pause(pause_mode::abort));
   std::atomic<bool> began{false};
   auto gen = std::async(std::launch::async, [&] {
     generation_scope g(c);
@@ -110,8 +155,8 @@ TEST(generation_control, pausing_twice_changes_nothing) {
     return steps.load();
   });
   while (steps < 3) std::this_thread::yield();
-  c.pause(pause_mode::keep);   // returns once the generation holds
-  c.pause(pause_mode::abort);  // already paused: must neither abort nor change the mode
+  EXPECT_TRUE(c.pause(pause_mode::keep));   // returns once the generation holds
+  EXPECT_TRUE(c.pause(pause_mode::abort));  // already paused: must neither abort nor change mode
   EXPECT_TRUE(c.paused());
   EXPECT_EQ(c.in_flight(), 1u);
   c.resume();
@@ -133,7 +178,7 @@ TEST(generation_control, abort_and_hold_ends_held_and_waiting_generations_and_ke
     return steps.load();
   });
   while (steps < 1) std::this_thread::yield();
-  c.pause(pause_mode::keep);  // `held` holds at its next step
+  EXPECT_TRUE(c.pause(pause_mode::keep));  // `held` holds at its next step
   auto waiting = std::async(std::launch::async, [&] {
     generation_scope g(c);  // begins while paused: waits
     return g.step();
@@ -152,7 +197,7 @@ TEST(generation_control, abort_and_hold_ends_held_and_waiting_generations_and_ke
     return g.step();
   });
   EXPECT_EQ(later.wait_for(20ms), std::future_status::timeout);
-  c.pause(pause_mode::wait);  // (an abort pause would end `later`: it waits to begin)
+  EXPECT_TRUE(c.pause(pause_mode::wait));  // (an abort pause would end `later`: it waits to begin)
   c.release_hold();
   EXPECT_EQ(later.wait_for(20ms), std::future_status::timeout);  // still paused
   EXPECT_TRUE(c.paused());
@@ -162,7 +207,7 @@ TEST(generation_control, abort_and_hold_ends_held_and_waiting_generations_and_ke
 
 TEST(generation_control, close_ends_every_generation_and_refuses_later_ones) {
   generation_control c;
-  c.pause(pause_mode::keep);
+  EXPECT_TRUE(c.pause(pause_mode::keep));
   auto waiting = std::async(std::launch::async, [&] {
     generation_scope g(c);
     return g.step();

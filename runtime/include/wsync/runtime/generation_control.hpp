@@ -38,9 +38,10 @@ class generation_control {
   generation_status step(std::uint64_t ticket);
   void end(std::uint64_t ticket);
 
-  /// Pauses and returns when the mode's promise holds (see above). Pausing again while paused
-  /// changes nothing and returns at once.
-  void pause(pause_mode mode);
+  /// Pauses and returns when the mode's promise holds (see above): true, or false when a
+  /// resume() came first. Pausing again while paused changes nothing (neither the mode nor the
+  /// generations) and returns when the pause in force keeps its promise, in its own mode.
+  [[nodiscard]] bool pause(pause_mode mode);
   void resume();
 
   /// Ends every generation in flight or waiting to begin, paused or not, and returns once those
