@@ -147,6 +147,12 @@ TEST_F(http_gateway_test, wait_drains_live_generations_then_an_update_installs_a
   EXPECT_EQ(r["weight_versions"], json::array({2, 3}));  // one version per step, never mixed
 }
 
+TEST_F(http_gateway_test, metrics_write_a_version_as_the_integer_it_is) {
+  ASSERT_EQ(install(1234567), 200);
+  auto text = client().Get("/metrics")->body;
+  EXPECT_NE(text.find("\nwsync_active_weight_version 1234567\n"), std::string::npos) << text;
+}
+
 // A version whose install failed (here: a corrupted checksum) is taken again with a new update
 // id once the trainer retries it; the active one is kept meanwhile.
 TEST_F(http_gateway_test, a_failed_version_is_retried) {

@@ -139,7 +139,9 @@ std::string weight_transfer_service::metrics() const {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
         << name << " " << v << "\n";
   };
-  auto gauge = [&](const char* name, const char* help, double v) {
+  // Every gauge here counts something: written as an integer, never in a 6-digit float form
+  // (version 1234567 must not read 1.23457e+06).
+  auto gauge = [&](const char* name, const char* help, std::uint64_t v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
         << name << " " << v << "\n";
   };
@@ -149,12 +151,11 @@ std::string weight_transfer_service::metrics() const {
   counter("wsync_updates_rejected_total", "updates whose install failed", s.rejected.load());
   counter("wsync_bytes_moved_total", "tensor bytes of the updates installed", s.bytes_moved.load());
   gauge("wsync_active_weight_version", "lowest version a rank serves (0: none yet)",
-        static_cast<double>(active_version()));
+        active_version());
   gauge("wsync_paused", "1 while generation is paused", s.generation.paused() ? 1 : 0);
-  gauge("wsync_generations_in_flight", "generations running or held",
-        static_cast<double>(s.generation.in_flight()));
+  gauge("wsync_generations_in_flight", "generations running or held", s.generation.in_flight());
   gauge("wsync_generations_waiting", "generations waiting to begin (paused)",
-        static_cast<double>(s.generation.waiting()));
+        s.generation.waiting());
   counter("wsync_generation_steps_total", "generation steps served, each on one whole version",
           s.generation_steps.load());
   out << "# HELP wsync_generations_total generations by how they ended\n"
