@@ -153,6 +153,40 @@ TEST_F(http_gateway_test, metrics_write_a_version_as_the_integer_it_is) {
   EXPECT_NE(text.find("\nwsync_active_weight_version 1234567\n"), std::string::npos) << text;
 }
 
+// A shard the install would refuse at finish (a second one from a source rank, a tensor sent
+// twice) is refused when it comes, with the update still open for the right one.
+TEST_F(http_gateway_test, a_shard_that_repeats_a_source_rank_or_a_tensor_is_refused_at_once) {
+  auto m = publisher_->publish(tensors_.fill(2), 2, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  const auto manifest = json::parse(manifest_to_json(*m));
+  auto body = [](const json& mj) {
+    return json{{"update_info", {{"manifest", mj}}}}.dump();
+  };
+  ASSERT_EQ(post_status("/start_weight_update"), 200);
+  ASSERT_EQ(post_status("/update_weights", body(manifest)), 200);
+  auto again = manifest;  // a restarted publisher's new attempt at the same shard
+  auto id = again["update_id"].get<std::string>();
+  id.back() = id.back() == '0' ? '1' : '0';
+  again["update_id"] = id;
+  auto r = post("/update_weights", body(again));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"],
+            "update_info.manifest.source_rank: 0 sent a shard of this update already (update_id=" +
+                m->update_id + ") (update_id=" + id + " rank=0)");
+  again["source_rank"] = 1;
+  r = post("/update_weights", body(again));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"], "update_info.manifest.tensors: \"" + m->tensors[0].name +
+                                               "\" came in an earlier shard of this update "
+                                               "(update_id=" +
+                                               id + " rank=0)");
+  EXPECT_EQ(get_json("/status")["phase"], "started");
+  EXPECT_EQ(post_status("/finish_weight_update"), 200);  // the first shard installs
+  EXPECT_EQ(get_json("/status")["active_weight_version"], 2);
+}
+
 // A version whose install failed (here: a corrupted checksum) is taken again with a new update
 // id once the trainer retries it; the active one is kept meanwhile.
 TEST_F(http_gateway_test, a_failed_version_is_retried) {

@@ -5,7 +5,9 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "service_state.hpp"
@@ -343,25 +345,38 @@ std::string weight_transfer_service::impl::accept_manifest(
   auto m = mj.is_string() ? manifest_from_json(mj.get_ref<const std::string&>())
                           : manifest_from_json_value(mj);
   if (!m) return at + ": " + m.error().message;
+  // This consumer rank's words: the manifest's own source_rank is in the field named.
+  const auto where = " (" + update_context(m->update_id, config.rank) + ")";
   if (m->transport != transport) {
     return at + ".transport: \"" + m->transport + "\" differs from the initialised transport \"" +
-           transport + "\" (" + update_context(*m) + ")";
+           transport + "\"" + where;
   }
   if (!into.empty() &&
       (m->model_id != into.front().model_id || m->weight_version != into.front().weight_version)) {
     return at + ".weight_version: " + update_key(m->model_id, m->weight_version) +
            " is not the update " + update_key(into.front().model_id, into.front().weight_version) +
-           " the shards before it belong to (" + update_context(*m) + ")";
+           " the shards before it belong to" + where;
   }
+  // What the install would refuse at finish, refused here while the trainer can still send
+  // the right shard: finish would drop the whole update.
+  std::unordered_set<std::string_view> names;
   for (const auto& other : into) {
-    if (other.update_id == m->update_id) {
-      return at + ".update_id: sent twice (" + update_context(*m) + ")";
+    if (other.update_id == m->update_id) return at + ".update_id: sent twice" + where;
+    if (other.source_rank == m->source_rank) {
+      return at + ".source_rank: " + std::to_string(m->source_rank) +
+             " sent a shard of this update already (update_id=" + other.update_id + ")" + where;
+    }
+    for (const auto& t : other.tensors) names.insert(t.name);
+  }
+  for (const auto& t : m->tensors) {
+    if (names.contains(t.name)) {
+      return at + ".tensors: \"" + t.name + "\" came in an earlier shard of this update" + where;
     }
   }
   if (m->weight_version <= active.load()) {
     return at + ".weight_version: weight_version must increase monotonically: " +
            std::to_string(m->weight_version) + " is not above the active " +
-           std::to_string(active.load()) + " (" + update_context(*m) + ")";
+           std::to_string(active.load()) + where;
   }
   into.push_back(std::move(*m));
   return "";
