@@ -46,6 +46,21 @@ std::string error_json(const std::string& why) {
 }
 
 // Whether httplib reads the body as chunked: it compares the header without regard to case.
+// "Bearer <token>", the scheme in any case (RFC 7235), the token compared in time that does
+// not depend on where it first differs.
+bool bearer_matches(const std::string& header, const std::string& token) {
+  constexpr std::string_view scheme = "bearer ";
+  if (header.size() != scheme.size() + token.size()) return false;
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(header[i])) != scheme[i]) return false;
+  }
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    diff |= static_cast<unsigned char>(header[scheme.size() + i] ^ token[i]);
+  }
+  return diff == 0;
+}
+
 bool chunked(const httplib::Request& q) {
   return ::strcasecmp(q.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;
 }
@@ -188,9 +203,9 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
   });
   // Before httplib reads a body: the bearer token, then chunked bodies, which httplib would read
   // without a limit anywhere but on the POST routes (they read, and cap, their own).
-  const std::string expected = impl_->options.token.empty() ? "" : "Bearer " + impl_->options.token;
-  server.set_pre_routing_handler([this, expected](const httplib::Request& q, httplib::Response& r) {
-    if (!expected.empty() && q.get_header_value("Authorization") != expected) {
+  const std::string token = impl_->options.token;
+  server.set_pre_routing_handler([this, token](const httplib::Request& q, httplib::Response& r) {
+    if (!token.empty() && !bearer_matches(q.get_header_value("Authorization"), token)) {
       r.status = 401;
       r.set_header("WWW-Authenticate", "Bearer");
       r.set_content(error_json("authorization: missing or wrong bearer token"), "application/json");

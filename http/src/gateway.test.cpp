@@ -147,6 +147,18 @@ TEST_F(http_gateway_test, wait_drains_live_generations_then_an_update_installs_a
   EXPECT_EQ(r["weight_versions"], json::array({2, 3}));  // one version per step, never mixed
 }
 
+TEST_F(http_gateway_test, a_generation_for_a_rank_not_served_is_refused_at_once_while_paused) {
+  ASSERT_EQ(install(1), 200);
+  ASSERT_EQ(post_status("/pause"), 200);
+  auto c = client();
+  c.set_read_timeout(5, 0);  // before the fix it waited for a resume that never came
+  auto r = c.Post("/generate", json{{"rank", 99}}.dump(), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"], "rank: 99 is not served here");
+  EXPECT_EQ(post_status("/resume"), 200);
+}
+
 TEST_F(http_gateway_test, metrics_write_a_version_as_the_integer_it_is) {
   ASSERT_EQ(install(1234567), 200);
   auto text = client().Get("/metrics")->body;
@@ -327,7 +339,7 @@ TEST_F(http_gateway_test, pause_with_wait_for_inflight_requests_drains_live_gene
             "wait_for_inflight_requests: \"maybe\" is not a boolean");
   EXPECT_EQ(get_json("/is_paused")["is_paused"], false);
   // Booleans in queries read as FastAPI reads them, here as for include_dp.
-  for (const char* spelling : {"no", "OFF", "False", "0"}) {
+  for (const char* spelling : {"no", "OFF", "False", "0", "f", "N"}) {
     auto r = client().Get(("/get_world_size?include_dp=" + std::string(spelling)).c_str());
     ASSERT_TRUE(r) << spelling;
     EXPECT_EQ(r->status, 200) << spelling << ": " << r->body;

@@ -35,8 +35,9 @@ std::optional<bool> query_flag(std::string_view text) {
   std::string t(text);
   std::transform(t.begin(), t.end(), t.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (t == "true" || t == "1" || t == "yes" || t == "on") return true;
-  if (t == "false" || t == "0" || t == "no" || t == "off") return false;
+  // Pydantic's spellings, which vLLM's FastAPI server reads them with.
+  if (t == "true" || t == "1" || t == "yes" || t == "on" || t == "t" || t == "y") return true;
+  if (t == "false" || t == "0" || t == "no" || t == "off" || t == "f" || t == "n") return false;
   return std::nullopt;
 }
 
@@ -72,9 +73,9 @@ http_reply weight_transfer_service::generate(std::string_view body) {
     return error;
   }
   auto& s = *impl_;
-  generation_scope g(s.generation);
-  // The runtime stays while this generation runs: detach_ranks() comes after the actors
-  // stopped, and the gateway stops before the runtimes go.
+  // Found before the generation begins, which blocks while paused: a rank that is not served
+  // is told so at once. The runtime stays while this generation runs: detach_ranks() comes
+  // after the actors stopped, and the gateway stops before the runtimes go.
   reference_runtime* runtime = nullptr;
   {
     std::lock_guard lock(s.status_mutex);
@@ -85,6 +86,7 @@ http_reply weight_transfer_service::generate(std::string_view body) {
                 rank < 0 ? "generate: no rank is serving"
                          : "rank: " + std::to_string(rank) + " is not served here");
   }
+  generation_scope g(s.generation);
   json versions = json::array();
   std::int64_t done = 0;
   for (; done < steps; ++done) {

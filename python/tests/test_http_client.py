@@ -14,6 +14,8 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -251,6 +253,17 @@ def test_token_is_required_when_configured(start_server):
     assert client.is_paused() is False
     assert client.pause() == {"status": "paused"}
     assert "s3cret" not in repr(client)
+    # The scheme in any case (RFC 7235); the token exactly, not a prefix or a longer one.
+    for header, status in (("bearer s3cret", 200), ("BEARER s3cret", 200), ("Bearer s3cre", 401),
+                           ("Bearer s3cret2", 401), ("Basic s3cret", 401), ("s3cret", 401)):
+        request = urllib.request.Request(base.rstrip("/") + "/is_paused",
+                                         headers={"Authorization": header})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                got = answer.status
+        except urllib.error.HTTPError as refused:
+            got = refused.code
+        assert got == status, header
 
 
 def test_unreachable_server_is_an_io_error():
