@@ -207,3 +207,25 @@ def test_a_trainer_keeps_an_update_in_flight_when_the_coordinator_dies_until_tol
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_ctrl_c_while_a_rank_joins_leaves_no_rank_behind(coordinator):
+    """Ctrl-C during RolloutRank(...) reaches the caller at once; the join, finishing in the
+    background, has no owner then, so the rank it made is closed rather than left serving."""
+    import _thread
+    import threading
+
+    import wsync
+
+    where = dict(coordinator=coordinator.address, token=coordinator.token)
+    timer = threading.Timer(0.005, _thread.interrupt_main)
+    timer.start()
+    # Kept, as a REPL or a logger keeps it: its frames hold what the helper thread returns.
+    with pytest.raises(KeyboardInterrupt) as kept:
+        wsync.RolloutRank(model=torch.nn.Linear(2, 2), rank=7, **where)
+    timer.join()
+    time.sleep(1.0)  # a join still under way when interrupted has finished by now
+    _until(lambda: not any(r.get("rank") == 7
+                           for r in wsync.coordinator_status(**where)["ranks"]),
+           "the abandoned rank 7 stayed joined")
+    del kept

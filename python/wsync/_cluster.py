@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -102,24 +102,52 @@ def _close_open_ranks() -> None:
             pass
 
 
-def _interruptible(fn, *args):
+def _interruptible(fn, *args, abandoned: Optional[Callable[[Any], Any]] = None):
     """Runs a blocking call in a helper thread so Ctrl-C (KeyboardInterrupt) reaches the caller
-    at once; the call itself finishes in the background within its own timeout."""
+    at once; the call itself finishes in the background within its own timeout. What it then
+    returns has no owner: ``abandoned(value)`` disposes of it (closes a rank that joined)."""
     box: Dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def dispose(value: Any) -> None:
+        if abandoned is not None:
+            try:
+                abandoned(value)
+            except Exception:  # nobody is left to tell
+                pass
 
     def run():
         try:
-            box["value"] = fn(*args)
+            value = fn(*args)
         except BaseException as e:  # handed to the caller
             box["error"] = e
+            return
+        with lock:
+            if not box.get("abandoned"):
+                box["value"] = value
+                return
+        dispose(value)
 
     t = threading.Thread(target=run, name="wsync-call", daemon=True)
-    t.start()
-    while t.is_alive():
-        t.join(0.05)
+    try:
+        t.start()
+        while t.is_alive():
+            t.join(0.05)
+    except BaseException:
+        with lock:
+            box["abandoned"] = True
+            landed = box.pop("value", None) if "value" in box else None
+        if landed is not None:  # it returned just before the interrupt: dispose of it aside
+            threading.Thread(target=dispose, args=(landed,), name="wsync-dispose",
+                             daemon=True).start()
+        raise
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def _close_handle(handle: Any) -> None:
+    handle.close()
 
 
 def coordinator_status(coordinator: Optional[str] = None, token: Optional[str] = None,
@@ -217,7 +245,7 @@ class TrainerRank:
         self._handle = _interruptible(
             _wsync.TrainerRank, host, port, _token(token), self.rank, self.ranks, _node(node),
             transport, options_text(options), model_id,
-            int(outcome_timeout * 1000), _tls(tls))
+            int(outcome_timeout * 1000), _tls(tls), abandoned=_close_handle)
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pool_lock = threading.Lock()
         self._last_async: Optional[concurrent.futures.Future] = None
@@ -346,7 +374,7 @@ class RolloutRank(_Gate):
         self._handle = _interruptible(
             _wsync.RolloutRank, host, port, _token(token), self.rank, _node(node), transport,
             options_text(options), model_id, bool(verify),
-            int(join_timeout * 1000), _tls(tls), self.installer)
+            int(join_timeout * 1000), _tls(tls), self.installer, abandoned=_close_handle)
         _open_ranks.add(self)
 
     @property
