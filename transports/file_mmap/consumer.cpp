@@ -83,7 +83,8 @@ class fm_consumer final : public consumer_transport {
                                                   update_context(id, rank_) + ")");
     }
     struct stat st {};
-    if (::stat(it->second.lease.c_str(), &st) != 0 && errno == ENOENT) {
+    if (::stat(it->second.lease.c_str(), &st) == 0) return {};
+    if (errno == ENOENT) {
       return make_error(errc::unknown_update,
                         "unknown update_id: " + id + ": the writer removed this reader's lease " +
                             it->second.lease + " (its heartbeat stalled beyond lease_timeout_ms=" +
@@ -91,7 +92,10 @@ class fm_consumer final : public consumer_transport {
                             "), so the buffer may hold newer bytes (" + update_context(id, rank_) +
                             ")");
     }
-    return {};
+    // Cannot tell whether the lease is still there: the bytes cannot be vouched for.
+    return make_error(errc::io_error, "file-mmap: cannot check this reader's lease " +
+                                          it->second.lease + ": " + errno_text(errno) + " (" +
+                                          update_context(id, rank_) + ")");
   }
 
   void release(const update_id& id) override {

@@ -432,6 +432,37 @@ TEST_P(file_mmap_test, bytes_read_after_the_writer_removed_the_lease_are_not_int
   ASSERT_TRUE(c->release(m1->update_id));
 }
 
+// A leases folder the writer cannot read (EACCES for another uid, ESTALE or EIO on NFS; here a
+// file in its place, which no uid gets past) must not read as a folder with no lease in it.
+TEST_P(file_mmap_test, leases_the_writer_cannot_list_keep_the_buffer_held) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto c = consumer(3);
+  ASSERT_TRUE(c->import_update(*m1));  // rank 3 reads buffer-0
+  ASSERT_TRUE(publish(2));             // buffer-1 is CURRENT: the next one needs buffer-0
+  fs::rename(dir_ + "/leases", dir_ + "/leases.away");
+  { std::ofstream(dir_ + "/leases") << "not a folder"; }
+  auto m3 = publish(3);
+  ASSERT_FALSE(m3) << "buffer-0 was rewritten under a reader the writer could not see";
+  EXPECT_EQ(m3.error().code, errc::timeout);
+  EXPECT_TRUE(contains(m3.error().message, "readers the writer cannot list")) << m3.error().message;
+  // The reader cannot tell whether its lease stands either: it does not vouch for the bytes.
+  auto whole = c->intact(m1->update_id);
+  ASSERT_FALSE(whole);
+  EXPECT_EQ(whole.error().code, errc::io_error);
+  EXPECT_TRUE(contains(whole.error().message, "cannot check this reader's lease"))
+      << whole.error().message;
+  EXPECT_TRUE(contains(whole.error().message, "rank=3")) << whole.error().message;
+  fs::remove(dir_ + "/leases");
+  fs::rename(dir_ + "/leases.away", dir_ + "/leases");
+  ASSERT_TRUE(c->intact(m1->update_id));
+  ASSERT_TRUE(c->release(m1->update_id));
+  auto m3b = publish(3);
+  ASSERT_TRUE(m3b) << m3b.error().message;
+  EXPECT_EQ(buffer_of(*m3b), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(on, file_mmap_test, ::testing::Values("tmpfs", "disk"));
 
 TEST(file_mmap_options, dir_is_required_and_buffers_checked) {

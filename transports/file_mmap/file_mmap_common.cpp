@@ -141,7 +141,13 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
   std::string path = leases + "/" + name;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    v.live = false;  // released meanwhile
+    // Gone: released meanwhile. Any other failure cannot tell a live reader from a dead one,
+    // and the buffer is only rewritten on proof that nobody reads it.
+    if (errno == ENOENT) {
+      v.live = false;
+    } else {
+      v.who = "a lease the writer cannot stat (leases/" + name + ": " + errno_text(errno) + ")";
+    }
     return v;
   }
   struct timespec now {};
@@ -181,11 +187,26 @@ std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
   std::vector<std::string> live;
   std::string leases = dir + "/leases";
   DIR* d = ::opendir(leases.c_str());
-  if (!d) return live;
+  if (!d) {
+    // No folder: no reader ever came. Unreadable: whoever reads cannot be seen, so the buffer
+    // counts as held (an unreadable folder must not look like an empty one).
+    if (errno != ENOENT)
+      live.push_back("readers the writer cannot list (" + leases + ": " + errno_text(errno) + ")");
+    return live;
+  }
   std::vector<std::string> names;
   auto prefix = lease_prefix(b);
   std::vector<std::string> temporaries;
-  while (dirent* e = ::readdir(d)) {
+  for (;;) {
+    errno = 0;
+    dirent* e = ::readdir(d);
+    if (!e) {
+      if (errno != 0) {
+        live.push_back("readers the writer cannot list (readdir " + leases + ": " +
+                       errno_text(errno) + ")");
+      }
+      break;
+    }
     std::string n = e->d_name;
     if (n.rfind(prefix, 0) == 0 && n.size() > 6 && n.compare(n.size() - 6, 6, ".lease") == 0) {
       names.push_back(n);
