@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -43,6 +44,13 @@ class fm_consumer final : public consumer_transport {
       const weight_update_manifest& m) override {
     auto h = handle_parse(m, rank_);
     if (!h) return h.error();
+    // The writer judges leases by its own timeout: the heartbeat keeps to the shorter one.
+    if (h->lease_timeout_ms > 0) {
+      auto ms = static_cast<std::int64_t>(h->lease_timeout_ms);
+      auto now = lease_timeout_ms_.load();
+      while (ms < now && !lease_timeout_ms_.compare_exchange_weak(now, ms)) {
+      }
+    }
     // Our own dir, not the handle's: on a shared filesystem each host may mount it elsewhere.
     held entry;
     entry.lease = cfg_.dir + "/leases/" + lease_prefix(h->buffer) + std::to_string(::getpid()) +
@@ -88,7 +96,7 @@ class fm_consumer final : public consumer_transport {
       return make_error(errc::unknown_update,
                         "unknown update_id: " + id + ": the writer removed this reader's lease " +
                             it->second.lease + " (its heartbeat stalled beyond lease_timeout_ms=" +
-                            std::to_string(cfg_.lease_timeout.count()) +
+                            std::to_string(lease_timeout_ms_.load()) +
                             "), so the buffer may hold newer bytes (" + update_context(id, rank_) +
                             ")");
     }
@@ -213,9 +221,11 @@ class fm_consumer final : public consumer_transport {
   // Refreshes the mtime of every lease this consumer holds, so the writer sees it alive. The
   // touching happens outside the lock: an import mapping a large buffer must not stop it.
   void heartbeat_run() {
-    auto period = std::max(cfg_.lease_timeout / 4, std::chrono::milliseconds(5));
     std::unique_lock lock(mutex_);
     while (!stop_) {
+      // Read each round: an import from a writer with a shorter timeout shortens it.
+      auto period = std::max(std::chrono::milliseconds(lease_timeout_ms_.load() / 4),
+                             std::chrono::milliseconds(5));
       cv_.wait_for(lock, period, [&] { return stop_; });
       if (stop_) break;
       std::vector<std::pair<update_id, std::string>> leases, gone;
@@ -234,13 +244,14 @@ class fm_consumer final : public consumer_transport {
         log_warn("file-mmap: the lease on update_id " + id +
                  " was removed by the writer (this reader's heartbeat stalled beyond "
                  "lease_timeout_ms=" +
-                 std::to_string(cfg_.lease_timeout.count()) +
+                 std::to_string(lease_timeout_ms_.load()) +
                  "); its bytes are no longer trusted; rank " + std::to_string(rank_));
       }
     }
   }
 
   fm_config cfg_;
+  std::atomic<std::int64_t> lease_timeout_ms_{cfg_.lease_timeout.count()};
   std::string host_;
   std::uint64_t start_;
   std::int32_t rank_ = -1;

@@ -332,6 +332,23 @@ TEST_P(file_mmap_test, a_live_reader_keeps_its_lease_fresh) {
   ASSERT_TRUE(c->release(m1->update_id));
 }
 
+TEST_P(file_mmap_test, a_reader_keeps_to_the_writers_lease_timeout_not_its_own) {
+  // The writer judges leases by its lease_timeout_ms, which the handle carries: a reader left
+  // at the default (10 s, a heartbeat every 2.5 s) must still refresh within the writer's 100.
+  start_publisher(std::chrono::milliseconds(500), {{"lease_timeout_ms", "100"}});
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  EXPECT_EQ(nlohmann::json::parse(m1->transport_handle).at("lease_timeout_ms"), 100);
+  auto c = consumer(1);
+  ASSERT_TRUE(c->import_update(*m1));
+  ASSERT_TRUE(publish(2));
+  auto m3 = publish(3);
+  ASSERT_FALSE(m3) << "a live reader's buffer was rewritten";
+  EXPECT_TRUE(contains(m3.error().message, "no free buffer: held by rank 1")) << m3.error().message;
+  ASSERT_TRUE(c->intact(m1->update_id));
+  ASSERT_TRUE(c->release(m1->update_id));
+}
+
 TEST_P(file_mmap_test, the_state_file_outlives_its_publisher) {
   start_publisher();
   ASSERT_TRUE(publish(1));

@@ -287,10 +287,18 @@ result<handle> handle_parse(const weight_update_manifest& m, std::int32_t rank) 
     h.dir = j.at("dir").get<std::string>();
     h.buffer = json_read::field<std::uint64_t>(j, "buffer");
     h.segments = json_read::field<std::size_t>(j, "segments");
+    if (j.contains("lease_timeout_ms")) {
+      h.lease_timeout_ms = json_read::field<std::uint64_t>(j, "lease_timeout_ms");
+    }
   } catch (const std::exception& e) {
     return bad(std::string("file-mmap handle field: ") + e.what());
   }
   if (h.buffer >= 64) return bad("buffer " + std::to_string(h.buffer) + " is out of range");
+  if (j.contains("lease_timeout_ms") &&
+      (h.lease_timeout_ms < 10 || h.lease_timeout_ms > 86400000)) {
+    return bad("lease_timeout_ms " + std::to_string(h.lease_timeout_ms) +
+               " is not in [10, 86400000]");
+  }
   if (h.segments != m.segments.size()) {
     return bad(std::to_string(h.segments) + " segment files for " +
                std::to_string(m.segments.size()) + " segments");

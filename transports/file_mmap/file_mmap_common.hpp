@@ -33,6 +33,9 @@ struct handle {
   std::string dir;
   std::uint64_t buffer = 0;
   std::size_t segments = 0;
+  /// The writer's lease_timeout_ms (0: a writer that did not say): a reader's heartbeat must
+  /// come well within it, whatever the reader's own setting.
+  std::uint64_t lease_timeout_ms = 0;
 };
 
 // --- decoders of what other processes wrote (fuzzed: fuzz/targets/file_mmap_files.cpp) ------

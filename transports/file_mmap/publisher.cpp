@@ -164,7 +164,10 @@ class fm_publisher final : public publisher_transport {
       return make_error(ok.error().code,
                         "file-mmap: " + ok.error().message + " (update_id=" + id + ")");
     }
-    nlohmann::json h = {{"dir", cfg_.dir}, {"buffer", b}, {"segments", buf.used}};
+    nlohmann::json h = {{"dir", cfg_.dir},
+                        {"buffer", b},
+                        {"segments", buf.used},
+                        {"lease_timeout_ms", cfg_.lease_timeout.count()}};
     return h.dump();
   }
 
