@@ -1,8 +1,8 @@
 #include "wsync/transports/weight_consumer.hpp"
 
 #include <atomic>
-#include <thread>
 
+#include "src/parallel.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/validate.hpp"
 #include "wsync/transports/gpu.hpp"
@@ -151,10 +151,7 @@ result<std::vector<std::uint64_t>> weight_consumer::checksums_of(const imported_
   // Small updates hash faster than a thread starts.
   unsigned threads =
       u.manifest.total_bytes < parallel_verify_min_bytes ? 1 : config_.verify_threads;
-  std::vector<std::thread> workers;
-  for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
-  work();
-  for (auto& w : workers) w.join();
+  parallel::run(threads, work);
   std::vector<std::uint64_t> out(tensors);
   for (std::size_t i = 0; i < tensors; ++i) out[i] = pieces.fold(i, digests.data());
   return out;

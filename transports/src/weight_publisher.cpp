@@ -7,8 +7,8 @@
 #include <map>
 #include <numeric>
 #include <set>
-#include <thread>
 
+#include "src/parallel.hpp"
 #include "wsync/manifest/checksum.hpp"
 #include "wsync/manifest/validate.hpp"
 #include "wsync/transports/registry.hpp"
@@ -281,10 +281,7 @@ void weight_publisher::hash_pieces(std::vector<tensor_descriptor>& descs,
   };
   unsigned threads = config_.copy_threads;
   if (threads <= 1 || total < parallel_copy_min_bytes || digests.size() < 2) threads = 1;
-  std::vector<std::thread> workers;
-  for (unsigned k = 1; k < threads; ++k) workers.emplace_back(work);
-  work();
-  for (auto& w : workers) w.join();
+  parallel::run(threads, work);
   for (std::size_t i = 0; i < descs.size(); ++i) descs[i].checksum = pieces.fold(i, digests.data());
 }
 
