@@ -44,6 +44,13 @@ class file_mmap_transport final : public transport {
                         "file-mmap: open " + lock_path + ": " + errno_text(errno) + " (field dir)");
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK) {  // ENOLCK (NFS without lockd), EINTR, ...: not a publisher
+        auto err = errno_text(errno);
+        ::close(fd);
+        return make_error(errc::io_error, "file-mmap: flock " + lock_path + ": " + err +
+                                              " (field dir: one publisher per dir is enforced "
+                                              "with flock, which this filesystem refuses)");
+      }
       auto holder = file_read(lock_path).value_or("");
       ::close(fd);
       return make_error(errc::blocked, "blocked: file-mmap dir=" + cfg_.dir +

@@ -349,6 +349,25 @@ TEST_P(file_mmap_test, a_reader_keeps_to_the_writers_lease_timeout_not_its_own) 
   ASSERT_TRUE(c->release(m1->update_id));
 }
 
+// CURRENT names the buffer a crash falls back to, which the publisher never rewrites: one that
+// is not the buffer its manifest's readers map (or none) would leave that one unprotected.
+TEST_P(file_mmap_test, a_state_file_whose_buffer_is_not_its_manifests_is_refused) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto j = nlohmann::json::parse(read_text(dir_ + "/CURRENT"));
+  ASSERT_TRUE(file_mmap_detail::current_parse(j.dump(), "CURRENT"));
+  j["buffer"] = 1 - j["buffer"].get<int>();
+  auto wrong = file_mmap_detail::current_parse(j.dump(), "CURRENT");
+  ASSERT_FALSE(wrong);
+  EXPECT_TRUE(contains(wrong.error().message, "which its manifest's handle names"))
+      << wrong.error().message;
+  j.erase("buffer");
+  auto none = file_mmap_detail::current_parse(j.dump(), "CURRENT");
+  ASSERT_FALSE(none);
+  EXPECT_TRUE(contains(none.error().message, "no buffer field")) << none.error().message;
+}
+
 TEST_P(file_mmap_test, the_state_file_outlives_its_publisher) {
   start_publisher();
   ASSERT_TRUE(publish(1));
@@ -506,7 +525,7 @@ TEST(file_mmap_options, dir_is_required_and_buffers_checked) {
 // CURRENT names the active buffer; the publisher adds to it to choose the next, so a value
 // out of range (INT64_MAX would overflow) is refused like any other damage to the file.
 TEST(file_mmap_options, a_state_file_naming_no_possible_buffer_is_refused) {
-  for (const char* bad : {"9223372036854775807", "64", "-2"}) {
+  for (const char* bad : {"9223372036854775807", "18446744073709551615", "64", "-2"}) {
     auto state = file_mmap_detail::current_parse(std::string(R"({"format":")") +
                                                      file_mmap_detail::state_format +
                                                      R"(","buffer":)" + bad + R"(,"manifest":{}})",

@@ -260,17 +260,27 @@ result<current_state> current_parse(const std::string& text, const std::string& 
     return bad(std::string("not a ") + state_format + " state file");
   }
   current_state state;
-  if (j.contains("buffer")) {
-    if (!j["buffer"].is_number_integer()) return bad("buffer: must be an integer");
-    state.buffer = j["buffer"].get<std::int64_t>();  // an integer: no conversion
-    // -1 (none yet) or a buffer a handle may name: the publisher adds to it.
-    if (state.buffer < -1 || state.buffer >= 64) {
-      return bad("buffer: " + std::to_string(state.buffer) + " is out of range (-1 to 63)");
-    }
+  if (!j.contains("buffer")) return bad("no buffer field");
+  const auto& b = j["buffer"];
+  if (!b.is_number_integer()) return bad("buffer: must be an integer");
+  // -1 (none yet) or a buffer a handle may name: the publisher adds to it. Read unsigned as
+  // unsigned: 2^64 - 1 must not pass as -1.
+  if (b.is_number_unsigned() ? b.get<std::uint64_t>() >= 64
+                             : b.get<std::int64_t>() < -1 || b.get<std::int64_t>() >= 64) {
+    return bad("buffer: " + b.dump() + " is out of range (-1 to 63)");
   }
+  state.buffer = b.get<std::int64_t>();
   if (!j.contains("manifest") || !j["manifest"].is_object()) return bad("no manifest field");
   auto m = manifest_from_json(j["manifest"].dump());
   if (!m) return bad(m.error().message);
+  // The buffer a crash falls back to is the one the manifest's readers map: the two must agree,
+  // or the publisher would rewrite what CURRENT serves.
+  auto h = handle_parse(*m, -1);
+  if (!h) return bad(h.error().message);
+  if (state.buffer != static_cast<std::int64_t>(h->buffer)) {
+    return bad("buffer: " + std::to_string(state.buffer) + " is not buffer-" +
+               std::to_string(h->buffer) + ", which its manifest's handle names");
+  }
   state.manifest = std::move(*m);
   return state;
 }
