@@ -144,14 +144,20 @@ class fm_consumer final : public consumer_transport {
     std::string tmp = cfg_.dir + "/leases/." + random_hex(6) + ".tmp";
     {
       const std::string text = who.dump();
+      int err = 0;
       int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      bool ok =
-          fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-      if (fd >= 0) ok = ::close(fd) == 0 && ok;
-      if (!ok) {
+      if (fd < 0) err = errno;
+      for (std::size_t done = 0; fd >= 0 && err == 0 && done < text.size();) {
+        ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) err = n < 0 ? errno : EIO;  // a short write that makes no progress
+        if (n > 0) done += static_cast<std::size_t>(n);
+      }
+      if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;
+      if (err != 0) {
         ::unlink(tmp.c_str());
-        return make_error(errc::io_error,
-                          "file-mmap: cannot write lease " + tmp + " (" + ctx(m) + ", field dir)");
+        return make_error(errc::io_error, "file-mmap: cannot write lease " + tmp + ": " +
+                                              errno_text(err) + " (" + ctx(m) + ", field dir)");
       }
     }
     if (::rename(tmp.c_str(), entry.lease.c_str()) != 0) {
@@ -187,15 +193,23 @@ class fm_consumer final : public consumer_transport {
       }
       std::string path = segment_path(cfg_.dir, h.buffer, i);
       int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      struct stat st {};
-      if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < n) {
-        int err = errno;
-        if (fd >= 0) ::close(fd);
+      if (fd < 0) {
         return make_error(errc::invalid_manifest,
                           "invalid manifest: segments[" + std::to_string(i) + "].nbytes: " + path +
-                              (fd < 0 ? " cannot be opened: " + errno_text(err)
-                                      : " holds fewer than " + std::to_string(n) + " bytes") +
-                              " (" + ctx(m) + ")");
+                              " cannot be opened: " + errno_text(errno) + " (" + ctx(m) + ")");
+      }
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) {
+        int err = errno;
+        ::close(fd);
+        return make_error(errc::io_error, "file-mmap: fstat " + path + ": " + errno_text(err) +
+                                              " (" + ctx(m) + ")");
+      }
+      if (static_cast<std::uint64_t>(st.st_size) < n) {
+        ::close(fd);
+        return make_error(errc::invalid_manifest,
+                          "invalid manifest: segments[" + std::to_string(i) + "].nbytes: " + path +
+                              " holds fewer than " + std::to_string(n) + " bytes (" + ctx(m) + ")");
       }
       // Read-only and shared: the page cache's pages, no copy (on NFS, the client's cache).
       void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);

@@ -147,10 +147,11 @@ class fm_publisher final : public publisher_transport {
         ssize_t n =
             ::pwrite(f.fd, f.staging.data() + done, f.size - done, static_cast<off_t>(done));
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          return make_error(errc::io_error, "file-mmap: pwrite " + segment_path(cfg_.dir, b, i) +
-                                                ": " + errno_text(errno) + " (update_id=" + id +
-                                                ")");
+        if (n <= 0) {  // 0: no progress (a full filesystem may say so), not an errno
+          return make_error(errc::io_error,
+                            "file-mmap: pwrite " + segment_path(cfg_.dir, b, i) + ": " +
+                                (n < 0 ? errno_text(errno) : std::string("wrote nothing")) +
+                                " (update_id=" + id + ")");
         }
         done += static_cast<std::uint64_t>(n);
       }
