@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/magic.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
@@ -366,6 +367,48 @@ TEST_P(file_mmap_test, a_state_file_whose_buffer_is_not_its_manifests_is_refused
   auto none = file_mmap_detail::current_parse(j.dump(), "CURRENT");
   ASSERT_FALSE(none);
   EXPECT_TRUE(contains(none.error().message, "no buffer field")) << none.error().message;
+}
+
+// A descriptor per segment and buffer, held for good, passed the common limit of 1,024 with a
+// large model in 256 MiB segments (two buffers of 522 for 140 GB): files are open only while
+// sized and while their bytes are made durable.
+TEST_P(file_mmap_test, many_segments_fit_a_small_descriptor_limit) {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(60);
+    rlimit few{64, 64};  // what the process has open, plus a few dozen
+    if (::setrlimit(RLIMIT_NOFILE, &few) != 0) ::_exit(2);
+    auto t = make_transport("file-mmap", {{"dir", dir_}});
+    if (!t) ::_exit(3);
+    auto p = (*t)->make_publisher();
+    if (!p) ::_exit(4);
+    publisher_config cfg;
+    cfg.model_id = "fmm";
+    cfg.max_segment_bytes = 4096;  // one tensor per segment: 100 segment files a buffer
+    cfg.slot_wait = std::chrono::milliseconds(100);
+    weight_publisher pub(std::move(*p), "file-mmap", cfg);
+    std::vector<std::vector<std::byte>> bytes(100, std::vector<std::byte>(4096));
+    for (std::uint64_t v = 1; v <= 3; ++v) {  // both buffers, then the first again
+      std::vector<tensor_source> sources;
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        std::fill(bytes[i].begin(), bytes[i].end(), std::byte(v + i));
+        sources.push_back({"t" + std::to_string(i), dtype::u8, {4096}, {}, bytes[i].data(), 4096});
+      }
+      auto m = pub.publish(sources, v, {});
+      if (!m) {
+        std::fprintf(stderr, "version %llu: %s\n", static_cast<unsigned long long>(v),
+                     m.error().message.c_str());
+        ::_exit(5);
+      }
+      if (m->segments.size() != 100) ::_exit(6);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: setrlimit, 3-4: transport, 5: publish, 6: segments";
 }
 
 TEST_P(file_mmap_test, the_state_file_outlives_its_publisher) {

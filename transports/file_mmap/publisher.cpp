@@ -24,7 +24,7 @@ namespace {
 // --- publisher ----------------------------------------------------------------------------
 
 struct seg_file {
-  int fd = -1;
+  int fd = -1;                // open only while buffer_size works on the file
   std::byte* base = nullptr;  // where the caller writes: the file's mapping, or staging
   std::uint64_t size = 0;
   bool mapped = false;             // base is a mapping of the file
@@ -140,25 +140,35 @@ class fm_publisher final : public publisher_transport {
                         "unknown update_id: " + id + " was not acquired from file-mmap");
     }
     auto& buf = buffers_[static_cast<std::size_t>(b)];
-    // Data first: STAMP and CURRENT must never name bytes that a crash could lose.
+    // Data first: STAMP and CURRENT must never name bytes that a crash could lose. Each file is
+    // opened for this only: a descriptor per segment and buffer held for good would pass the
+    // common limit of 1,024 with a large model in many segments.
     for (std::size_t i = 0; i < buf.used; ++i) {
       auto& f = buf.files[i];
+      if (f.size == 0) continue;
+      const std::string path = segment_path(cfg_.dir, b, i);
+      auto fail = [&](const std::string& what) -> error {
+        return make_error(errc::io_error,
+                          "file-mmap: " + what + " " + path + " (update_id=" + id + ")");
+      };
+      int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) return fail("open: " + errno_text(errno) + ":");
       for (std::uint64_t done = 0; pwrite_ && done < f.size;) {
-        ssize_t n =
-            ::pwrite(f.fd, f.staging.data() + done, f.size - done, static_cast<off_t>(done));
+        ssize_t n = ::pwrite(fd, f.staging.data() + done, f.size - done, static_cast<off_t>(done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {  // 0: no progress (a full filesystem may say so), not an errno
-          return make_error(errc::io_error,
-                            "file-mmap: pwrite " + segment_path(cfg_.dir, b, i) + ": " +
-                                (n < 0 ? errno_text(errno) : std::string("wrote nothing")) +
-                                " (update_id=" + id + ")");
+          const std::string why = n < 0 ? errno_text(errno) : "wrote nothing";
+          ::close(fd);
+          return fail("pwrite: " + why + ":");
         }
         done += static_cast<std::uint64_t>(n);
       }
-      if (f.size > 0 && ::fdatasync(f.fd) != 0) {
-        return make_error(errc::io_error, "file-mmap: fdatasync " + segment_path(cfg_.dir, b, i) +
-                                              ": " + errno_text(errno) + " (update_id=" + id + ")");
+      if (::fdatasync(fd) != 0) {
+        const std::string why = errno_text(errno);
+        ::close(fd);
+        return fail("fdatasync: " + why + ":");
       }
+      ::close(fd);
     }
     nlohmann::json stamp = {{"update_id", id}};
     if (auto ok = file_replace_durably(buffer_dir(cfg_.dir, b) + "/STAMP", stamp.dump()); !ok) {
@@ -241,7 +251,14 @@ class fm_publisher final : public publisher_transport {
         if (f.fd < 0) return fail("open");
         struct stat st {};
         if (::fstat(f.fd, &st) != 0) return fail("fstat");
-        f.size = static_cast<std::uint64_t>(st.st_size);
+        // Opened afresh for each update: a file that is not the size last left (a first open,
+        // or someone else's hand) loses the mapping made for that size.
+        if (static_cast<std::uint64_t>(st.st_size) != f.size) {
+          if (f.mapped && f.size > 0) ::munmap(f.base, f.size);
+          f.mapped = f.ready = false;
+          f.base = nullptr;
+          f.size = static_cast<std::uint64_t>(st.st_size);
+        }
       }
       if (f.size != sizes[i]) {
         if (f.mapped && f.size > 0) ::munmap(f.base, f.size);
@@ -286,6 +303,8 @@ class fm_publisher final : public publisher_transport {
         f.mapped = true;
       }
       f.ready = true;
+      ::close(f.fd);  // the mapping (or staging) is what is written; expose opens it again
+      f.fd = -1;
     }
     return {};
   }
