@@ -35,42 +35,49 @@ TEST(generation_control, abort_ends_in_flight_generations_and_returns_when_none_
   EXPECT_TRUE(c.paused());
 }
 
+// One generation on its own thread, in flight once made, stepping until finish(): get() says
+// whether every step ran (false: an abort caught it).
+class running_generation {
+ public:
+  explicit running_generation(generation_control& c) {
+    auto began = started_.get_future();
+    done_ = std::async(std::launch::async, [this, &c] {
+      generation_scope g(c);
+      started_.set_value();
+      while (!finish_) {
+        if (g.step() != generation_status::running) return false;
+      }
+      return true;
+    });
+    began.wait();
+  }
+  ~running_generation() {  // a failed expectation must not leave it stepping for ever
+    finish_ = true;
+    if (done_.valid()) done_.wait();
+  }
+  void finish() { finish_ = true; }
+  bool get() { return done_.get(); }
+
+ private:
+  std::promise<void> started_;
+  std::atomic<bool> finish_{false};
+  std::future<bool> done_;
+};
+
 TEST(generation_control, wait_lets_in_flight_generations_finish) {
   generation_control c;
-  std::promise<void> started;
-  std::atomic<bool> may_finish{false};
-  auto gen = std::async(std::launch::async, [&] {
-    generation_scope g(c);
-    started.set_value();
-    int done = 0;
-    while (!may_finish) {
-      if (g.step() != generation_status::running) return -1;
-      ++done;
-    }
-    return done;
-  });
-  started.get_future().wait();
+  running_generation gen(c);
   auto pausing = std::async(std::launch::async, [&] { return c.pause(pause_mode::wait); });
   EXPECT_EQ(pausing.wait_for(50ms), std::future_status::timeout);  // still draining
-  may_finish = true;
+  gen.finish();
   EXPECT_TRUE(pausing.get());
-  EXPECT_GE(gen.get(), 0);  // never aborted
+  EXPECT_TRUE(gen.get());  // never aborted
   EXPECT_EQ(c.in_flight(), 0u);
 }
 
 TEST(generation_control, a_second_pause_returns_only_once_the_first_ones_promise_holds) {
   generation_control c;
-  std::promise<void> started;
-  std::atomic<bool> may_finish{false};
-  auto gen = std::async(std::launch::async, [&] {
-    generation_scope g(c);
-    started.set_value();
-    while (!may_finish) {
-      if (g.step() != generation_status::running) return false;
-    }
-    return true;
-  });
-  started.get_future().wait();
+  running_generation gen(c);
   auto first = std::async(std::launch::async, [&] { return c.pause(pause_mode::wait); });
   while (!c.paused()) std::this_thread::yield();
   // A retry, or another caller: it may update once this returns, so it waits for the drain
@@ -78,7 +85,7 @@ TEST(generation_control, a_second_pause_returns_only_once_the_first_ones_promise
   auto retry = std::async(std::launch::async, [&] { return c.pause(pause_mode::keep); });
   EXPECT_EQ(retry.wait_for(50ms), std::future_status::timeout);
   EXPECT_EQ(c.in_flight(), 1u);
-  may_finish = true;
+  gen.finish();
   EXPECT_TRUE(retry.get());
   EXPECT_TRUE(first.get());
   EXPECT_TRUE(gen.get());  // it ran to completion: a keep pause would have held it
@@ -87,20 +94,13 @@ TEST(generation_control, a_second_pause_returns_only_once_the_first_ones_promise
 
 TEST(generation_control, a_resume_before_the_pause_took_hold_makes_it_say_so) {
   generation_control c;
-  std::promise<void> started;
-  std::atomic<bool> may_finish{false};
-  auto gen = std::async(std::launch::async, [&] {
-    generation_scope g(c);
-    started.set_value();
-    while (!may_finish) (void)g.step();
-  });
-  started.get_future().wait();
+  running_generation gen(c);
   auto pausing = std::async(std::launch::async, [&] { return c.pause(pause_mode::wait); });
   while (!c.paused()) std::this_thread::yield();
   c.resume();
   EXPECT_FALSE(pausing.get());  // the generation still runs: the pause's promise never held
-  may_finish = true;
-  gen.get();
+  gen.finish();
+  EXPECT_TRUE(gen.get());
 }
 
 TEST(generation_control, keep_holds_in_flight_generations_until_resume) {
