@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -357,27 +358,36 @@ def test_trainer_arguments_and_ranks():
     other.shutdown()
 
 
-def test_failed_round_keeps_the_previous_version_held():
-    trainer_model, rollout_model = TinyModel(seed=11), TinyModel(seed=12)
+@contextmanager
+def trainer_and_worker(seed: int, client_cls=None):
+    """A trainer engine on rank 0 driving a worker engine through an in-process client, over
+    two TinyModels seeded ``seed`` and ``seed + 1``; both engines shut down after the block."""
+    trainer_model, rollout_model = TinyModel(seed=seed), TinyModel(seed=seed + 1)
     worker = make_worker(rollout_model)
-    client = InProcessClient(worker, copy_loader(rollout_model, []))
+    client = (client_cls or InProcessClient)(worker, copy_loader(rollout_model, []))
     engine = wv.WsyncTrainerEngine.trainer_init(None, {"rank": 0}, client=client,
                                                 source=trainer_model)
     try:
-        first = engine.send_weights()
-        worker.start_weight_update()  # the worker is mid-update: the next start is refused
-        with pytest.raises(IllegalTransitionError):
-            engine.send_weights()
-        assert engine.weight_version == 1
-        assert [m.update_id for m in engine._held] == [first.update_id]
-        with pytest.raises(IllegalTransitionError):
-            worker.finish_weight_update()  # nothing came: refused, but the phase closes
-        train_step(trainer_model, 1)
-        assert engine.send_weights(weight_version=5).weight_version == 5
-        assert_same(rollout_model, trainer_model)
+        yield SimpleNamespace(trainer=trainer_model, rollout=rollout_model, worker=worker,
+                              client=client, engine=engine)
     finally:
         engine.shutdown()
         worker.shutdown()
+
+
+def test_failed_round_keeps_the_previous_version_held():
+    with trainer_and_worker(11) as t:
+        first = t.engine.send_weights()
+        t.worker.start_weight_update()  # the worker is mid-update: the next start is refused
+        with pytest.raises(IllegalTransitionError):
+            t.engine.send_weights()
+        assert t.engine.weight_version == 1
+        assert [m.update_id for m in t.engine._held] == [first.update_id]
+        with pytest.raises(IllegalTransitionError):
+            t.worker.finish_weight_update()  # nothing came: refused, but the phase closes
+        train_step(t.trainer, 1)
+        assert t.engine.send_weights(weight_version=5).weight_version == 5
+        assert_same(t.rollout, t.trainer)
 
 
 class UnansweredFinishClient(InProcessClient):
@@ -399,36 +409,28 @@ class UnansweredFinishClient(InProcessClient):
 
 
 def test_a_round_without_an_answer_keeps_what_the_worker_may_serve():
-    trainer_model, rollout_model = TinyModel(seed=13), TinyModel(seed=14)
-    worker = make_worker(rollout_model)
-    client = UnansweredFinishClient(worker, copy_loader(rollout_model, []))
-    engine = wv.WsyncTrainerEngine.trainer_init(None, {"rank": 0}, client=client,
-                                                source=trainer_model)
-    try:
-        first = engine.send_weights()
-        train_step(trainer_model, 1)
-        client.lose_next_answer = True
+    with trainer_and_worker(13, UnansweredFinishClient) as t:
+        first = t.engine.send_weights()
+        train_step(t.trainer, 1)
+        t.client.lose_next_answer = True
         with pytest.raises(wsync.WeightSyncTimeoutError):
-            engine.send_weights()
+            t.engine.send_weights()
         # The worker took version 2 (a zero-copy consumer would serve it from the trainer's
         # memory), but the trainer cannot know: both versions stay published.
-        assert worker.weight_version == 2 and engine.weight_version == 1
-        held = engine.bridge._publisher.held()
+        assert t.worker.weight_version == 2 and t.engine.weight_version == 1
+        held = t.engine.bridge._publisher.held()
         assert len(held) == 2 and first.update_id in held
         with pytest.raises(VersionNotMonotonicError, match="sent earlier without an answer"):
-            engine.send_weights(weight_version=2)
+            t.engine.send_weights(weight_version=2)
         # The next round takes version 3. Both of the publisher's two slots are held: its start
         # comes first, the worker's status names version 2, and version 1 is let go for it.
-        train_step(trainer_model, 2)
-        third = engine.send_weights()
-        assert third.weight_version == 3 and worker.weight_version == 3
-        assert_same(rollout_model, trainer_model)
-        assert [m.update_id for m in engine._held] == [third.update_id]
-        assert engine.bridge._publisher.held() == [third.update_id]
-        assert client.calls[-3:] == ["start", "update", "finish"]
-    finally:
-        engine.shutdown()
-        worker.shutdown()
+        train_step(t.trainer, 2)
+        third = t.engine.send_weights()
+        assert third.weight_version == 3 and t.worker.weight_version == 3
+        assert_same(t.rollout, t.trainer)
+        assert [m.update_id for m in t.engine._held] == [third.update_id]
+        assert t.engine.bridge._publisher.held() == [third.update_id]
+        assert t.client.calls[-3:] == ["start", "update", "finish"]
 
 
 class RefusingClient(InProcessClient):
@@ -444,25 +446,17 @@ class RefusingClient(InProcessClient):
 
 
 def test_a_refused_round_releases_the_new_version():
-    trainer_model, rollout_model = TinyModel(seed=15), TinyModel(seed=16)
-    worker = make_worker(rollout_model)
-    client = RefusingClient(worker, copy_loader(rollout_model, []))
-    engine = wv.WsyncTrainerEngine.trainer_init(None, {"rank": 0}, client=client,
-                                                source=trainer_model)
-    try:
-        first = engine.send_weights()
-        client.refuse = True
+    with trainer_and_worker(15, RefusingClient) as t:
+        first = t.engine.send_weights()
+        t.client.refuse = True
         with pytest.raises(InstallFailedError):
-            engine.send_weights()
-        assert engine.bridge._publisher.held() == [first.update_id]
+            t.engine.send_weights()
+        assert t.engine.bridge._publisher.held() == [first.update_id]
         with pytest.raises(IllegalTransitionError):
-            worker.finish_weight_update()  # nothing came: refused, but the phase closes
-        client.refuse = False
-        assert engine.send_weights().weight_version == 2  # the refused number is free again
-        assert_same(rollout_model, trainer_model)
-    finally:
-        engine.shutdown()
-        worker.shutdown()
+            t.worker.finish_weight_update()  # nothing came: refused, but the phase closes
+        t.client.refuse = False
+        assert t.engine.send_weights().weight_version == 2  # the refused number is free again
+        assert_same(t.rollout, t.trainer)
 
 
 def test_a_list_of_shards_outside_a_start_is_one_update():
