@@ -20,6 +20,9 @@ struct consumer_state {
   std::vector<std::string> transport_settings;
   bool standalone = false;
   bool enable_http = false;
+  // Bound as itself, not as a negated flag: --dump-config prints a negated flag's stored value
+  // under its name (no-node-leader=false for --no-node-leader), which reloads inverted.
+  bool no_node_leader = false;
   follow_options follow;  // --standalone --transport file-mmap: poll DIR/CURRENT
 };
 
@@ -52,6 +55,7 @@ std::string misplaced_option(const consumer_state& s) {
 
 int consumer_start(consumer_state& s) {
   consumer_options& opt = s.options;
+  opt.node_leader = !s.no_node_leader;
   if (const char* dev = std::getenv("WSYNC_SERVER_DEV_MODE"); dev && std::string(dev) == "1") {
     s.enable_http = true;
   }
@@ -183,7 +187,7 @@ subcommand add_consumer(CLI::App& app) {
   add_node(cons, opt.node,
            "node name shown in status; the consumer processes of one node (one host) share a "
            "node leader that carries their updates and reports");
-  cons->add_flag("!--no-node-leader", opt.node_leader,
+  cons->add_flag("--no-node-leader", state->no_node_leader,
                  "never lead this node's other consumer processes (it opens no loopback port); "
                  "it still reports through the node's leader if another process leads");
   add_transport(cons, opt.transport, state->transport_settings);
