@@ -1,7 +1,6 @@
 #include "toml_config.hpp"
 
 #include <toml++/toml.h>
-#include <sstream>
 
 namespace wsync {
 namespace {
@@ -13,13 +12,15 @@ std::vector<std::string> inputs_of(const toml::node& node, const std::string& ke
     if (auto s = n.as_string()) return out.push_back(s->get());
     if (auto i = n.as_integer()) return out.push_back(std::to_string(i->get()));
     if (auto b = n.as_boolean()) return out.push_back(b->get() ? "true" : "false");
-    if (auto f = n.as_floating_point()) {
-      std::ostringstream text;
-      text << f->get();
-      return out.push_back(text.str());
+    // No wsync setting takes a fraction: 7.0 for 7 is a slip to name, and a float printed back
+    // (1234567.0 as 1.23457e+06) would not be the value written.
+    if (n.is_floating_point()) {
+      throw CLI::ConfigError("config: " + key +
+                             ": a floating-point number; every wsync setting is an integer, a "
+                             "string or a boolean");
     }
     throw CLI::ConfigError("config: " + key +
-                           ": only strings, numbers, booleans and arrays of them are settings");
+                           ": only strings, integers, booleans and arrays of them are settings");
   };
   if (auto array = node.as_array()) {
     for (const auto& element : *array) scalar(element);
