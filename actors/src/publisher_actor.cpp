@@ -477,8 +477,13 @@ int publisher_run(const publisher_options& o) {
   to.heartbeat = o.heartbeat;
   auto trainer = trainer_rank::connect(to);
   if (!trainer) return log_error(trainer.error().message), 1;
+  const std::string who = "publisher rank " + std::to_string(o.rank);
   for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
-    if (stop_requested()) return 1;
+    // Between versions only (a publish in flight runs to its outcome), and not after the last.
+    if (stop_requested_within(v == o.first_version ? std::chrono::milliseconds(0) : o.interval)) {
+      log_info(who + ": stopped by SIGINT or SIGTERM before version " + std::to_string(v));
+      return 0;
+    }
     auto r = (*trainer)->publish(shard->tensors, v, {{"rank", std::to_string(o.rank)}});
     if (o.json && !r.outcome_json.empty()) std::cout << r.outcome_json << std::endl;
     if (!r.error.empty()) {
@@ -489,7 +494,6 @@ int publisher_run(const publisher_options& o) {
     if (!o.json)
       log_info("publisher rank " + std::to_string(o.rank) + ": version " + std::to_string(v) +
                " committed");
-    if (o.interval.count() > 0) std::this_thread::sleep_for(o.interval);
   }
   return 0;
 }

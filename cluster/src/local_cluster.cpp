@@ -78,6 +78,10 @@ std::string local_cluster::start_coordinator(std::chrono::milliseconds update_de
                             "--update-deadline-ms", std::to_string(update_deadline.count())});
   for (auto deadline = clock_type::now() + std::chrono::seconds(20);
        clock_type::now() < deadline;) {
+    if (stop_requested()) {
+      stopped_ = true;
+      return "stopped by SIGINT or SIGTERM while waiting for the coordinator to listen";
+    }
     std::ifstream in(port_file);
     unsigned port = 0;
     if (in >> port) {

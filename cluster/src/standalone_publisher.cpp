@@ -45,7 +45,9 @@ int publish_into_directory(const publisher_options& o, const std::string& manife
     }
   }
   for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
-    if (v != o.first_version && o.interval.count() > 0 && stop_requested_within(o.interval)) break;
+    // Looked at before every version, with no interval too: signals are blocked here, so this
+    // is the only way a stop ends the run.
+    if (v != o.first_version && stop_requested_within(o.interval)) break;
     // No expected consumer: the buffer is free for this process at once; CURRENT and the
     // readers' leases are what keep it from being overwritten.
     auto m = publisher.publish(shard->tensors, v, {}, {{"rank", std::to_string(o.rank)}});
