@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -25,19 +26,56 @@ std::string random_token() {
   return t.empty() ? std::string("wsync-local-") + std::to_string(::getpid()) : t;
 }
 
+// The private folders of clusters whose launcher died (SIGKILL, a crash) before its destructor
+// ran: wsync-cluster-<pid>-<token> of a pid that no longer exists, untouched for a day (a
+// launcher in another PID namespace sharing this folder has a pid this one cannot see).
+void sweep_dead_clusters(const std::filesystem::path& base) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::string prefix = "wsync-cluster-";
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dash = name.find('-', prefix.size());
+    if (dash == std::string::npos) continue;
+    const std::string digits = name.substr(prefix.size(), dash - prefix.size());
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    const auto touched = std::filesystem::last_write_time(e.path(), ec);
+    if (ec || std::filesystem::file_time_type::clock::now() - touched < std::chrono::hours(24)) {
+      continue;
+    }
+    std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 }  // namespace
 
 local_cluster::local_cluster(std::string self_exe) : exe_(std::move(self_exe)) {
   coordinator_.token = random_token();
-  dir_ = std::filesystem::temp_directory_path() /
+  // No exception out of here: an unusable TMPDIR is the first step's error, not an abort.
+  std::error_code ec;
+  const auto base = std::filesystem::temp_directory_path(ec);
+  if (ec) {
+    dir_error_ = "no temporary directory (TMPDIR): " + ec.message();
+    return;
+  }
+  sweep_dead_clusters(base);
+  dir_ = base /
          ("wsync-cluster-" + std::to_string(::getpid()) + "-" + coordinator_.token.substr(0, 8));
-  std::filesystem::create_directories(dir_);
+  if (std::filesystem::create_directories(dir_, ec); ec) {
+    dir_error_ = "cannot create " + dir_.string() + ": " + ec.message();
+    dir_.clear();
+  }
 }
 
 local_cluster::~local_cluster() {
   stop_all();
   std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
+  if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
 }
 
 pid_t local_cluster::start(const std::vector<std::string>& args, const std::string& stdout_path) {
@@ -73,6 +111,7 @@ std::string exit_text(int status) {
 }
 
 std::string local_cluster::start_coordinator(std::chrono::milliseconds update_deadline) {
+  if (!dir_error_.empty()) return dir_error_;
   const auto port_file = (dir_ / "coordinator.port").string();
   coordinator_pid_ = start({"coordinator", "--port", "0", "--port-file", port_file,
                             "--update-deadline-ms", std::to_string(update_deadline.count())});

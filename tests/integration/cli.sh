@@ -79,6 +79,11 @@ for args in "coordinator" "consumer" "consumer --no-node-leader" "publisher --ra
   [[ "$again" == "$out" ]] || fail "$args: a reloaded dump differs: $(diff <(echo "$again") "$dumped")"
   rm -f "$dumped"
 done
+# An unusable TMPDIR is the demo's error, not an abort.
+out=$(TMPDIR=/nonexistent-wsync-tmp "$wsync" demo 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "demo with no TMPDIR: exit $rc: $out"
+grep -q "no temporary directory (TMPDIR)" <<<"$out" || fail "demo with no TMPDIR: $out"
 dump=$(WSYNC_TOKEN=t "$wsync" consumer --no-node-leader --dump-config)
 grep -q '^no-node-leader=true' <<<"$dump" || fail "--no-node-leader dumps inverted: $dump"
 dump=$(SLURM_PROCID=5 WSYNC_TOKEN=t "$wsync" publisher --config "$configs/local.toml" --dump-config)

@@ -55,6 +55,7 @@ class local_cluster {
   bool stopping_all_ = false;
   std::string exe_;
   std::filesystem::path dir_;
+  std::string dir_error_;  ///< why dir_ could not be made: start_coordinator's answer
   endpoint coordinator_;
   pid_t coordinator_pid_ = -1;
   std::vector<pid_t> running_;
