@@ -138,6 +138,27 @@ result<std::vector<tensor_source>> safetensors_index(std::span<const std::byte> 
   return tensors;
 }
 
+safetensors_file::identity safetensors_file::identity_of(const struct ::stat& st) {
+  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+          static_cast<std::uint64_t>(st.st_size), static_cast<std::int64_t>(st.st_mtim.tv_sec),
+          static_cast<std::int64_t>(st.st_mtim.tv_nsec)};
+}
+
+result<void> safetensors_file::unchanged() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) {
+    return make_error(errc::io_error, "safetensors " + path_ + ": " + std::strerror(errno) +
+                                          " (it was mapped when the publisher started)");
+  }
+  if (identity_of(st) == identity_) return {};
+  return make_error(errc::io_error,
+                    "safetensors " + path_ +
+                        ": changed since the publisher mapped it (another inode, size or "
+                        "modification time); a version copied while it was rewritten would mix "
+                        "two checkpoints under matching checksums, so publishing stops: start "
+                        "the publisher again on the new file");
+}
+
 safetensors_file::~safetensors_file() {
   if (map_) ::munmap(map_, size_);
 }
@@ -146,7 +167,8 @@ result<std::unique_ptr<safetensors_file>> safetensors_file::open(const std::stri
   auto bad = [&](const std::string& why) {
     return make_error(errc::invalid_argument, "safetensors " + path + ": " + why);
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Not blocking: a FIFO given by mistake would wait for a writer, deaf to a stop signal.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return bad(std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -154,11 +176,17 @@ result<std::unique_ptr<safetensors_file>> safetensors_file::open(const std::stri
     ::close(fd);
     return bad(std::string("fstat: ") + std::strerror(err));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return bad("not a regular file");
+  }
   if (st.st_size < 8) {
     ::close(fd);
     return bad("shorter than its 8-byte header length");
   }
   std::unique_ptr<safetensors_file> f(new safetensors_file);
+  f->path_ = path;
+  f->identity_ = identity_of(st);
   f->size_ = static_cast<std::uint64_t>(st.st_size);
   void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);

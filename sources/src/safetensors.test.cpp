@@ -1,9 +1,12 @@
 #include "wsync/sources/safetensors.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <ctime>
 #include <fstream>
 
 namespace wsync {
@@ -40,6 +43,44 @@ TEST(safetensors, reads_tensors_in_file_order_without_copying) {
   EXPECT_EQ(t[1].nbytes, 6u);
   EXPECT_EQ(std::memcmp(t[1].data, data.data() + 16, 6), 0);
   ::unlink(path.c_str());
+}
+
+// The mapping shows a rewrite as it happens (MAP_PRIVATE keeps only pages this process wrote):
+// a publisher asks before and after each version whether the file is the one it mapped.
+TEST(safetensors, a_file_rewritten_after_it_was_mapped_is_named_as_changed) {
+  const std::string header = R"({"w":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})";
+  auto path = write_file(header, "abcdefgh");
+  auto f = safetensors_file::open(path);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_TRUE((*f)->unchanged());
+  {
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);  // same size, in place
+    io.seekp(static_cast<std::streamoff>(8 + header.size()));
+    io << "ABCDEFGH";
+  }
+  // A rewrite within the same clock tick may keep the old mtime: set one that differs.
+  struct timespec later[2] = {{0, UTIME_OMIT}, {::time(nullptr) + 5, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), later, 0), 0);
+  auto changed = (*f)->unchanged();
+  ASSERT_FALSE(changed);
+  EXPECT_EQ(changed.error().code, errc::io_error);
+  EXPECT_NE(changed.error().message.find("safetensors " + path + ": changed since the publisher"),
+            std::string::npos)
+      << changed.error().message;
+  ::unlink(path.c_str());
+  EXPECT_FALSE((*f)->unchanged());  // gone is not unchanged either
+}
+
+TEST(safetensors, a_path_that_is_not_a_regular_file_is_refused_without_blocking) {
+  char dir[] = "/tmp/wsync-fifo-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/ckpt.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto f = safetensors_file::open(fifo);  // blocked for a writer before
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("not a regular file"), std::string::npos) << f.error().message;
+  ::unlink(fifo.c_str());
+  ::rmdir(dir);
 }
 
 TEST(safetensors, malformed_files_name_the_tensor_and_field) {

@@ -110,4 +110,13 @@ result<shard_tensors> shard_load(const shard_spec& spec) {
   return s;
 }
 
+result<void> shard_unchanged(const shard_tensors& shard, std::int32_t rank) {
+  if (!shard.file) return {};
+  if (auto ok = shard.file->unchanged(); !ok) {
+    return make_error(ok.error().code,
+                      "publisher rank " + std::to_string(rank) + ": " + ok.error().message);
+  }
+  return {};
+}
+
 }  // namespace wsync

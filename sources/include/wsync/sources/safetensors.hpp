@@ -12,6 +12,8 @@
 #include "wsync/manifest/result.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
+struct stat;
+
 namespace wsync {
 
 /// Parses the bytes of a whole .safetensors file (`where` names it in errors): the tensors in
@@ -31,8 +33,21 @@ class safetensors_file {
   /// The tensors in file order; valid while this object lives.
   const std::vector<tensor_source>& tensors() const { return tensors_; }
 
+  /// Whether the file at the path is still the one mapped, untouched (same inode, size and
+  /// modification time). The mapping shows a rewrite as it happens: a version copied meanwhile
+  /// mixes two checkpoints under checksums that match, and a truncation faults. So a publisher
+  /// asks before and after each version and stops on a change, naming the path.
+  result<void> unchanged() const;
+
  private:
   safetensors_file() = default;
+  std::string path_;
+  struct identity {
+    std::uint64_t dev = 0, ino = 0, size = 0;
+    std::int64_t mtime_s = 0, mtime_ns = 0;
+    bool operator==(const identity&) const = default;
+  } identity_;
+  static identity identity_of(const struct ::stat& st);
   void* map_ = nullptr;
   std::uint64_t size_ = 0;
   std::vector<tensor_source> tensors_;
