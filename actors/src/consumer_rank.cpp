@@ -89,12 +89,11 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
           // The executor gave back what it imported of a rejected update. When the import itself
           // failed, the rank says it let go all the same (else the coordinator counts it as a
           // holder, and a retry of the version waits for it forever) — unless it still serves
-          // that version from an earlier delivery (a catch-up of its active version): then it
-          // does hold the memory, and the publishers must not reuse it.
-          const auto held = side->held();
-          if (!r.released_self && std::find(held.begin(), held.end(), u->key) == held.end()) {
-            report(u->key, "released", "");
-          }
+          // this very attempt from an earlier delivery (a catch-up of its active version): then
+          // it does hold the memory, and the publishers must not reuse it. Another attempt of the
+          // same version that it serves (from before a coordinator restart) is not this one: the
+          // release names this attempt's id, which the coordinator keeps apart from the other.
+          if (!r.released_self && !side->holds_any(u->shards)) report(u->key, "released", "");
         }
         if (r.released_self) report(u->key, "released", "");
         box->put(std::move(out));

@@ -4,6 +4,7 @@
 // update the endpoint hands it. The endpoint (consumer_actor.cpp) joins the coordinator, fans
 // updates out to its workers and batches their reports. Heavy (CAF): actor code only.
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -64,6 +65,12 @@ struct rollout_side {
     std::set<std::string> keys(importing_.begin(), importing_.end());
     for (const auto& [id, key] : key_of_) keys.insert(key);
     return {keys.begin(), keys.end()};
+  }
+  /// Whether the rank holds (serves as views) a shard of `shards`: an attempt, not only a key.
+  bool holds_any(const std::vector<weight_update_manifest>& shards) const {
+    std::lock_guard lock(mu_);
+    return std::any_of(shards.begin(), shards.end(),
+                       [&](const weight_update_manifest& m) { return key_of_.count(m.update_id); });
   }
   /// `key` is being imported and installed (until `imported`): held() names it.
   void importing(const std::string& key) {

@@ -44,20 +44,29 @@ TEST_P(rollout_side_test, a_rank_holds_only_what_it_reads) {
   auto& side = *made;
   const bool views = GetParam() == reference_runtime::install_mode::view;
   std::set<std::string> released;
+  std::vector<weight_update_manifest> last;
   for (std::uint64_t v = 1; v <= 3; ++v) {
     auto m = publisher_->publish(tensors_.fill(v), v, {0});
     ASSERT_TRUE(m) << m.error().message;
     auto r = side.executor.update_weights(*m);
     ASSERT_TRUE(r.acknowledged) << (r.failure ? r.failure->message : "");
     for (const auto& [key, id] : side.settle(r, update_key("m", v))) released.insert(key);
+    last = {*m};
   }
+  // Another attempt of the version it serves (a retry, after a coordinator restart) is not held:
+  // the key is the same, the shard ids are not.
+  auto other_attempt = last;
+  other_attempt.front().update_id = update_id_generate();
+  EXPECT_FALSE(side.holds_any(other_attempt));
   if (views) {
     // It reads version 3 from the publisher's memory; 1 and 2 were let go as 3 came.
     EXPECT_EQ(side.held(), (std::vector<std::string>{"m@3"}));
+    EXPECT_TRUE(side.holds_any(last));
     EXPECT_EQ(released, (std::set<std::string>{"m@1", "m@2"}));
   } else {
     // Copies: it let go of each import at once and holds nothing a publisher must keep.
     EXPECT_TRUE(side.held().empty());
+    EXPECT_FALSE(side.holds_any(last));
     EXPECT_TRUE(released.empty());
   }
   (void)side.executor.release_active();

@@ -612,6 +612,41 @@ TEST_F(orphan_test, a_consumer_that_rejoins_without_the_key_let_go_of_it) {
   }
 }
 
+// After a restart the publisher retries the version (a new attempt the book tracks) while a
+// consumer still holds the old one: the consumer's release of the old attempt is not the book's,
+// but it is the orphan's, which goes back to the publisher.
+TEST_F(orphan_test, a_release_of_the_attempt_before_a_retry_gives_that_attempt_back) {
+  restart(0ms);
+  caf::scoped_actor consumer{sys()}, publisher{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_holding_consumer(consumer, 3, {"m@3"}));
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(publisher, {{"m@3", "u-3-a1"}}));
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(shard(3)));
+  EXPECT_EQ(release_at(publisher, 600ms).first, "") << "released while rank 3 holds it";
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@3", 3, "released", "", 0, 0.01, "", "u-3-a1"});
+  EXPECT_EQ(release_at(publisher),
+            std::make_pair(std::string("m@3"), std::vector<std::string>{"u-3-a1"}))
+      << "the old attempt's release was refused as not the book's";
+}
+
+// The same, the other way round: a rank that serves the old attempt refuses the retry ("not
+// above the active 3") and says it let go of the retry. That says nothing of the old attempt,
+// which it still serves: it must not go back.
+TEST_F(orphan_test, a_release_of_the_retry_keeps_the_attempt_the_rank_still_serves) {
+  restart(0ms);
+  caf::scoped_actor consumer{sys()}, publisher{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_holding_consumer(consumer, 3, {"m@3"}));
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(publisher, {{"m@3", "u-3-a1"}}));
+  const auto retry = shard(3);
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(retry));
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@3", 3, "released", "", 0, 0.01, "", retry.update_id});
+  EXPECT_EQ(release_at(publisher, 600ms).first, "") << "given back while rank 3 serves it";
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@3", 3, "released", "", 0, 0.01, "", "u-3-a1"});
+  EXPECT_EQ(release_at(publisher).second, std::vector<std::string>{"u-3-a1"});
+}
+
 TEST_F(coordinator_actor_test, a_release_sent_while_the_publisher_was_away_is_sent_on_its_rejoin) {
   caf::scoped_actor consumer{sys()};
   ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));

@@ -475,6 +475,12 @@ void take_report(coordinator_pointer self, const rank_report& r) {
       return s.second.update_id == r.update_id;
     });
     if (!this_attempt) {
+      // Not for the book, but a release still lets go of that earlier attempt: after a restart
+      // it is an orphan (its publisher kept it) that waits for exactly this.
+      if (r.state == "released" && st.orphans.count(r.key)) {
+        orphan_release(self, r.key, r.rank);
+        return;
+      }
       log_warn("coordinator: report refused: " + r.state + " of update_id=" + r.update_id +
                " rank=" + std::to_string(r.rank) + " is of an earlier attempt of " + r.key +
                " (now attempt " + std::to_string(u->attempt) + ")");
@@ -492,10 +498,17 @@ void take_report(coordinator_pointer self, const rank_report& r) {
   } else if (r.state == "waiting") {
     effects = book.waiting(r.key, r.rank, r.reason, now);
   } else if (r.state == "released") {
-    // An orphan of the key is held until every rank that said it holds the key lets go.
+    // An orphan of the key is held until every rank that said it holds the key lets go. A
+    // release of the attempt the book tracks says nothing of the orphan (an older attempt of
+    // the key, which the rank may still serve); that one's own release is taken above.
+    const auto* tracked = book.find(r.key);
+    const bool of_tracked =
+        tracked && !r.update_id.empty() &&
+        std::any_of(tracked->shards.begin(), tracked->shards.end(),
+                    [&](const auto& s) { return s.second.update_id == r.update_id; });
     const bool orphan = st.orphans.count(r.key) != 0;
-    if (orphan) orphan_release(self, r.key, r.rank);
-    if (orphan && !book.find(r.key)) return;
+    if (orphan && !of_tracked) orphan_release(self, r.key, r.rank);
+    if (orphan && !tracked) return;
     effects = book.released(r.key, r.rank, now);
   } else {
     effects = make_error(errc::invalid_argument, "report refused: state: \"" + r.state +
