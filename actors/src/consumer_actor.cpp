@@ -247,7 +247,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
           }
           if (!msg.resend) st->owed[msg.key].insert(rank);
         }
-        std::erase_if(st->owed, [](const auto& kv) { return kv.second.empty(); });
+        forget_settled(*st);
         for (auto& [addr, out] : relay) {
           self->send(st->members[addr].handle, update_atom::value, std::move(out));
         }

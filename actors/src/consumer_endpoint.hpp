@@ -100,4 +100,17 @@ std::tuple<std::string, std::string> attach_accept(endpoint_pointer self,
 /// Answers the attaches that waited for this endpoint's `lead`, now that it came.
 void attaches_settle(endpoint_pointer self, const endpoint_state_ptr& st);
 
+/// Drops the update keys no rank owes an answer for any more, with their rejections: a key
+/// left owed by nobody otherwise (a rank gone, or moved on) keeps its rejected list for good.
+inline void forget_settled(endpoint_state& st) {
+  for (auto it = st.owed.begin(); it != st.owed.end();) {
+    if (!it->second.empty()) {
+      ++it;
+      continue;
+    }
+    st.rejected.erase(it->first);
+    it = st.owed.erase(it);
+  }
+}
+
 }  // namespace wsync::consumer_detail

@@ -48,7 +48,7 @@ void member_gone(endpoint_pointer self, const endpoint_state_ptr& st, const caf:
     st->carried.erase(rank);
     for (auto& [key, ranks] : st->owed) ranks.erase(rank);
   }
-  std::erase_if(st->owed, [](const auto& kv) { return kv.second.empty(); });
+  forget_settled(*st);
   if (tell) {
     self->send(st->coordinator, carry_atom::value,
                carry_notice{st->token, st->lead_epoch, m->second.ranks, false});
