@@ -136,6 +136,27 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
     return make_error(errc::invalid_argument,
                       "join refused: rank: negative (" + std::to_string(info.rank) + ")");
   }
+  if (info.role == rank_role::publisher && info.publisher_ranks > 0) {
+    // One group of publisher ranks per model: each shard's rank inside it, and every rank with
+    // the same count (the last joiner's count would win, and versions assemble from the wrong
+    // number of shards).
+    if (info.rank >= info.publisher_ranks) {
+      return make_error(errc::invalid_argument, "join refused: rank: " + std::to_string(info.rank) +
+                                                    " is not below publisher_ranks " +
+                                                    std::to_string(info.publisher_ranks) +
+                                                    " (model_id=" + info.model_id + ")");
+    }
+    for (const auto& [r, other] : publishers_) {
+      if (r != info.rank && other.model_id == info.model_id && other.publisher_ranks > 0 &&
+          other.publisher_ranks != info.publisher_ranks) {
+        return make_error(errc::invalid_argument,
+                          "join refused: publisher_ranks: " + std::to_string(info.publisher_ranks) +
+                              " differs from the " + std::to_string(other.publisher_ranks) +
+                              " publisher rank " + std::to_string(r) + " of model_id=" +
+                              info.model_id + " declared (rank=" + std::to_string(info.rank) + ")");
+      }
+    }
+  }
   effects out;
   auto& table = info.role == rank_role::publisher ? publishers_ : consumers_;
   // A re-join replaces the old registration: the rank restarted and holds nothing of ours.
@@ -265,6 +286,12 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
       for (const auto& [r, info] : publishers_) {
         if (info.model_id == shard.model_id) u.expected_publishers.insert(r);
       }
+    }
+    // Refused before it is recorded: a record no shard may join would refuse lower versions
+    // until its deadline, and its abort would send a release naming nothing.
+    if (!u.expected_publishers.count(rank)) {
+      return refuse(errc::invalid_argument,
+                    "publish refused: source_rank is not among this version's publisher ranks");
     }
     u.created = now;
     u.deadline = now + config_.update_deadline;

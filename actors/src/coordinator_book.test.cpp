@@ -63,6 +63,48 @@ class book_test : public ::testing::Test {
   coordinator_book book_{book_config{10s, 4}};
 };
 
+TEST_F(book_test, a_publisher_group_of_another_size_or_a_rank_outside_it_is_refused_at_join) {
+  auto p0 = info(0, rank_role::publisher, "g");
+  p0.publisher_ranks = 2;
+  ASSERT_TRUE(book_.join(p0, now_));
+  auto p1 = info(1, rank_role::publisher, "g");
+  p1.publisher_ranks = 3;  // the last joiner's count used to win
+  auto other = book_.join(p1, now_);
+  ASSERT_FALSE(other);
+  EXPECT_EQ(other.error().message,
+            "join refused: publisher_ranks: 3 differs from the 2 publisher rank 0 of model_id=g "
+            "declared (rank=1)");
+  auto p2 = info(2, rank_role::publisher, "g");
+  p2.publisher_ranks = 2;
+  auto outside = book_.join(p2, now_);
+  ASSERT_FALSE(outside);
+  EXPECT_EQ(outside.error().message,
+            "join refused: rank: 2 is not below publisher_ranks 2 (model_id=g)");
+  p1.publisher_ranks = 2;
+  EXPECT_TRUE(book_.join(p1, now_));
+  p0.publisher_ranks = 3;  // the same rank again (it restarted) may change the count alone
+  EXPECT_FALSE(book_.join(p0, now_));
+}
+
+TEST_F(book_test, a_shard_from_outside_the_group_leaves_no_record) {
+  // Model h's group is rank 0 alone; rank 3 joined for h without saying a group size.
+  auto p0 = info(0, rank_role::publisher, "h");
+  p0.publisher_ranks = 1;
+  ASSERT_TRUE(book_.join(p0, now_));
+  ASSERT_TRUE(book_.join(info(3, rank_role::publisher, "h"), now_));
+  auto stray_shard = shard(3, 3);
+  stray_shard.model_id = "h";
+  auto stray = book_.publish(stray_shard, now_);
+  ASSERT_FALSE(stray);
+  EXPECT_NE(stray.error().message.find("is not among this version's publisher ranks"),
+            std::string::npos)
+      << stray.error().message;
+  EXPECT_EQ(book_.find("h@3"), nullptr);
+  auto lower = shard(0, 2);  // not refused as below a version 3 in progress
+  lower.model_id = "h";
+  EXPECT_TRUE(book_.publish(lower, now_));
+}
+
 TEST_F(book_test, an_update_assembles_distributes_commits_and_releases) {
   auto fx = publish_both(1);
   ASSERT_EQ(fx.size(), 1u);
