@@ -220,7 +220,29 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           auto key = update_key(manifest->model_id, manifest->weight_version);
           log_info("coordinator: a retry of " + key +
                    " waits until the aborted attempt is released");
-          st.deferred[key].emplace_back(std::move(*manifest), rp);
+          // A rank retries again when its request timed out: the newer retry replaces its older
+          // one, which is refused and given back (taken later, the older would commit while the
+          // newer, the one its trainer waits for, is refused as a second shard of the rank).
+          auto& waiting = st.deferred[key];
+          for (auto it = waiting.begin(); it != waiting.end();) {
+            if (it->first.source_rank != manifest->source_rank) {
+              ++it;
+              continue;
+            }
+            it->second.deliver(st.token,
+                               refusal_text("publish refused: update_id=" + it->first.update_id +
+                                                " was replaced by a newer retry of " + key +
+                                                " (update_id=" + manifest->update_id +
+                                                ") from the same source_rank " +
+                                                std::to_string(manifest->source_rank),
+                                            errc::illegal_transition));
+            if (auto p = st.publishers.find(manifest->source_rank); p != st.publishers.end()) {
+              self->send(p->second, release_atom::value, st.token, key,
+                         std::vector<std::string>{it->first.update_id});
+            }
+            it = waiting.erase(it);
+          }
+          waiting.emplace_back(std::move(*manifest), rp);
           return rp;
         }
         accept_publish(self, *manifest, rp);

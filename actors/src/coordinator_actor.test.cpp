@@ -504,6 +504,57 @@ TEST_F(coordinator_actor_test, a_late_report_of_an_aborted_attempt_does_not_answ
   EXPECT_EQ(outcome["attempt"], 2);
 }
 
+// A retry waits while the aborted attempt is held; the rank's request times out and it retries
+// again. The newer retry replaces the older, which is refused and given back: taken later, the
+// older would commit while the newer, the one its trainer waits for, was refused.
+TEST_F(coordinator_actor_test, a_newer_retry_from_the_same_rank_replaces_a_waiting_one) {
+  caf::scoped_actor publisher{sys()}, consumer{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
+  ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
+  auto first = shard(1);
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(first));
+  consumer->receive([](update_atom, const update_available&) {},
+                    caf::after(5s) >> [] { ADD_FAILURE() << "no update"; });
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "rejected", "bad", 0, 0.01, "", first.update_id});
+  auto older = shard(1), newer = shard(1);
+  older.update_id = "u-test-1-older";
+  newer.update_id = "u-test-1-newer";
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(older));
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(newer));
+  // Rank 3 lets go of attempt 1: the waiting retry is taken.
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "released", "", 0, 0.01, "", first.update_id});
+  std::string update_of;
+  consumer->receive(
+      [&](update_atom, const update_available& u) {
+        auto m = manifest_from_json(u.manifests.at(0));
+        update_of = m ? m->update_id : "";
+      },
+      caf::after(5s) >> [] { ADD_FAILURE() << "no update for the retry"; });
+  EXPECT_EQ(update_of, newer.update_id);
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.01, "", newer.update_id});
+  // The publisher hears: attempt 1 aborted, the older retry refused and given back, attempt 1
+  // released, and the newer retry committed.
+  std::vector<json> outcomes;
+  std::vector<std::vector<std::string>> released;
+  for (int i = 0; i < 8 && outcomes.size() < 3; ++i) {
+    publisher->receive(
+        [&](const std::string&, const std::string& o) { outcomes.push_back(json::parse(o)); },
+        [&](release_atom, const std::string&, const std::string&,
+            const std::vector<std::string>& ids) { released.push_back(ids); },
+        caf::after(5s) >> [] {});
+  }
+  ASSERT_EQ(outcomes.size(), 3u);
+  EXPECT_EQ(outcomes[0]["phase"], "aborted");
+  EXPECT_NE(outcomes[1].value("error", "").find("was replaced by a newer retry"), std::string::npos)
+      << outcomes[1].dump();
+  EXPECT_EQ(outcomes[2]["phase"], "committed") << outcomes[2].dump();
+  EXPECT_NE(std::find(released.begin(), released.end(), std::vector<std::string>{older.update_id}),
+            released.end());
+}
+
 // Updates held from before a coordinator restart ("orphans"): a coordinator with the given
 // rejoin grace in place of the fixture's.
 class orphan_test : public coordinator_actor_test {
