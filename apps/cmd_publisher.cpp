@@ -19,10 +19,33 @@ struct publisher_state {
   std::string manifest_out;
 };
 
+// Options this run would not act on are refused, not ignored. Compared with their defaults, not
+// counted, so that a configuration printed by --dump-config (every setting) loads again.
+std::string misplaced_option(const publisher_state& s) {
+  const publisher_state d;
+  if (s.standalone && !s.coordinator.empty()) {
+    return "--coordinator: a standalone publisher joins no coordinator (drop one of the two)";
+  }
+  if (s.standalone && s.options.outcome_timeout != d.options.outcome_timeout) {
+    return "--outcome-timeout-ms: a standalone publisher waits for no outcome";
+  }
+  if (!s.standalone && !s.manifest_out.empty()) {
+    return "--manifest-out: only --standalone writes manifests (a coordinator carries them)";
+  }
+  if (!s.options.safetensors.empty() && s.options.layout != d.options.layout) {
+    return "--layout: not with --safetensors, whose file gives the tensors";
+  }
+  return {};
+}
+
 int publisher_start(publisher_state& s) {
   publisher_options& opt = s.options;
   if (opt.rank < 0 || opt.rank >= opt.ranks) {
     std::cerr << "wsync: --rank: must be in [0, --ranks)\n";
+    return 2;
+  }
+  if (auto why = misplaced_option(s); !why.empty()) {
+    std::cerr << "wsync: publisher: " << why << "\n";
     return 2;
   }
   if (s.standalone) {

@@ -126,12 +126,16 @@ out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null --transp
   fail "publisher --standalone accepted a transport it does not use"
 grep -q -- "--standalone publishes over shared memory or file-mmap only" <<<"$out" ||
   fail "publisher --standalone: ignored transport not explained: $out"
-for flag in "--json" "--interval-ms 5"; do
+for flag in "--json" "--interval-ms 5" "--coordinator 127.0.0.1:1" "--outcome-timeout-ms 5000" \
+  "--layout qwen2.5-1.5b --safetensors /dev/null"; do
   # shellcheck disable=SC2086
   out=$("$wsync" publisher --standalone --rank 0 --manifest-out /dev/null $flag 2>&1) &&
     fail "publisher --standalone accepted $flag, which it ignores"
   grep -q -- "${flag%% *}:" <<<"$out" || fail "publisher --standalone $flag: not explained: $out"
 done
+out=$(WSYNC_TOKEN=t "$wsync" publisher --rank 0 --coordinator 127.0.0.1:1 --manifest-out m.jsonl 2>&1) &&
+  fail "publisher accepted --manifest-out without --standalone"
+grep -q -- "--manifest-out: only --standalone" <<<"$out" || fail "--manifest-out not explained: $out"
 out=$("$wsync" consumer --standalone --enable-weight-transfer --count 2 2>&1) &&
   fail "consumer --standalone accepted --count 2"
 grep -q -- "--count 2: a standalone consumer is one rank" <<<"$out" || fail "--count 2 not explained: $out"
