@@ -66,7 +66,44 @@ class row_tee final : public std::streambuf {
 };
 
 // Options a mode would silently ignore are refused instead, naming what the mode reads.
-std::string misplaced_option(const bench_options& p) {
+std::string misplaced_option(const bench_state& s) {
+  const bench_options& p = s.point;
+  const bench_state d;  // compared with defaults, so that a --dump-config file loads again
+  const bool cluster = p.mode == "cluster", fanout = p.mode == "fanout";
+  auto first_set = [](std::initializer_list<std::pair<bool, const char*>> flags) -> std::string {
+    for (const auto& [set, name] : flags) {
+      if (set) return name;
+    }
+    return "";
+  };
+  if (cluster || fanout) {
+    // The cluster and fan-out drivers read none of the point-to-point settings.
+    auto flag = first_set(
+        {{p.verify != d.point.verify, "--verify"},
+         {p.copy_threads != d.point.copy_threads, "--copy-threads"},
+         {p.slots != d.point.slots, "--slots"},
+         {p.dir != d.point.dir, "--dir"},
+         {p.ucx_tls != d.point.ucx_tls, "--ucx-tls"},
+         {p.checksum_chunk_bytes != d.point.checksum_chunk_bytes, "--checksum-chunk-bytes"},
+         {cluster && p.ucx_chunk_bytes != d.point.ucx_chunk_bytes, "--ucx-chunk-bytes"}});
+    if (!flag.empty()) return flag + " does not apply to --mode " + p.mode;
+  }
+  if (!cluster) {
+    auto flag = first_set({{s.cluster.consumers != d.cluster.consumers, "--consumers"},
+                           {s.cluster.processes != d.cluster.processes, "--processes"}});
+    if (!flag.empty()) return flag + " applies to --mode cluster only";
+  }
+  if (!fanout) {
+    const auto& f = s.fanout;
+    const auto& df = d.fanout;
+    auto flag = first_set({{f.nodes != df.nodes, "--nodes"},
+                           {f.ranks_per_node != df.ranks_per_node, "--ranks-per-node"},
+                           {f.plans != df.plans, "--plan"},
+                           {f.degree != df.degree, "--degree"},
+                           {f.rate_mbit != df.rate_mbit, "--rate-mbit"},
+                           {f.kill_leader != df.kill_leader, "--kill-leader"}});
+    if (!flag.empty()) return flag + " applies to --mode fanout only";
+  }
   if (p.mode == "cluster" && p.bytes) {
     return "--bytes/--tensors do not apply to --mode cluster (it publishes --layout, default "
            "synthetic:65536:4)";
@@ -109,7 +146,7 @@ int bench_dispatch(bench_state& s) {
     return 1;
   };
   int code = 0;
-  if (auto why = misplaced_option(p); !why.empty()) return fail_row(why);
+  if (auto why = misplaced_option(s); !why.empty()) return fail_row(why);
   try {
     code = bench_mode(s, out);
   } catch (const std::exception& e) {

@@ -21,6 +21,14 @@ grep -q 'qwen2.5-0.5b' <<<"$out" || fail "unknown layout error does not list kno
 
 out=$("$wsync" bench --layout qwen2.5-0.5b --bytes 10 2>&1) && fail "--layout with --bytes accepted"
 out=$("$wsync" bench --verify maybe 2>&1) && fail "--verify maybe accepted"
+# A flag the chosen mode does not read is a fail row naming it, not silently ignored.
+for args in "--mode cluster --verify off" "--mode cluster --slots 8" "--mode fanout --dir /tmp" \
+  "--mode local --kill-leader" "--mode local --consumers 8" "--mode cluster --plan chain"; do
+  # shellcheck disable=SC2086
+  out=$("$wsync" bench $args 2>&1) && fail "bench $args accepted"
+  flag=$(awk '{print $3}' <<<"$args")
+  grep -q -- "\"error\":\"$flag " <<<"$out" || fail "bench $args: not named: $out"
+done
 # Numbers: refused with the option named, never a crash (rc 134) or a silent wrap-around.
 for bad in abc 99999999999999999999999 5000; do
   out=$("$wsync" bench --checksum-chunk-bytes "$bad" 2>&1)
