@@ -213,7 +213,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         if (!manifest) return refuse(manifest.error().message, manifest.error().code);
         if (!m->ranks.count(manifest->source_rank)) {
           return refuse("publish refused: source_rank " + std::to_string(manifest->source_rank) +
-                        " differs from the joined rank " + std::to_string(*m->ranks.begin()));
+                        " differs from the joined rank " + std::to_string(*m->ranks.begin()) +
+                        " (" + update_context(*manifest) + ")");
         }
         auto rp = self->make_response_promise<std::string, std::string>();
         if (st.book.retry_must_wait(*manifest)) {
@@ -254,7 +255,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         ++self->state.messages.reports;
         if (r.token != self->state.token || !m || m->role != rank_role::consumer ||
             !m->ranks.count(r.rank)) {
-          log_warn("coordinator: refused a report for rank " + std::to_string(r.rank) +
+          log_warn("coordinator: refused a report (" + r.state + " of " + r.key +
+                   (r.update_id.empty() ? "" : ", update_id=" + r.update_id) + ") for rank " +
+                   std::to_string(r.rank) +
                    " from a peer that did not join as that consumer with the cluster token");
           return;
         }
@@ -275,7 +278,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           // those of the node it leads.
           if (r.token != batch.token ||
               (!m->ranks.count(r.rank) && !leads_rank(self->state, sender, r.rank))) {
-            log_warn("coordinator: refused a report for rank " + std::to_string(r.rank) +
+            log_warn("coordinator: refused a report (" + r.state + " of " + r.key + ") for rank " +
+                     std::to_string(r.rank) +
                      " in the batch of an endpoint that neither joined it nor leads its node");
             continue;
           }

@@ -460,6 +460,22 @@ TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_agai
   EXPECT_TRUE(found) << "rank 1 is not in the status: " << s.dump();
 }
 
+TEST_F(coordinator_actor_test, a_shard_of_another_rank_than_the_joined_one_is_refused_naming_it) {
+  caf::scoped_actor publisher{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
+  auto other = shard(1);
+  other.source_rank = 1;
+  std::string outcome;
+  publisher->request(coordinator_, 5s, publish_atom::value, token, manifest_to_json(other))
+      .receive([&](const std::string&, const std::string& o) { outcome = o; },
+               [](caf::error&) { ADD_FAILURE() << "no answer"; });
+  auto j = json::parse(outcome, nullptr, false);
+  EXPECT_EQ(j.value("error", ""),
+            "publish refused: source_rank 1 differs from the joined rank 0 (update_id=" +
+                other.update_id + " rank=1)")
+      << outcome;
+}
+
 // A report names its attempt: one of an aborted attempt, replayed late, does not answer for
 // the retry of the same key.
 TEST_F(coordinator_actor_test, a_late_report_of_an_aborted_attempt_does_not_answer_for_the_retry) {
