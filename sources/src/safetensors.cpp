@@ -57,15 +57,29 @@ result<std::vector<tensor_source>> safetensors_index(std::span<const std::byte> 
   }
   bool too_deep = false;
   std::string twice;
-  auto header = json_parse_bounded(
-      std::string_view(reinterpret_cast<const char*>(base + 8), header_len), &too_deep, &twice);
+  std::size_t twice_depth = 0;
+  const std::string_view text(reinterpret_cast<const char*>(base + 8), header_len);
+  auto header = json_parse_bounded(text, &too_deep, &twice, &twice_depth);
   if (too_deep) {
     return bad("header nests deeper than " + std::to_string(json_max_depth) + " levels");
   }
-  if (!twice.empty()) {
+  if (!twice.empty() && twice_depth == 1) {
     return bad("tensor \"" + twice +
                "\": named twice in the header (a reader would keep one and "
                "leave the other's bytes unaccounted for)");
+  }
+  if (!twice.empty()) {
+    return bad("key \"" + twice + "\" given twice in one entry of the header (level " +
+               std::to_string(twice_depth) + "): a reader would keep either value");
+  }
+  if (header.is_discarded()) {
+    // Say where: nlohmann's own message has the byte.
+    try {
+      const auto reparsed = nlohmann::json::parse(text);  // throws: the syntax error
+      (void)reparsed;
+    } catch (const nlohmann::json::exception& e) {
+      return bad(std::string("header is not valid JSON: ") + e.what());
+    }
   }
   if (!header.is_object()) return bad("header is not a JSON object");
   const std::byte* data = base + 8 + header_len;

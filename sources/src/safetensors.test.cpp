@@ -132,6 +132,13 @@ TEST(safetensors, overlaps_holes_tails_and_repeated_names_are_refused) {
   refused(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
           R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
           std::string(8, 'x'), "tensor \"a\": named twice in the header");
+  // Inside an entry the repeated key is not a tensor's name.
+  refused(R"({"x":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})",
+          std::string(4, 'x'), "key \"dtype\" given twice in one entry of the header (level 2)");
+  // Not JSON: where it broke.
+  refused(R"({"x":{"dtype":"F32",,}})", std::string(4, 'x'),
+          "header is not valid JSON: [json.exception.parse_error.101] parse error at line 1, "
+          "column 21: syntax error while parsing object key");
   // An empty tensor may sit anywhere, beside a full one at the same offset.
   auto path = write_file(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
                          R"("a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"

@@ -19,9 +19,11 @@ inline constexpr int json_max_depth = 64;
 /// The parsed value, or a discarded one (is_discarded()) when `text` is not JSON or nests
 /// deeper than json_max_depth. `too_deep` (when given) tells the second case. With
 /// `duplicate_key`, a key that comes twice in one object (nlohmann keeps the last silently) is
-/// refused too and named there.
+/// refused too and named there, and `duplicate_depth` (when given) says in which object: 1 for
+/// the top-level one, 2 for an object inside it, and so on.
 inline nlohmann::json json_parse_bounded(std::string_view text, bool* too_deep = nullptr,
-                                         std::string* duplicate_key = nullptr) {
+                                         std::string* duplicate_key = nullptr,
+                                         std::size_t* duplicate_depth = nullptr) {
   bool deep = false;
   std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
   std::string twice;
@@ -38,6 +40,7 @@ inline nlohmann::json json_parse_bounded(std::string_view text, bool* too_deep =
         } else if (event == event_t::key && !keys.empty() && twice.empty() &&
                    !keys.back().insert(parsed.get<std::string>()).second) {
           twice = parsed.get<std::string>();
+          if (duplicate_depth) *duplicate_depth = keys.size();
         }
         return true;
       },
