@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "ucx/node.hpp"
+#include "ucx/refusal.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync::ucx_detail {
@@ -104,7 +105,7 @@ ucs_status_t node::on_fail(void* arg, const void* header, std::size_t header_byt
   if (it == self->ops_by_tag_.end()) return UCS_OK;  // the job already gave up
   auto job = it->second->job;
   self->source_failed(*job, it->second->lane,
-                      make_error(static_cast<errc>(h.code), text + " (" + job->context + ")"));
+                      make_error(refusal_code(h.code), text + " (" + job->context + ")"));
   return UCS_OK;
 }
 
