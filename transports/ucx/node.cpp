@@ -122,6 +122,7 @@ void node::loop() {
     auto now = clock_type::now();
     if (now - swept_at > std::chrono::milliseconds(100)) {
       expire_early(now);
+      expire_waiting(now);
       expire_sends(now);
       for (auto job : std::vector(jobs_)) pull_check_done(job);
       swept_at = now;

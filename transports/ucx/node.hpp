@@ -241,6 +241,8 @@ class node {
   void serve(served_update& u, const fetch_request& r);
   void refuse(const fetch_request& r, errc code, const std::string& text);
   void expire_early(clock_type::time_point now);
+  /// Refuses fetches that waited at this relay for a chunk longer than early_patience().
+  void expire_waiting(clock_type::time_point now);
   // How long a fetch for an update this relay has not started waits: half the timeout.
   std::chrono::milliseconds early_patience() const {
     return std::chrono::milliseconds(cfg_.timeout_ms / 2);

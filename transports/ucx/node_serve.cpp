@@ -148,7 +148,12 @@ void node::serve(served_update& u, const fetch_request& r) {
                         " requesters already wait for chunk " + std::to_string(index) +
                         " of update_id " + r.id + "; retry");
     }
-    waiting.push_back(r);
+    // Not for longer than a fetch for an update the relay has not started: a relay whose own
+    // source stalled would otherwise hold its children until its import gives up, which is
+    // when theirs do too, and they would never pull from their next source.
+    fetch_request held = r;
+    held.deadline = std::min(r.deadline, clock_type::now() + early_patience());
+    waiting.push_back(std::move(held));
     return;
   }
   const std::byte* data = u.s->base + u.offsets[r.segment] + r.offset;
@@ -211,6 +216,27 @@ void node::expire_early(clock_type::time_point now) {
            "ucx: the relay did not start importing update_id " + it->id + " within " +
                std::to_string(early_patience().count()) + " ms");
     it = early_.erase(it);
+  }
+}
+
+void node::expire_waiting(clock_type::time_point now) {
+  for (auto& [id, u] : served_) {
+    for (auto w = u.waiting.begin(); w != u.waiting.end();) {
+      auto& requests = w->second;
+      for (auto it = requests.begin(); it != requests.end();) {
+        if (it->deadline > now) {
+          ++it;
+          continue;
+        }
+        refuse(*it, errc::timeout,
+               "ucx: chunk " + std::to_string(w->first.second) + " of segment " +
+                   std::to_string(w->first.first) + " of update_id " + id +
+                   " did not reach the relay within " + std::to_string(early_patience().count()) +
+                   " ms");
+        it = requests.erase(it);
+      }
+      w = requests.empty() ? u.waiting.erase(w) : std::next(w);
+    }
   }
 }
 

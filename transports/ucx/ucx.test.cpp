@@ -225,6 +225,38 @@ TEST_F(ucx_test, a_relay_that_never_imports_lets_its_child_fall_back_in_time) {
   (*p)->release(m.update_id);
 }
 
+// The relay started importing but its own source stalled (here: a relay of its own that never
+// imports holds its fetches for half of its 60 s timeout). Its child's fetches wait at the relay
+// for half the relay's timeout (1.5 s), not until the relay gives up (3 s, after the child's own
+// 2 s deadline): the child then pulls from the publisher in time.
+TEST_F(ucx_test, a_child_waiting_at_a_relay_whose_source_stalled_falls_back_in_time) {
+  auto t = make({{"timeout_ms", "2000"}});
+  auto relaying = make({{"timeout_ms", "3000"}});
+  auto slow = make({{"timeout_ms", "60000"}});
+  auto p = t->make_publisher();
+  auto relay = relaying->make_consumer();
+  auto child = t->make_consumer();
+  auto stalled = slow->make_consumer();  // never imports
+  ASSERT_TRUE(p && relay && child && stalled);
+  auto m = publish(**p, "u-stalled", {300000}, 8);
+  auto relay_manifest = m;
+  relay_manifest.transport_handle =
+      *t->handle_via_relay(m.transport_handle, (*stalled)->relay_address());
+  auto at_relay =
+      std::async(std::launch::async, [&] { return (*relay)->import_segments(relay_manifest); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the relay has started
+  auto child_manifest = m;
+  child_manifest.transport_handle =
+      *t->handle_via_relay(m.transport_handle, (*relay)->relay_address());
+  auto got = (*child)->import_segments(child_manifest);
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, m, 8);
+  (*child)->release(m.update_id);
+  (void)at_relay.get();  // it fails at its deadline, or gets the bytes from the publisher
+  (*relay)->release(m.update_id);
+  (*p)->release(m.update_id);
+}
+
 // A child that gave up (its import timed out while its fetches waited at the relay) never takes
 // the chunks the relay then sends it. Those sends must not keep the relay's slot busy forever.
 TEST_F(ucx_test, chunks_sent_to_a_child_that_gave_up_do_not_hold_the_relay_slot) {
