@@ -468,24 +468,26 @@ void take_report(coordinator_pointer self, const rank_report& r) {
   auto& st = self->state;
   auto& book = st.book;
   auto now = coord_clock::now();
+  // The attempt the book tracks for the key, and whether the report names it (by an id of one
+  // of its shards; a report without an id names none).
+  const auto* tracked = book.find(r.key);
+  const bool of_tracked =
+      tracked && !r.update_id.empty() &&
+      std::any_of(tracked->shards.begin(), tracked->shards.end(),
+                  [&](const auto& s) { return s.second.update_id == r.update_id; });
   // A report of an aborted attempt, replayed late (its node leader died before the batch was
   // flushed), must not answer for the retry of the same key.
-  if (const auto* u = r.update_id.empty() ? nullptr : book.find(r.key); u && !u->shards.empty()) {
-    const bool this_attempt = std::any_of(u->shards.begin(), u->shards.end(), [&](const auto& s) {
-      return s.second.update_id == r.update_id;
-    });
-    if (!this_attempt) {
-      // Not for the book, but a release still lets go of that earlier attempt: after a restart
-      // it is an orphan (its publisher kept it) that waits for exactly this.
-      if (r.state == "released" && st.orphans.count(r.key)) {
-        orphan_release(self, r.key, r.rank);
-        return;
-      }
-      log_warn("coordinator: report refused: " + r.state + " of update_id=" + r.update_id +
-               " rank=" + std::to_string(r.rank) + " is of an earlier attempt of " + r.key +
-               " (now attempt " + std::to_string(u->attempt) + ")");
+  if (tracked && !tracked->shards.empty() && !r.update_id.empty() && !of_tracked) {
+    // Not for the book, but a release still lets go of that earlier attempt: after a restart
+    // it is an orphan (its publisher kept it) that waits for exactly this.
+    if (r.state == "released" && st.orphans.count(r.key)) {
+      orphan_release(self, r.key, r.rank);
       return;
     }
+    log_warn("coordinator: report refused: " + r.state + " of update_id=" + r.update_id +
+             " rank=" + std::to_string(r.rank) + " is of an earlier attempt of " + r.key +
+             " (now attempt " + std::to_string(tracked->attempt) + ")");
+    return;
   }
   result<std::vector<book_effect>> effects = std::vector<book_effect>{};
   if (r.state == "importing") {
@@ -501,11 +503,6 @@ void take_report(coordinator_pointer self, const rank_report& r) {
     // An orphan of the key is held until every rank that said it holds the key lets go. A
     // release of the attempt the book tracks says nothing of the orphan (an older attempt of
     // the key, which the rank may still serve); that one's own release is taken above.
-    const auto* tracked = book.find(r.key);
-    const bool of_tracked =
-        tracked && !r.update_id.empty() &&
-        std::any_of(tracked->shards.begin(), tracked->shards.end(),
-                    [&](const auto& s) { return s.second.update_id == r.update_id; });
     const bool orphan = st.orphans.count(r.key) != 0;
     if (orphan && !of_tracked) orphan_release(self, r.key, r.rank);
     if (orphan && !tracked) return;

@@ -484,24 +484,19 @@ int publisher_run(const publisher_options& o) {
       log_info(who + ": stopped by SIGINT or SIGTERM before version " + std::to_string(v));
       return 0;
     }
-    if (auto same = shard_unchanged(*shard, o.rank); !same) {
-      return log_error(same.error().message + " (before version " + std::to_string(v) + ")"), 1;
+    if (auto same = shard_unchanged(*shard, o.rank, v, false); !same) {
+      return log_error(same.error().message), 1;
     }
     auto r = (*trainer)->publish(shard->tensors, v, {{"rank", std::to_string(o.rank)}});
-    if (auto same = shard_unchanged(*shard, o.rank); !same) {
-      return log_error(same.error().message + " (while version " + std::to_string(v) +
-                       " was published: it may mix two checkpoints)"),
-             1;
+    if (auto same = shard_unchanged(*shard, o.rank, v, true); !same) {
+      return log_error(same.error().message), 1;
     }
     if (o.json && !r.outcome_json.empty()) std::cout << r.outcome_json << std::endl;
     if (!r.error.empty()) {
-      log_error("publisher rank " + std::to_string(o.rank) + " version " + std::to_string(v) +
-                ": " + r.error);
+      log_error(who + " version " + std::to_string(v) + ": " + r.error);
       return 1;
     }
-    if (!o.json)
-      log_info("publisher rank " + std::to_string(o.rank) + ": version " + std::to_string(v) +
-               " committed");
+    if (!o.json) log_info(who + ": version " + std::to_string(v) + " committed");
   }
   return 0;
 }

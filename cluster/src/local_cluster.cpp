@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <thread>
 
 #include "wsync/actors/stop_signals.hpp"
@@ -33,16 +35,12 @@ void sweep_dead_clusters(const std::filesystem::path& base) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
     const std::string name = e.path().filename().string();
-    const std::string prefix = "wsync-cluster-";
+    constexpr std::string_view prefix = "wsync-cluster-";
     if (name.rfind(prefix, 0) != 0) continue;
-    const auto dash = name.find('-', prefix.size());
-    if (dash == std::string::npos) continue;
-    const std::string digits = name.substr(prefix.size(), dash - prefix.size());
-    if (digits.empty() || digits.size() > 9 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      continue;
-    }
-    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    pid_t pid = 0;  // wsync-cluster-<pid>-<token>
+    const char* end = name.data() + name.size();
+    auto [at, bad] = std::from_chars(name.data() + prefix.size(), end, pid);
+    if (bad != std::errc() || pid <= 0 || at == end || *at != '-') continue;
     if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
     const auto touched = std::filesystem::last_write_time(e.path(), ec);
     if (ec || std::filesystem::file_time_type::clock::now() - touched < std::chrono::hours(24)) {

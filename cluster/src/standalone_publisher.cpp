@@ -50,15 +50,13 @@ int publish_into_directory(const publisher_options& o, const std::string& manife
     if (v != o.first_version && stop_requested_within(o.interval)) break;
     // No expected consumer: the buffer is free for this process at once; CURRENT and the
     // readers' leases are what keep it from being overwritten.
-    if (auto same = shard_unchanged(*shard, o.rank); !same) {
-      return log_error(same.error().message + " (before version " + std::to_string(v) + ")"), 1;
+    if (auto same = shard_unchanged(*shard, o.rank, v, false); !same) {
+      return log_error(same.error().message), 1;
     }
     auto m = publisher.publish(shard->tensors, v, {}, {{"rank", std::to_string(o.rank)}});
     if (!m) return log_error(m.error().message), 1;
-    if (auto same = shard_unchanged(*shard, o.rank); !same) {
-      return log_error(same.error().message + " (while version " + std::to_string(v) +
-                       " was published: it may mix two checkpoints)"),
-             1;
+    if (auto same = shard_unchanged(*shard, o.rank, v, true); !same) {
+      return log_error(same.error().message), 1;
     }
     log_info(who + ": published weight_version " + std::to_string(v) + " into " + dir + " (" +
              m->transport_handle + ", " + std::to_string(m->total_bytes) + " bytes)");
@@ -114,10 +112,14 @@ int publisher_standalone_run(const publisher_options& o, const std::string& mani
     std::ofstream out(tmp);
     if (!out) return give_up("publisher: cannot write " + tmp + ": " + std::strerror(errno));
     for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
-      if (auto same = shard_unchanged(*shard, o.rank); !same) return give_up(same.error().message);
+      if (auto same = shard_unchanged(*shard, o.rank, v, false); !same) {
+        return give_up(same.error().message);
+      }
       auto m = publisher.publish(shard->tensors, v, {}, {{"rank", std::to_string(o.rank)}});
       if (!m) return give_up(m.error().message);
-      if (auto same = shard_unchanged(*shard, o.rank); !same) return give_up(same.error().message);
+      if (auto same = shard_unchanged(*shard, o.rank, v, true); !same) {
+        return give_up(same.error().message);
+      }
       out << manifest_to_json(*m) << "\n";
     }
     out.flush();

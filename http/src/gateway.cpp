@@ -45,7 +45,6 @@ std::string error_json(const std::string& why) {
                                              nlohmann::json::error_handler_t::replace);
 }
 
-// Whether httplib reads the body as chunked: it compares the header without regard to case.
 // "Bearer <token>", the scheme in any case (RFC 7235), the token compared in time that does
 // not depend on where it first differs.
 bool bearer_matches(const std::string& header, const std::string& token) {
@@ -61,6 +60,7 @@ bool bearer_matches(const std::string& header, const std::string& token) {
   return diff == 0;
 }
 
+// Whether httplib reads the body as chunked: it compares the header without regard to case.
 bool chunked(const httplib::Request& q) {
   return ::strcasecmp(q.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;
 }

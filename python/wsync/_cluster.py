@@ -136,7 +136,7 @@ def _interruptible(fn, *args, abandoned: Optional[Callable[[Any], Any]] = None):
     except BaseException:
         with lock:
             box["abandoned"] = True
-            landed = box.pop("value", None) if "value" in box else None
+            landed = box.pop("value", None)
         if landed is not None:  # it returned just before the interrupt: dispose of it aside
             threading.Thread(target=dispose, args=(landed,), name="wsync-dispose",
                              daemon=True).start()

@@ -110,11 +110,16 @@ result<shard_tensors> shard_load(const shard_spec& spec) {
   return s;
 }
 
-result<void> shard_unchanged(const shard_tensors& shard, std::int32_t rank) {
+result<void> shard_unchanged(const shard_tensors& shard, std::int32_t rank, std::uint64_t version,
+                             bool published) {
   if (!shard.file) return {};
   if (auto ok = shard.file->unchanged(); !ok) {
-    return make_error(ok.error().code,
-                      "publisher rank " + std::to_string(rank) + ": " + ok.error().message);
+    const std::string v = std::to_string(version);
+    return make_error(
+        ok.error().code,
+        "publisher rank " + std::to_string(rank) + ": " + ok.error().message +
+            (published ? " (while version " + v + " was published: it may mix two checkpoints)"
+                       : " (before version " + v + ")"));
   }
   return {};
 }

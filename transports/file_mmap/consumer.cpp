@@ -144,15 +144,8 @@ class fm_consumer final : public consumer_transport {
     std::string tmp = cfg_.dir + "/leases/." + random_hex(6) + ".tmp";
     {
       const std::string text = who.dump();
-      int err = 0;
       int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (fd < 0) err = errno;
-      for (std::size_t done = 0; fd >= 0 && err == 0 && done < text.size();) {
-        ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) err = n < 0 ? errno : EIO;  // a short write that makes no progress
-        if (n > 0) done += static_cast<std::size_t>(n);
-      }
+      int err = fd < 0 ? errno : write_fully(fd, text.data(), text.size());
       if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;
       if (err != 0) {
         ::unlink(tmp.c_str());

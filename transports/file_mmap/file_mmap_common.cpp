@@ -68,6 +68,19 @@ result<void> fsync_path(const std::string& path) {
   return {};
 }
 
+int write_fully(int fd, const void* data, std::size_t n, off_t offset) {
+  const auto* p = static_cast<const char*>(data);
+  for (std::size_t done = 0; done < n;) {
+    ssize_t w = offset < 0 ? ::write(fd, p + done, n - done)
+                           : ::pwrite(fd, p + done, n - done, offset + static_cast<off_t>(done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return errno;
+    if (w == 0) return EIO;
+    done += static_cast<std::size_t>(w);
+  }
+  return 0;
+}
+
 // Writes `text` to path.tmp, makes it durable, renames it over `path` and makes the rename
 // durable: readers see the old file or the new one, never a mix, also after a crash.
 // `before_rename` runs between the two (the fault-injection point).
@@ -78,17 +91,10 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return make_error(errc::io_error, "open " + tmp + ": " + errno_text(errno));
   // On every failure below the half-written file goes too: nothing else would remove it.
-  std::size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return make_error(errc::io_error, "write " + tmp + ": " + errno_text(err));
-    }
-    done += static_cast<std::size_t>(n);
+  if (int err = write_fully(fd, text.data(), text.size()); err != 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return make_error(errc::io_error, "write " + tmp + ": " + errno_text(err));
   }
   if (::fsync(fd) != 0) {
     int err = errno;

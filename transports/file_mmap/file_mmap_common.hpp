@@ -2,6 +2,8 @@
 // What the halves of the file-mmap transport share (README.md beside this file): its settings,
 // the handle, the file helpers, the leases and the state file. Private to the transport.
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -66,6 +68,10 @@ std::string buffer_dir(const std::string& dir, std::uint64_t b);
 std::string segment_path(const std::string& dir, std::uint64_t b, std::size_t i);
 std::optional<std::string> file_read(const std::string& path);
 result<void> fsync_path(const std::string& path);
+/// Writes all `n` bytes of `data` to `fd` (at `offset` with pwrite when it is not negative),
+/// across short writes and EINTR: 0, or the errno that stopped it (EIO for a write that made no
+/// progress).
+int write_fully(int fd, const void* data, std::size_t n, off_t offset = -1);
 /// path.tmp, fsync, `before_rename`, rename over path, fsync of the folder. `*renamed` (when
 /// given) says whether the rename happened: an error after it leaves the new file in place.
 result<void> file_replace_durably(const std::string& path, const std::string& text,

@@ -153,15 +153,9 @@ class fm_publisher final : public publisher_transport {
       };
       int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
       if (fd < 0) return fail("open: " + errno_text(errno) + ":");
-      for (std::uint64_t done = 0; pwrite_ && done < f.size;) {
-        ssize_t n = ::pwrite(fd, f.staging.data() + done, f.size - done, static_cast<off_t>(done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {  // 0: no progress (a full filesystem may say so), not an errno
-          const std::string why = n < 0 ? errno_text(errno) : "wrote nothing";
-          ::close(fd);
-          return fail("pwrite: " + why + ":");
-        }
-        done += static_cast<std::uint64_t>(n);
+      if (int err = pwrite_ ? write_fully(fd, f.staging.data(), f.size, 0) : 0; err != 0) {
+        ::close(fd);
+        return fail("pwrite: " + errno_text(err) + ":");
       }
       if (::fdatasync(fd) != 0) {
         const std::string why = errno_text(errno);

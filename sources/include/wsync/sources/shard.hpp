@@ -35,8 +35,10 @@ struct shard_tensors {
 result<shard_tensors> shard_load(const shard_spec& spec);
 
 /// Whether a checkpoint the shard maps is still the file it mapped (safetensors_file::unchanged);
-/// always true for a generated layout. `rank` is named in the error.
-result<void> shard_unchanged(const shard_tensors& shard, std::int32_t rank);
+/// always true for a generated layout. Asked before publishing `version` and again after it
+/// (`published`); the error names `rank` and the version.
+result<void> shard_unchanged(const shard_tensors& shard, std::int32_t rank, std::uint64_t version,
+                             bool published);
 
 /// The model id a publisher announces when none is given: the layout name, or "safetensors".
 std::string shard_model_id(const shard_spec& spec);
