@@ -224,7 +224,9 @@ def test_ctrl_c_while_a_rank_joins_leaves_no_rank_behind(coordinator):
     with pytest.raises(KeyboardInterrupt) as kept:
         wsync.RolloutRank(model=torch.nn.Linear(2, 2), rank=7, **where)
     timer.join()
-    time.sleep(1.0)  # a join still under way when interrupted has finished by now
+    # The join goes on in its helper thread: once that has ended, the rank it made must go.
+    _until(lambda: not any(t.name == "wsync-call" and t.is_alive()
+                           for t in threading.enumerate()), "the interrupted join never ended")
     _until(lambda: not any(r.get("rank") == 7
                            for r in wsync.coordinator_status(**where)["ranks"]),
            "the abandoned rank 7 stayed joined")
