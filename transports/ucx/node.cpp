@@ -23,8 +23,11 @@ node::~node() {
     tasks_cv_.notify_all();
     thread_.join();
   }
-  // The worker first (it ends whatever UCX still holds, which may touch the slots), then the
-  // slots, unregistered while the context still exists.
+  // Keys of gets UCX never ended (their peer died matched to them) go before the worker that
+  // owns them. Then the worker (it ends whatever UCX still holds, which may touch the slots),
+  // then the slots, unregistered while the context still exists.
+  for (auto& r : rkeys_) ucp_rkey_destroy(r.rkey);
+  rkeys_.clear();
   if (worker_) ucp_worker_destroy(worker_);
   worker_ = nullptr;
   pool_.reset();
@@ -240,7 +243,7 @@ result<ucp_ep_h> node::endpoint(const std::string& address, const std::string& c
 result<ucp_rkey_h> node::remote_key(ucp_ep_h ep, const std::string& packed,
                                     const std::string& context) {
   for (auto& r : rkeys_) {
-    if (r.ep == ep && r.packed == packed) return r.rkey;
+    if (r.ep == ep && r.packed == packed && !r.forgotten) return r.rkey;
   }
   auto bytes = hex_decode(packed);
   ucp_rkey_h rkey = nullptr;
@@ -248,11 +251,12 @@ result<ucp_rkey_h> node::remote_key(ucp_ep_h ep, const std::string& packed,
   rkeys_.push_back({ep, packed, rkey});
   // A publisher reuses a ring of a few slots; far more keys than that are stale ones.
   for (auto it = rkeys_.begin(); rkeys_.size() > max_rkeys && it != rkeys_.end();) {
-    bool in_use = std::any_of(jobs_.begin(), jobs_.end(), [&](auto& j) {
-      return std::any_of(j->lanes.begin(), j->lanes.end(),
-                         [&](const pull_lane& l) { return l.rkey == it->rkey; });
-    });
-    if (in_use || it->rkey == rkey) {
+    bool in_use = it->gets || it->forgotten || it->rkey == rkey ||
+                  std::any_of(jobs_.begin(), jobs_.end(), [&](auto& j) {
+                    return std::any_of(j->lanes.begin(), j->lanes.end(),
+                                       [&](const pull_lane& l) { return l.rkey == it->rkey; });
+                  });
+    if (in_use) {
       ++it;
       continue;
     }
@@ -262,9 +266,31 @@ result<ucp_rkey_h> node::remote_key(ucp_ep_h ep, const std::string& packed,
   return rkey;
 }
 
+void node::rkey_used(ucp_rkey_h rkey) {
+  for (auto& r : rkeys_) {
+    if (r.rkey == rkey) ++r.gets;
+  }
+}
+
+void node::rkey_done(ucp_rkey_h rkey) {
+  if (rkey == nullptr) return;
+  auto it = std::find_if(rkeys_.begin(), rkeys_.end(),
+                         [&](const cached_rkey& r) { return r.rkey == rkey; });
+  if (it == rkeys_.end() || --it->gets != 0 || !it->forgotten) return;
+  ucp_rkey_destroy(it->rkey);
+  rkeys_.erase(it);
+}
+
+// The endpoint is closing: its keys go now, or, where gets still use them, when the last ends
+// (the close ends them: a flush runs them, a forced close cancels them).
 void node::forget_rkeys(ucp_ep_h ep) {
   for (auto it = rkeys_.begin(); it != rkeys_.end();) {
-    if (it->ep != ep) {
+    if (it->ep != ep || it->forgotten) {
+      ++it;
+      continue;
+    }
+    if (it->gets) {
+      it->forgotten = true;
       ++it;
       continue;
     }

@@ -106,6 +106,7 @@ struct pull_op {
   std::uint64_t length = 0;
   std::uint64_t tag = 0;
   void* request = nullptr;
+  ucp_rkey_h rkey = nullptr;  // a get's remote key: kept until the get ends (see rkey_done)
   // UCX may complete an operation inside the call that starts it: the callback then only
   // records the status here, and the issuing code finishes the op after the call returns.
   bool issuing = false;
@@ -228,6 +229,11 @@ class node {
   bool endpoint_shared(ucp_ep_h ep, const pull_job* job) const;
   result<ucp_ep_h> endpoint(const std::string& address, const std::string& context);
   result<ucp_rkey_h> remote_key(ucp_ep_h ep, const std::string& packed, const std::string& context);
+  // A remote key outlives every get that uses it (UCX: destroyed only once they ended): gets
+  // count their key in and out, and a key forgotten with gets still running is destroyed when
+  // the last one ends.
+  void rkey_used(ucp_rkey_h rkey);
+  void rkey_done(ucp_rkey_h rkey);
   void forget_rkeys(ucp_ep_h ep);
   result<void> send_am(ucp_ep_h ep, unsigned id, std::string header, std::uint32_t flags,
                        const std::string& context);
@@ -287,6 +293,8 @@ class node {
     ucp_ep_h ep;
     std::string packed;
     ucp_rkey_h rkey;
+    std::size_t gets = 0;    // running gets that use it
+    bool forgotten = false;  // its endpoint closed: never handed out again
   };
   static constexpr std::size_t max_rkeys = 64;
   std::vector<cached_rkey> rkeys_;

@@ -85,6 +85,7 @@ void node::op_completed(pull_op* op, ucs_status_t status) {
   if (op->abandoned) {
     // UCX may end it only when the worker is destroyed, after the slots are gone.
     if (op->owner->pool_) op->owner->pool_->busy_end(op->job->landing);
+    op->owner->rkey_done(op->rkey);
     delete op;
   } else if (op->issuing) {
     op->inline_status = status;
@@ -154,12 +155,20 @@ void node::pull_more(const std::shared_ptr<pull_job>& shared) {
         lane.retry.pop_back();
       }
       auto [seg, off] = chunk;
-      auto* op = new pull_op{
-          this,        shared,  i,     seg,         off, std::min(job.chunk, job.nbytes[seg] - off),
-          next_tag_++, nullptr, false, std::nullopt};
+      auto* op = new pull_op{.owner = this,
+                             .job = shared,
+                             .lane = i,
+                             .segment = seg,
+                             .offset = off,
+                             .length = std::min(job.chunk, job.nbytes[seg] - off),
+                             .tag = next_tag_++,
+                             .request = nullptr,
+                             .rkey = lane.get ? lane.rkey : nullptr,
+                             .issuing = true,
+                             .inline_status = std::nullopt,
+                             .abandoned = false};
       lane.ops.push_back(op);
       ++lane.inflight;
-      op->issuing = true;
       std::byte* dst = job.landing->base + job.offsets[seg] + off;
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -169,6 +178,7 @@ void node::pull_more(const std::shared_ptr<pull_job>& shared) {
       void* req = nullptr;
       if (lane.get) {
         p.cb.send = &node::on_get;
+        rkey_used(op->rkey);
         req = ucp_get_nbx(lane.ep, dst, op->length, lane.bases[seg] + off, lane.rkey, &p);
       } else {
         p.cb.recv = &node::on_recv;
@@ -233,6 +243,7 @@ void node::op_account(pull_op* op, ucs_status_t status) {
     }
     if (lane.switching) lane.retry.emplace_back(op->segment, op->offset);
   }
+  rkey_done(op->rkey);
   delete op;
 }
 

@@ -427,6 +427,69 @@ TEST_F(ucx_test, a_killed_relay_hands_its_children_to_its_source) {
   (*p)->release(b.update_id);
 }
 
+// The publisher of a_frozen_publisher_...: publishes one update, hands its manifest over, then
+// waits until its input closes (it is frozen meanwhile).
+TEST_F(ucx_test, publisher_process) {
+  const char* fds = std::getenv("WSYNC_UCX_PUBLISHER_FDS");
+  if (!fds) GTEST_SKIP() << "runs only as the publisher process of a_frozen_publisher_...";
+  int in = std::atoi(fds), out = std::atoi(std::strchr(fds, ',') + 1);
+  auto t = make({{"tls", "tcp"}, {"op", "get"}});
+  auto p = t->make_publisher();
+  ASSERT_TRUE(p);
+  write_line(out, manifest_to_json(publish(**p, "u-frozen", {64 << 20}, 3)));
+  (void)read_line(in);
+}
+
+// RMA gets over TCP (emulated by UCX, so each waits for the publisher's answer) still in flight
+// when the importer's deadline passes: its connection is closed with them, and the remote key
+// they use outlives them. The node then imports the next update as usual.
+TEST_F(ucx_test, a_frozen_publisher_fails_a_get_import_at_its_deadline_and_the_node_goes_on) {
+  int to_pub[2], from_pub[2];
+  ASSERT_EQ(::pipe(to_pub), 0);
+  ASSERT_EQ(::pipe(from_pub), 0);
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe");
+  pid_t pub = ::fork();
+  ASSERT_GE(pub, 0);
+  if (pub == 0) {
+    ::close(to_pub[1]);
+    ::close(from_pub[0]);
+    std::string fds = std::to_string(to_pub[0]) + "," + std::to_string(from_pub[1]);
+    ::setenv("WSYNC_UCX_PUBLISHER_FDS", fds.c_str(), 1);
+    ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=ucx_test.publisher_process", nullptr);
+    ::_exit(127);
+  }
+  ::close(to_pub[0]);
+  ::close(from_pub[1]);
+  auto m = manifest_from_json(read_line(from_pub[0]));
+  ASSERT_TRUE(m) << "the publisher process did not start";
+  ASSERT_TRUE(contains(m->transport_handle, "rkey")) << m->transport_handle;
+
+  auto t = make({{"tls", "tcp"}, {"op", "get"}, {"timeout_ms", "1500"}});
+  auto c = t->make_consumer();
+  ASSERT_TRUE(c);
+  auto importing = std::async(std::launch::async, [&] { return (*c)->import_segments(*m); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // 64 MiB take longer than that
+  ::kill(pub, SIGSTOP);
+  auto got = importing.get();
+  ::kill(pub, SIGKILL);
+  ::waitpid(pub, nullptr, 0);
+  ::close(to_pub[1]);
+  ::close(from_pub[0]);
+  if (got) GTEST_SKIP() << "the import finished before the publisher froze";
+  EXPECT_EQ(got.error().code, errc::timeout) << got.error().message;
+  EXPECT_TRUE(contains(got.error().message, "u-frozen")) << got.error().message;
+  (*c)->release(m->update_id);
+
+  auto p = t->make_publisher();
+  ASSERT_TRUE(p);
+  auto next = publish(**p, "u-after-frozen", {1 << 20}, 4);
+  auto again = (*c)->import_segments(next);
+  ASSERT_TRUE(again) << again.error().message;
+  expect_pattern(*again, next, 4);
+  (*c)->release(next.update_id);
+  (*p)->release(next.update_id);
+}
+
 TEST_F(ucx_test, a_released_update_is_unknown_to_its_publisher) {
   auto t = make({{"op", "tag"}});
   auto p = t->make_publisher();
