@@ -22,7 +22,7 @@ namespace wsync::ucx_detail {
 
 class ucx_publisher final : public publisher_transport {
  public:
-  explicit ucx_publisher(std::unique_ptr<node> n) : node_(std::move(n)) {}
+  explicit ucx_publisher(std::unique_ptr<node> n);
 
   result<std::vector<std::span<std::byte>>> acquire(const update_id& id,
                                                     std::span<const std::uint64_t> sizes,
@@ -36,6 +36,7 @@ class ucx_publisher final : public publisher_transport {
     std::vector<std::uint64_t> offsets, nbytes;
   };
   std::unique_ptr<node> node_;
+  std::uint64_t pid_start_, pid_namespace_;  // this process's, for handles (see handle::pid)
   std::mutex mutex_;
   std::map<update_id, held> updates_;
 };

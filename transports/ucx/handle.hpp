@@ -25,6 +25,10 @@ struct handle {
   std::vector<std::vector<std::uint64_t>> checksums;  // XXH3 per chunk, per segment
   std::string rkey;                                   // publisher sources only: packed rkey, hex
   std::vector<std::uint64_t> bases;                   // ... and each segment's remote address
+  // ... and the publisher's process (pid, start time, PID namespace): a consumer that keeps
+  // the key while the process lives lets go of it, and the memory it maps, once it exited.
+  std::int64_t pid = 0;
+  std::uint64_t pid_start = 0, pidns = 0;
 };
 
 std::string handle_dump(const handle& h);

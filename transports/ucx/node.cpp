@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "src/process.hpp"
 #include "wsync/manifest/log.hpp"
 #include "wsync/transports/ucx.hpp"
 
@@ -127,6 +128,10 @@ void node::loop() {
       expire_early(now);
       expire_waiting(now);
       expire_sends(now);
+      if (!publishers_.empty() && now - publishers_checked_at_ > std::chrono::seconds(1)) {
+        forget_exited_publishers();
+        publishers_checked_at_ = now;
+      }
       for (auto job : std::vector(jobs_)) pull_check_done(job);
       swept_at = now;
     }
@@ -190,6 +195,7 @@ void node::shutdown() {
 
 void node::close_endpoint(ucp_ep_h ep, bool force) {
   sends_done_at_.erase(ep);
+  publishers_.erase(ep);
   forget_rkeys(ep);
   forget_requests_of(ep);
   ucp_request_param_t p{};
@@ -296,6 +302,33 @@ void node::forget_rkeys(ucp_ep_h ep) {
     }
     ucp_rkey_destroy(it->rkey);
     it = rkeys_.erase(it);
+  }
+}
+
+void node::watch_publisher(ucp_ep_h ep, const pull_lane& lane) {
+  if (lane.pid <= 0 || publishers_.count(ep) || !detail::pid_checkable(lane.pidns)) return;
+  const auto pid = static_cast<int>(lane.pid);
+  // Another process under that pid, or one this node cannot see: nothing to watch.
+  if (lane.pid_start == 0 || detail::process_start_time(pid) != lane.pid_start) return;
+  publishers_[ep] = {lane.pid, lane.pid_start};
+}
+
+void node::forget_exited_publishers() {
+  for (auto it = publishers_.begin(); it != publishers_.end();) {
+    auto ep = it->first;
+    const auto [pid, start] = it->second;
+    if (detail::process_start_time(static_cast<int>(pid)) == start ||
+        endpoint_shared(ep, nullptr)) {
+      ++it;
+      continue;
+    }
+    it = publishers_.erase(it);
+    auto e = std::find_if(eps_.begin(), eps_.end(), [&](const auto& x) { return x.second == ep; });
+    if (e == eps_.end()) continue;  // closing already
+    eps_.erase(e);
+    closing_.push_back(ep);
+    log_info("ucx: " + side_ + ": publisher process " + std::to_string(pid) +
+             " exited; its memory keys and connection are let go");
   }
 }
 

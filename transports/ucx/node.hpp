@@ -128,6 +128,8 @@ struct pull_lane {
   bool get = false;
   std::string rkey_hex;  // get only
   ucp_rkey_h rkey = nullptr;
+  std::int64_t pid = 0;  // get only: the publisher's process, when its handle names it
+  std::uint64_t pid_start = 0, pidns = 0;
   std::vector<std::uint64_t> bases;
   std::vector<chunk_ref> order, retry;  // its chunks; those to pull again after a switch
   std::size_t next = 0, inflight = 0;
@@ -235,6 +237,12 @@ class node {
   void rkey_used(ucp_rkey_h rkey);
   void rkey_done(ucp_rkey_h rkey);
   void forget_rkeys(ucp_ep_h ep);
+  // Over shared memory UCX reports no dead peer, and the keys of a publisher that exited keep
+  // its slots mapped here (the whole ring: the model's size, twice). So the publisher's process
+  // is watched where its handle names one this node can check, and once it exited, an
+  // endpoint to it that nothing uses is closed and its keys go.
+  void watch_publisher(ucp_ep_h ep, const pull_lane& lane);
+  void forget_exited_publishers();
   result<void> send_am(ucp_ep_h ep, unsigned id, std::string header, std::uint32_t flags,
                        const std::string& context);
 
@@ -298,6 +306,12 @@ class node {
   };
   static constexpr std::size_t max_rkeys = 64;
   std::vector<cached_rkey> rkeys_;
+  struct publisher_process {
+    std::int64_t pid;
+    std::uint64_t start;
+  };
+  std::unordered_map<ucp_ep_h, publisher_process> publishers_;  // see watch_publisher
+  clock_type::time_point publishers_checked_at_{};
   std::uint64_t next_tag_ = 1;
   std::uint64_t sends_in_flight_ = 0;  // active messages and chunk sends
   std::unordered_set<chunk_send*> chunk_sends_;

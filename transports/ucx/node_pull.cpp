@@ -19,6 +19,7 @@ void node::pull_start(const std::shared_ptr<pull_job>& job) {
         auto rkey = remote_key(lane.ep, lane.rkey_hex, job->context);
         if (!rkey) job->failure = rkey.error();
         if (rkey) lane.rkey = *rkey;
+        watch_publisher(lane.ep, lane);
       }
     }
   }

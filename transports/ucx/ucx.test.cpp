@@ -6,9 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -127,6 +129,8 @@ TEST_F(ucx_test, a_relay_serves_a_child_that_asked_before_the_relay_started) {
   auto child_manifest = m;
   child_manifest.transport_handle = *via;
   EXPECT_FALSE(contains(*via, "rkey")) << "a relay serves by request, not by the publisher's keys";
+  EXPECT_FALSE(contains(*via, "\"pid\"")) << "nor is the publisher's process watched through it";
+  EXPECT_TRUE(contains(m.transport_handle, "\"pid\"")) << m.transport_handle;
 
   // The child asks first: its fetches wait at the relay until the relay's own import lands
   // each chunk, then the relay forwards chunk by chunk while still importing.
@@ -433,7 +437,8 @@ TEST_F(ucx_test, publisher_process) {
   const char* fds = std::getenv("WSYNC_UCX_PUBLISHER_FDS");
   if (!fds) GTEST_SKIP() << "runs only as the publisher process of a_frozen_publisher_...";
   int in = std::atoi(fds), out = std::atoi(std::strchr(fds, ',') + 1);
-  auto t = make({{"tls", "tcp"}, {"op", "get"}});
+  const char* tls = std::getenv("WSYNC_UCX_PUBLISHER_TLS");
+  auto t = make({{"tls", tls ? tls : "tcp"}, {"op", "get"}});
   auto p = t->make_publisher();
   ASSERT_TRUE(p);
   write_line(out, manifest_to_json(publish(**p, "u-frozen", {64 << 20}, 3)));
@@ -488,6 +493,66 @@ TEST_F(ucx_test, a_frozen_publisher_fails_a_get_import_at_its_deadline_and_the_n
   expect_pattern(*again, next, 4);
   (*c)->release(next.update_id);
   (*p)->release(next.update_id);
+}
+
+// Shared mappings of this process of at least `bytes`: slots, ours and those we attached.
+int shared_mappings_of_at_least(std::uint64_t bytes) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    std::uint64_t from = 0, to = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &from, &to, perms) == 3 && perms[3] == 's' &&
+        to - from >= bytes) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// Over shared memory UCX never reports a dead peer, and a kept remote key keeps the exited
+// publisher's slot mapped here: a trainer restart would leave the old ring in every consumer's
+// memory. The consumer watches the publisher's process and lets the key go once it exited.
+TEST_F(ucx_test, the_slot_of_an_exited_publisher_is_unmapped_over_shared_memory) {
+  int to_pub[2], from_pub[2];
+  ASSERT_EQ(::pipe(to_pub), 0);
+  ASSERT_EQ(::pipe(from_pub), 0);
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe");
+  pid_t pub = ::fork();
+  ASSERT_GE(pub, 0);
+  if (pub == 0) {
+    ::close(to_pub[1]);
+    ::close(from_pub[0]);
+    std::string fds = std::to_string(to_pub[0]) + "," + std::to_string(from_pub[1]);
+    ::setenv("WSYNC_UCX_PUBLISHER_FDS", fds.c_str(), 1);
+    ::setenv("WSYNC_UCX_PUBLISHER_TLS", "sm,self", 1);
+    ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=ucx_test.publisher_process", nullptr);
+    ::_exit(127);
+  }
+  ::close(to_pub[0]);
+  ::close(from_pub[1]);
+  auto m = manifest_from_json(read_line(from_pub[0]));
+  ASSERT_TRUE(m) << "the publisher process did not start";
+  auto t = make({{"tls", "sm,self"}, {"op", "get"}});
+  auto c = t->make_consumer();
+  ASSERT_TRUE(c);
+  auto got = (*c)->import_segments(*m);
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, *m, 3);
+  (*c)->release(m->update_id);
+  const std::uint64_t slot_bytes = 64 << 20;
+  ASSERT_EQ(shared_mappings_of_at_least(slot_bytes), 2) << "our landing slot and the publisher's";
+
+  ::close(to_pub[1]);  // the publisher exits
+  ::waitpid(pub, nullptr, 0);
+  ::close(from_pub[0]);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (shared_mappings_of_at_least(slot_bytes) > 1 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(shared_mappings_of_at_least(slot_bytes), 1)
+      << "the exited publisher's slot is still mapped";
 }
 
 TEST_F(ucx_test, a_released_update_is_unknown_to_its_publisher) {
@@ -552,7 +617,10 @@ TEST_F(ucx_test, a_malformed_handle_is_an_invalid_manifest) {
   m.segments = {{100000}};
   for (const char* h : {"{}", "[1]", R"({"address":"zz","chunk":65536,"checksums":[[]]})",
                         R"({"address":"00","chunk":65536,"checksums":[]})",
-                        R"({"address":"00","chunk":65536,"checksums":[["0000000000000000"]]})"}) {
+                        R"({"address":"00","chunk":65536,"checksums":[["0000000000000000"]]})",
+                        R"({"address":"00","chunk":65536,"checksums":[["0000000000000000",)"
+                        R"("0000000000000000"]],"rkey":"00","bases":[4096],"pid":-1,)"
+                        R"("pid_start":1,"pidns":0})"}) {
     m.transport_handle = h;
     auto got = (*c)->import_segments(m);
     ASSERT_FALSE(got) << h;
