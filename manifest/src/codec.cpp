@@ -601,7 +601,7 @@ result<weight_update_manifest> manifest_from_json_document(std::string_view text
       too_deep ? "manifest: nested deeper than " + std::to_string(json_max_depth) + " levels"
                : "manifest: not valid JSON";
   return make_error(errc::invalid_manifest,
-                    "invalid manifest: " + err + " (" + update_context(update_id(), 0) + ")");
+                    "invalid manifest: " + err + " (update_id=<none> rank=<none>)");
 }
 
 }  // namespace detail
@@ -610,7 +610,13 @@ result<weight_update_manifest> manifest_from_json_value(const json& j) {
   weight_update_manifest m;
   std::string err;
   if (read_manifest(j, m, err)) return m;
-  std::string context = update_context(m.update_id, m.source_rank);
+  // The rank as the manifest gives it, where it does: a field read before it may be the one
+  // that failed, and 0 would name a rank the manifest never said.
+  const auto rank = j.is_object() ? j.find("source_rank") : j.end();
+  const bool named = rank != j.end() && rank->is_number_integer();
+  const std::string context =
+      "update_id=" + (m.update_id.empty() ? std::string("<none>") : m.update_id) +
+      " rank=" + (named ? rank->dump() : std::string("<none>"));
   return make_error(errc::invalid_manifest, "invalid manifest: " + err + " (" + context + ")");
 }
 

@@ -231,6 +231,20 @@ TEST(codec, not_json_at_all) {
   expect_refused("42", "manifest: expected a JSON object");
 }
 
+// An error names the rank the manifest gives, and none where it gives none: 0 would name a rank
+// the text never said.
+TEST(codec, errors_name_the_manifests_rank_or_none) {
+  auto none = manifest_from_json("not json");
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().message.find("(update_id=<none> rank=<none>)"), std::string::npos)
+      << none.error().message;
+  auto m = full_manifest();
+  m.source_rank = 3;
+  auto bad = manifest_from_json(manifest_to_json(m).replace(0, 1, "{\"x\":1,"));
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find(" rank=3)"), std::string::npos) << bad.error().message;
+}
+
 TEST(codec, trailing_garbage_is_refused) {
   expect_refused(manifest_to_json(full_manifest()) + "x", "manifest: not valid JSON");
 }
