@@ -257,6 +257,9 @@ std::optional<update_id> rollout_executor::active_update() const {
 
 std::vector<update_id> rollout_executor::release_active() {
   std::lock_guard lock(mutex_);
+  // Generations in flight may read the held imports (views of them are the active weights):
+  // they finish first, as they do before an install switches.
+  std::unique_lock exclusive(gate_);
   for (const auto& id : held_) (void)consumer_.release(id);
   return std::exchange(held_, {});
 }

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
 #include <new>
+#include <utility>
 
 #include "pattern_tensors.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
@@ -36,6 +38,23 @@ class corrupting_transport final : public consumer_transport {
   std::unique_ptr<consumer_transport> inner_;
   std::uint64_t byte_;
   std::vector<std::vector<std::byte>> copies_;
+};
+
+// A consumer transport whose first import throws (out of memory, say), then imports as usual.
+class throwing_once_transport final : public consumer_transport {
+ public:
+  explicit throwing_once_transport(std::unique_ptr<consumer_transport> inner)
+      : inner_(std::move(inner)) {}
+  result<std::vector<std::span<const std::byte>>> import_segments(
+      const weight_update_manifest& m) override {
+    if (std::exchange(throw_, false)) throw std::bad_alloc();
+    return inner_->import_segments(m);
+  }
+  void release(const update_id& id) override { inner_->release(id); }
+
+ private:
+  std::unique_ptr<consumer_transport> inner_;
+  bool throw_ = true;
 };
 
 // An adapter whose stage() fails on demand, wrapping the reference runtime.
@@ -137,6 +156,36 @@ TEST_F(executor_test, installs_acknowledges_and_releases_the_previous_update) {
   EXPECT_EQ(ex.release_active(), std::vector<update_id>{m2.update_id});
   EXPECT_TRUE(publisher_->on_released(m2.update_id, 0));
   EXPECT_TRUE(publisher_->held_updates().empty());
+}
+
+// An import that throws gives its hold on the version back: the same update may come again.
+TEST_F(executor_test, an_import_that_throws_can_be_retried) {
+  auto inner = transport_->make_consumer();
+  ASSERT_TRUE(inner);
+  auto consumer = make_consumer(std::make_unique<throwing_once_transport>(std::move(*inner)));
+  auto m1 = publish(1);
+  EXPECT_THROW((void)consumer.import_update(m1), std::bad_alloc);
+  auto again = consumer.import_update(m1);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_TRUE(consumer.release(m1.update_id));
+}
+
+// Releasing the active imports at shutdown waits for the generation steps still reading them
+// (in view mode they are the weights those steps read).
+TEST_F(executor_test, release_active_waits_for_the_generations_in_flight) {
+  auto consumer = make_consumer();
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto m1 = publish(1);
+  ASSERT_TRUE(ex.update_weights(m1).acknowledged);
+  rt.gate().lock_shared();  // a step in flight
+  auto released = std::async(std::launch::async, [&] { return ex.release_active(); });
+  EXPECT_EQ(released.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "released the weights a step still reads";
+  EXPECT_EQ(*consumer.state(m1.update_id), update_state::acknowledged);
+  rt.gate().unlock_shared();
+  EXPECT_EQ(released.get(), std::vector<update_id>{m1.update_id});
+  EXPECT_EQ(*consumer.state(m1.update_id), update_state::released);
 }
 
 // An install that fails (an error, or an exception out of the adapter: out of memory, say) is a

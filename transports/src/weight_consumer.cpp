@@ -81,15 +81,27 @@ result<const imported_update*> weight_consumer::import_update(manifest_ptr share
     // version and shard (a retry racing the original) is refused, not accepted twice.
     mv.held[v].insert(manifest.source_rank);
   }
+  // Until the update is booked, any way out gives the hold back (and the segments, once
+  // imported): an exception too (out of memory), or the version could never come again.
+  struct undo {
+    weight_consumer& self;
+    const weight_update_manifest& manifest;
+    bool imported = false, booked = false;
+    ~undo() {
+      if (booked) return;
+      if (imported) self.transport_->release(manifest.update_id);
+      std::lock_guard lock(self.mutex_);
+      self.unhold_locked(manifest);
+    }
+  } pending{*this, manifest};
   auto segments = transport_->import_segments(manifest);
   if (!segments) {
-    std::lock_guard lock(mutex_);
-    unhold_locked(manifest);
     return make_error(segments.error().code, segments.error().message + " at consumer rank " +
                                                  std::to_string(config_.rank));
   }
+  pending.imported = true;
 
-  auto update = std::make_unique<imported_update>(std::move(shared));
+  auto update = std::make_unique<imported_update>(shared);  // `shared` keeps `manifest` for undo
   update->memory = transport_->memory();
   update->segments = std::move(*segments);
   update->tensors.reserve(manifest.tensors.size());
@@ -100,6 +112,7 @@ result<const imported_update*> weight_consumer::import_update(manifest_ptr share
   auto& e = updates_[id];
   e.state = update_state::imported;
   e.update = std::move(update);
+  pending.booked = true;
   return e.update.get();
 }
 

@@ -60,8 +60,10 @@ class rollout_executor {
   std::optional<std::uint64_t> active_weight_version() const;
   std::optional<update_id> active_update() const;
 
-  /// Releases the imports still held for the active weights (at shutdown, after readers stop)
-  /// and returns their ids, for the caller to report.
+  /// Releases the imports still held for the active weights (at shutdown) and returns their
+  /// ids, for the caller to report. Waits for the generations in flight, like an install's
+  /// switch, so never call it from inside one. Readers that come later must not read the
+  /// adapter's weights if they viewed those imports.
   std::vector<update_id> release_active();
 
  private:
