@@ -281,6 +281,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
           handed.push_front(u->identity);
           if (handed.size() > 16) handed.pop_back();
           st->owed[msg.key].insert(rank);
+          it->second.side->importing(msg.key);  // held from now: see rollout_side::importing
           caf::anon_send(it->second.worker, work);
         }
       },

@@ -48,16 +48,18 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
                                     id.empty() && key == u->key ? attempt : std::move(id)});
         };
         if (!u->error.empty()) {
+          side->dropped(u->key);
           report(u->key, "rejected", u->error);
+          // It holds nothing of this delivery; said unless it serves the key from another
+          // (the release would name no attempt and could let that one go).
+          if (!side->holds_key(u->key)) report(u->key, "released", "");
           box->put(std::move(out));
           return;
         }
-        side->importing(u->key);
         // The ranks of this process share the decoded shards: none copies them.
         std::vector<manifest_ptr> shards;
         for (const auto& m : u->shards) shards.emplace_back(u, &m);
         auto r = side->executor.update_weights(std::span<const manifest_ptr>(shards));
-        side->imported(u->key);
         if (observer) {
           std::uint64_t bytes = 0;
           for (const auto& m : u->shards) bytes += m.total_bytes;

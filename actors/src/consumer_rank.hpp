@@ -66,27 +66,39 @@ struct rollout_side {
     for (const auto& [id, key] : key_of_) keys.insert(key);
     return {keys.begin(), keys.end()};
   }
+  /// Whether the rank holds (serves as views) a shard of any attempt of `key`.
+  bool holds_key(const std::string& key) const {
+    std::lock_guard lock(mu_);
+    return std::any_of(key_of_.begin(), key_of_.end(),
+                       [&](const auto& e) { return e.second == key; });
+  }
   /// Whether the rank holds (serves as views) a shard of `shards`: an attempt, not only a key.
   bool holds_any(const std::vector<weight_update_manifest>& shards) const {
     std::lock_guard lock(mu_);
     return std::any_of(shards.begin(), shards.end(),
                        [&](const weight_update_manifest& m) { return key_of_.count(m.update_id); });
   }
-  /// `key` is being imported and installed (until `imported`): held() names it.
+  /// `key` was handed to the rank's worker (by its endpoint, before the worker's mailbox holds
+  /// it): held() names it until the worker settles it, or drops it unread. A re-join in
+  /// between must name it, or a restarted coordinator would have the publishers reuse memory
+  /// the rank is about to serve.
   void importing(const std::string& key) {
     std::lock_guard lock(mu_);
     importing_.insert(key);
   }
-  void imported(const std::string& key) {
+  /// The worker let go of `key` without importing it (its manifests did not parse).
+  void dropped(const std::string& key) {
     std::lock_guard lock(mu_);
-    if (auto it = importing_.find(key); it != importing_.end()) importing_.erase(it);
+    forget_import_locked(key);
   }
   /// After installing `key`: forgets the shards the executor let go of and returns the keys
   /// they belonged to, each with one of its shard ids (the rank reports them released), and
   /// remembers the new shards when the rank holds them (a view install; one that copied
-  /// released them at once).
+  /// released them at once). The import of `key` ends here, in the same step: held() never
+  /// misses a key between the two.
   std::map<std::string, update_id> settle(const rollout_report& r, const std::string& key) {
     std::lock_guard lock(mu_);
+    forget_import_locked(key);
     std::map<std::string, update_id> keys;
     for (const auto& id : r.released) {
       if (auto it = key_of_.find(id); it != key_of_.end()) {
@@ -105,6 +117,9 @@ struct rollout_side {
                std::unique_ptr<reference_runtime> runtime)
       : rollout_side(std::move(t), rank, verify, *runtime, runtime->gate()) {
     own_runtime = std::move(runtime);
+  }
+  void forget_import_locked(const std::string& key) {
+    if (auto it = importing_.find(key); it != importing_.end()) importing_.erase(it);
   }
   mutable std::mutex mu_;
   std::map<update_id, std::string> key_of_;  ///< shard id -> update key, for release reports

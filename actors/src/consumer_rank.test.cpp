@@ -81,10 +81,31 @@ TEST_P(rollout_side_test, an_update_being_imported_is_held) {
   side.importing("m@5");
   side.importing("m@5");  // a catch-up of the same version alongside
   EXPECT_EQ(side.held(), (std::vector<std::string>{"m@5"}));
-  side.imported("m@5");
+  side.dropped("m@5");
   EXPECT_EQ(side.held(), (std::vector<std::string>{"m@5"}));
-  side.imported("m@5");
+  side.dropped("m@5");
   EXPECT_TRUE(side.held().empty());
+}
+
+// From the hand-off to the worker until the install is settled, the key is held without a gap:
+// settling ends the import and records what the rank now serves in one step.
+TEST_P(rollout_side_test, an_install_is_held_from_hand_off_to_settle) {
+  auto made = make_side();
+  ASSERT_TRUE(made);
+  auto& side = *made;
+  auto m = publisher_->publish(tensors_.fill(1), 1, {0});
+  ASSERT_TRUE(m) << m.error().message;
+  side.importing("m@1");
+  EXPECT_EQ(side.held(), (std::vector<std::string>{"m@1"}));
+  auto r = side.executor.update_weights(*m);
+  ASSERT_TRUE(r.acknowledged) << (r.failure ? r.failure->message : "");
+  EXPECT_EQ(side.held(), (std::vector<std::string>{"m@1"}));
+  (void)side.settle(r, "m@1");
+  const bool views = GetParam() == reference_runtime::install_mode::view;
+  EXPECT_EQ(side.held(), views ? std::vector<std::string>{"m@1"} : std::vector<std::string>{});
+  EXPECT_EQ(side.holds_key("m@1"), views);
+  EXPECT_FALSE(side.holds_key("m@2"));
+  (void)side.executor.release_active();
 }
 
 INSTANTIATE_TEST_SUITE_P(installs, rollout_side_test,

@@ -638,6 +638,20 @@ TEST_F(orphan_test, what_a_consumer_holds_goes_back_when_it_lets_go) {
   EXPECT_EQ(release_at(publisher).first, "m@3");
 }
 
+// A rank that named the key at its re-join (it was importing it) and then found the bytes gone
+// waits for the next version, holding nothing: the orphan goes back.
+TEST_F(orphan_test, a_consumer_waiting_for_the_next_version_lets_go_of_it) {
+  restart(0ms);
+  caf::scoped_actor consumer{sys()}, publisher{sys()};
+  ASSERT_NO_FATAL_FAILURE(join_holding_consumer(consumer, 3, {"m@3"}));
+  ASSERT_NO_FATAL_FAILURE(join_holding_publisher(publisher, {{"m@3", "u-3"}}));
+  EXPECT_EQ(release_at(publisher, 600ms).first, "") << "released while rank 3 holds it";
+  consumer->send(
+      coordinator_, report_atom::value,
+      rank_report{token, "m@3", 3, "waiting", "waiting for the next version: gone", 0, 0.01, ""});
+  EXPECT_EQ(release_at(publisher).first, "m@3");
+}
+
 TEST_F(orphan_test, nothing_goes_back_during_the_grace) {
   restart(std::chrono::hours(1));
   caf::scoped_actor consumer{sys()}, publisher{sys()};

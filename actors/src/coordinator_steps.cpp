@@ -498,6 +498,9 @@ void take_report(coordinator_pointer self, const rank_report& r) {
   } else if (r.state == "rejected") {
     effects = book.rejected(r.key, r.rank, r.reason, now);
   } else if (r.state == "waiting") {
+    // A rank waiting for the next version holds nothing of this one: nor of its orphan, if the
+    // key is one it named at its re-join (it was importing it) and the book does not track.
+    if (!tracked && st.orphans.count(r.key)) return orphan_release(self, r.key, r.rank);
     effects = book.waiting(r.key, r.rank, r.reason, now);
   } else if (r.state == "released") {
     // An orphan of the key is held until every rank that said it holds the key lets go. A
