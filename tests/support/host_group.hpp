@@ -26,9 +26,11 @@ class host_fabric final : public nccl::group_fabric {
  public:
   std::atomic<std::uint64_t> allocated_bytes{0};
   std::atomic<int> joins{0};
-  std::atomic<int> members{0};  ///< joined and not yet destroyed
+  std::atomic<int> members{0};       ///< joined and not yet destroyed
+  std::atomic<int> reads_waited{0};  ///< reads_done() calls: releases before a reuse
 
   memory_location memory() const override { return {}; }
+  void reads_done() override { ++reads_waited; }
 
   result<nccl::unique_id> make_id() override {
     nccl::unique_id id{};

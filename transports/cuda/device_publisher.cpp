@@ -251,6 +251,9 @@ class publisher final : public publisher_transport {
 
   void free_slot(slot& s) {
     if (!s.id.empty()) {
+      // Gone from here on: a consumer holding a handle of it (one that cached the slot
+      // included) is refused, and a reader's intact() fails, instead of reading freed memory.
+      if (control_) generation(s).fetch_add(1, std::memory_order_acq_rel);
       std::lock_guard lock(local_slots::get().mu);
       local_slots::get().by_id.erase(s.id);
     }

@@ -328,11 +328,27 @@ result<void> stream::synchronize() {
 
 #endif
 
+// Waits for the work queued on `stream` (none given: nothing to wait for).
+static result<void> stream_drained(void* stream) {
+  if (!stream) return {};
+#if WSYNC_HAVE_CUDA
+  if (auto e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); e != cudaSuccess) {
+    return cuda_failure("cudaStreamSynchronize", e);
+  }
+  return {};
+#else
+  return not_built();
+#endif
+}
+
 result<std::vector<std::uint64_t>> checksums(std::span<const device_range> ranges,
                                              const checksum_method& method, void* stream) {
   if (method.algorithm == checksum_algorithm::xxh3_64_chunked) {
     return chunked_checksums(ranges, method.chunk_bytes, stream);
   }
+  // Whole tensors are hashed on the host, after what `stream` still writes into them (the host
+  // copies below run on the default stream, which a non-blocking stream does not order).
+  if (auto ok = stream_drained(stream); !ok) return ok.error();
   std::vector<std::uint64_t> out;
   std::vector<std::byte> host;
   for (const auto& r : ranges) {

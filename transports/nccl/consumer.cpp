@@ -73,16 +73,19 @@ class nccl_consumer final : public consumer_transport {
   }
 
   void release(const update_id& id) override {
-    block dropped;  // freed after the lock (cudaFree may wait for the device)
-    std::lock_guard lock(mu_);
-    auto it = held_.find(id);
-    if (it == held_.end()) return;
-    if (free_.size() < settings_.slots) {
-      free_.push_back(std::move(it->second));
-    } else {
-      dropped = std::move(it->second);
+    block released;  // freed, when not pooled, after the lock (cudaFree may wait for the device)
+    {
+      std::lock_guard lock(mu_);
+      auto it = held_.find(id);
+      if (it == held_.end()) return;
+      released = std::move(it->second);
+      held_.erase(it);
     }
-    held_.erase(it);
+    // Imports are read on the default stream (transport.hpp): what the program queued there
+    // (a copy out of a view, still behind its kernels) ends before a receive may reuse it.
+    fabric_->reads_done();
+    std::lock_guard lock(mu_);
+    if (free_.size() < settings_.slots) free_.push_back(std::move(released));
   }
 
  private:

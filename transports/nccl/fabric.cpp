@@ -191,6 +191,14 @@ class cuda_nccl_fabric final : public group_fabric {
     return copy(dst, src, nbytes, cudaMemcpyDeviceToHost, "from");
   }
 
+  void reads_done() override {
+    int was = 0;
+    const bool known = cudaGetDevice(&was) == cudaSuccess;
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(cudaStreamLegacy);
+    if (known) (void)cudaSetDevice(was);  // the caller's thread keeps its device
+  }
+
  private:
   // Done when the stream is: then every stream launched after sees the bytes.
   result<void> copy(void* dst, const void* src, std::uint64_t nbytes, cudaMemcpyKind kind,

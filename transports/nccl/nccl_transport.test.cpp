@@ -243,6 +243,8 @@ TEST_F(nccl_transport_test, every_member_receives_every_version_and_memory_is_re
     publisher_done(*m);
   }
   EXPECT_EQ(fabric_->joins.load(), 3);  // each member joined once
+  // Each release waited for the program's reads of the block before pooling it for reuse.
+  EXPECT_EQ(fabric_->reads_waited.load(), 8);
   // Pooled on both sides: two publisher slots at most, one block per consumer, three headers
   // (without pooling the consumers alone would have taken eight blocks).
   EXPECT_LE(fabric_->allocated_bytes.load(), 2 * slot + 2 * slot + 3 * 64);

@@ -72,6 +72,9 @@ class group_fabric {
   virtual result<void> write(std::byte* dst, const void* src, std::uint64_t nbytes) = 0;
   /// Copies memory() bytes, which no queued work still writes, to the host.
   virtual result<void> read(void* dst, const std::byte* src, std::uint64_t nbytes) = 0;
+  /// Waits for the reads the importing program queued on memory()'s default stream (where
+  /// imports are read), so a released buffer can be received into again. Host memory has none.
+  virtual void reads_done() {}
 };
 
 /// NCCL on CUDA device `device`. errc::blocked where NCCL cannot run here (nccl::ready()).
