@@ -60,16 +60,21 @@ result<void> shards_check(std::span<const manifest_ptr> shards, std::int32_t ran
     const auto& m = *shard;
     auto where = " (" + update_context(m.update_id, rank) + ")";
     if (m.model_id != first.model_id || m.weight_version != first.weight_version) {
+      const char* field = m.model_id != first.model_id ? "model_id" : "weight_version";
       return make_error(errc::invalid_manifest,
-                        "invalid manifest: weight_version: shards of one update must share "
-                        "model_id and weight_version (" +
+                        std::string("invalid manifest: ") + field +
+                            ": shards of one update must share model_id and weight_version (" +
                             update_key(first.model_id, first.weight_version) + " vs " +
                             update_key(m.model_id, m.weight_version) + ")" + where);
     }
-    if (!sources.insert(m.source_rank).second || !ids.insert(m.update_id).second) {
+    if (!sources.insert(m.source_rank).second) {
       return make_error(errc::invalid_manifest,
                         "invalid manifest: source_rank: two shards from source_rank " +
                             std::to_string(m.source_rank) + where);
+    }
+    if (!ids.insert(m.update_id).second) {
+      return make_error(errc::invalid_manifest,
+                        "invalid manifest: update_id: two shards of one update_id" + where);
     }
     if (shards.size() == 1) break;
     for (const auto& t : m.tensors) {

@@ -396,6 +396,16 @@ TEST_F(sharded_test, inconsistent_shards_are_refused_before_import) {
   r = ex.update_weights(twice);
   ASSERT_TRUE(r.failure);
   EXPECT_EQ(r.failure->message.rfind("invalid manifest: source_rank:", 0), 0u);
+  auto other_model = v1;
+  other_model[1].model_id = "other";
+  r = ex.update_weights(other_model);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("invalid manifest: model_id:", 0), 0u) << r.failure->message;
+  auto same_id = v1;
+  same_id[1].update_id = same_id[0].update_id;
+  r = ex.update_weights(same_id);
+  ASSERT_TRUE(r.failure);
+  EXPECT_EQ(r.failure->message.rfind("invalid manifest: update_id:", 0), 0u) << r.failure->message;
   auto overlap = v1;
   overlap[1].tensors[0].name = overlap[0].tensors[0].name;
   r = ex.update_weights(overlap);
