@@ -62,9 +62,13 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
     } else {
       log_warn(who + " " + reason);
     }
+    // Every rank of the endpoint is gone before the first leaves the book: the effects of one
+    // leaving (a commit, a catch-up, a retry distributed) must not route bytes through another.
+    for (auto rank : m.ranks) {
+      if (m.role == rank_role::consumer) st.consumers.erase(rank);
+    }
     for (auto rank : m.ranks) {
       if (m.role == rank_role::consumer) {
-        st.consumers.erase(rank);
         st.active_version.erase(rank);
         std::vector<std::string> keys;
         for (const auto& [key, o] : st.orphans) keys.push_back(key);

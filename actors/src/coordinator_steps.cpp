@@ -72,6 +72,9 @@ std::map<std::int32_t, routed_update> route(coordinator_state& st, const book_ef
   if (!st.router) return {};
   std::vector<route_member> consumers, publishers;
   for (auto rank : e.ranks) {
+    // Only ranks with a live endpoint relay (the book may still list one whose endpoint died
+    // while its siblings leave).
+    if (!st.consumers.count(rank)) continue;
     if (auto it = st.book.consumers().find(rank); it != st.book.consumers().end()) {
       consumers.push_back({rank, it->second.node, it->second.address});
     }
@@ -107,6 +110,7 @@ std::optional<routed_update> catch_up_route(coordinator_state& st, const book_ef
   const rank_info* best = nullptr;
   for (const auto& [r, p] : u->consumers) {
     if (r == rank || p.state != rank_state::acknowledged) continue;  // released: not held
+    if (!st.consumers.count(r)) continue;  // its endpoint died (its siblings are leaving)
     auto holder = st.book.consumers().find(r);
     if (holder == st.book.consumers().end() || holder->second.address.empty()) continue;
     if (!best || (holder->second.node == me->second.node && best->node != me->second.node)) {
@@ -498,9 +502,6 @@ void take_report(coordinator_pointer self, const rank_report& r) {
   } else if (r.state == "rejected") {
     effects = book.rejected(r.key, r.rank, r.reason, now);
   } else if (r.state == "waiting") {
-    // A rank waiting for the next version holds nothing of this one: nor of its orphan, if the
-    // key is one it named at its re-join (it was importing it) and the book does not track.
-    if (!tracked && st.orphans.count(r.key)) return orphan_release(self, r.key, r.rank);
     effects = book.waiting(r.key, r.rank, r.reason, now);
   } else if (r.state == "released") {
     // An orphan of the key is held until every rank that said it holds the key lets go. A
