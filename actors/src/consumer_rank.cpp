@@ -84,6 +84,10 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
                  "waiting for the next version: " + u->key + " is no longer held on this node (" +
                      r.failure->message + ")",
                  r.timings.total);
+          // It holds nothing of it: said, for a coordinator that knows the key only as held
+          // at this rank's re-join (its release names this attempt) — unless the rank holds
+          // another attempt of the key, which that release could let go.
+          if (!side->holds_key(u->key)) report(u->key, "released", "");
         } else {
           report(u->key, "importing", std::move(from));
           report(u->key, "rejected", r.failure ? r.failure->message : "unknown failure",

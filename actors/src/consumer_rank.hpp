@@ -66,10 +66,12 @@ struct rollout_side {
     for (const auto& [id, key] : key_of_) keys.insert(key);
     return {keys.begin(), keys.end()};
   }
-  /// Whether the rank holds (serves as views) a shard of any attempt of `key`.
+  /// Whether the rank holds any attempt of `key`: serves it as views, or has another delivery
+  /// of it handed and not yet settled.
   bool holds_key(const std::string& key) const {
     std::lock_guard lock(mu_);
-    return std::any_of(key_of_.begin(), key_of_.end(),
+    return importing_.count(key) != 0 ||
+           std::any_of(key_of_.begin(), key_of_.end(),
                        [&](const auto& e) { return e.second == key; });
   }
   /// Whether the rank holds (serves as views) a shard of `shards`: an attempt, not only a key.

@@ -552,6 +552,9 @@ result<std::vector<book_effect>> coordinator_book::released(const std::string& k
     check_released(u, out);
     return out;
   }
+  // Waiting holds nothing already: the release the rank sends with it changes nothing here (the
+  // table keeps saying why it waits).
+  if (p.state == rank_state::waiting) return out;
   if (p.state == rank_state::released || p.state == rank_state::failed) {
     return make_error(errc::illegal_transition, "cannot release update in state " +
                                                     std::string(rank_state_name(p.state)) + " (" +

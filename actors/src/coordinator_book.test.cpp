@@ -349,6 +349,22 @@ TEST_F(book_test, a_catch_up_left_unanswered_is_failed_at_the_deadline) {
   EXPECT_TRUE(book_.counts_consistent());
 }
 
+// A rank waiting for the next version also says released (it holds nothing): the table keeps
+// saying it waits, and why.
+TEST_F(book_test, a_release_after_waiting_keeps_the_rank_waiting) {
+  publish_both(1);
+  ack_all("m@1");
+  ASSERT_TRUE(book_.join(info(14, rank_role::consumer), now_));
+  ASSERT_TRUE(book_.waiting("m@1", 14, "waiting for the next version: gone", now_));
+  auto released = book_.released("m@1", 14, now_);
+  ASSERT_TRUE(released) << released.error().message;
+  EXPECT_TRUE(released->empty());
+  const auto& entry = book_.find("m@1")->consumers.at(14);
+  EXPECT_EQ(entry.state, rank_state::waiting);
+  EXPECT_EQ(entry.reason, "waiting for the next version: gone");
+  EXPECT_TRUE(book_.counts_consistent());
+}
+
 TEST_F(book_test, out_of_order_reports_are_refused) {
   auto unknown = book_.acknowledged("m@9", 10, now_);
   ASSERT_FALSE(unknown);
