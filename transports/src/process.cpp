@@ -25,6 +25,16 @@ std::uint64_t process_start_time(int pid) {
   return 0;
 }
 
+const std::string& boot_id() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string text;
+    std::getline(in, text);
+    return text;
+  }();
+  return id;
+}
+
 std::uint64_t pid_namespace() {
   static const std::uint64_t inode = [] {
     struct stat st {};

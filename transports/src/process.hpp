@@ -4,6 +4,7 @@
 // namespace its pid means something in.
 
 #include <cstdint>
+#include <string>
 
 namespace wsync::detail {
 
@@ -16,6 +17,12 @@ std::uint64_t process_start_time(int pid);
 /// on one host see each other's pids only when it is the same: a pid recorded by a process in
 /// another container cannot be checked here.
 std::uint64_t pid_namespace();
+
+/// This boot of this host (/proc/sys/kernel/random/boot_id); empty when unknown. Pids and
+/// start times name a process only on the host that recorded them: a peer reached over a
+/// network shares no pids with this one even where the PID namespaces' inodes agree (the
+/// initial namespace has the same inode on every host).
+const std::string& boot_id();
 
 /// Whether a pid recorded by a process in namespace `recorded` (0: unknown, as older records
 /// say) can be checked here.

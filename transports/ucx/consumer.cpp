@@ -34,6 +34,7 @@ result<std::vector<std::span<const std::byte>>> ucx_consumer::import_segments(
     lane.pid = h->pid;
     lane.pid_start = h->pid_start;
     lane.pidns = h->pidns;
+    lane.boot = h->boot;
     job->lanes.push_back(std::move(lane));
   }
   for (const auto& stripe : h->stripes) {

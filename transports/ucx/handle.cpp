@@ -26,7 +26,7 @@ std::string handle_dump(const handle& h) {
   }
   if (!h.rkey.empty()) j["rkey"] = h.rkey, j["bases"] = h.bases;
   if (!h.rkey.empty() && h.pid > 0) {
-    j["pid"] = h.pid, j["pid_start"] = h.pid_start, j["pidns"] = h.pidns;
+    j["pid"] = h.pid, j["pid_start"] = h.pid_start, j["pidns"] = h.pidns, j["boot"] = h.boot;
   }
   return j.dump();
 }
@@ -69,6 +69,7 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
         h.pid = json_read::field<std::int64_t>(j, "pid");
         h.pid_start = json_read::field<std::uint64_t>(j, "pid_start");
         h.pidns = json_read::field<std::uint64_t>(j, "pidns");
+        h.boot = j.at("boot").get<std::string>();
       }
     }
   } catch (const std::exception& e) {

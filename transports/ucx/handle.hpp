@@ -29,6 +29,7 @@ struct handle {
   // the key while the process lives lets go of it, and the memory it maps, once it exited.
   std::int64_t pid = 0;
   std::uint64_t pid_start = 0, pidns = 0;
+  std::string boot;  // the publisher host's boot id: a pid means something on that host only
 };
 
 std::string handle_dump(const handle& h);

@@ -288,7 +288,10 @@ void node::rkey_done(ucp_rkey_h rkey) {
 }
 
 // The endpoint is closing: its keys go now, or, where gets still use them, when the last ends
-// (the close ends them: a flush runs them, a forced close cancels them).
+// (the close ends them: a flush runs them, a forced close cancels them). UCX asks for keys to go
+// before their endpoint; a deferred one goes after it, which UCX 1.13's ucp_rkey_destroy
+// allows (it releases the key's transport parts and its worker's pool entry, not the
+// endpoint), and is the lesser harm than destroying it under a running get.
 void node::forget_rkeys(ucp_ep_h ep) {
   for (auto it = rkeys_.begin(); it != rkeys_.end();) {
     if (it->ep != ep || it->forgotten) {
@@ -307,6 +310,8 @@ void node::forget_rkeys(ucp_ep_h ep) {
 
 void node::watch_publisher(ucp_ep_h ep, const pull_lane& lane) {
   if (lane.pid <= 0 || publishers_.count(ep) || !detail::pid_checkable(lane.pidns)) return;
+  // Another host's process (over a network): its pid means nothing here.
+  if (lane.boot.empty() || lane.boot != detail::boot_id()) return;
   const auto pid = static_cast<int>(lane.pid);
   // Another process under that pid, or one this node cannot see: nothing to watch.
   if (lane.pid_start == 0 || detail::process_start_time(pid) != lane.pid_start) return;

@@ -130,6 +130,7 @@ struct pull_lane {
   ucp_rkey_h rkey = nullptr;
   std::int64_t pid = 0;  // get only: the publisher's process, when its handle names it
   std::uint64_t pid_start = 0, pidns = 0;
+  std::string boot;
   std::vector<std::uint64_t> bases;
   std::vector<chunk_ref> order, retry;  // its chunks; those to pull again after a switch
   std::size_t next = 0, inflight = 0;

@@ -54,6 +54,7 @@ result<std::string> ucx_publisher::expose(const update_id& id) {
   h.pid = ::getpid();
   h.pid_start = pid_start_;
   h.pidns = pid_namespace_;
+  h.boot = detail::boot_id();
   for (std::size_t i = 0; i < u.nbytes.size(); ++i) {
     std::vector<std::uint64_t> sums;
     for (std::uint64_t off = 0; off < u.nbytes[i]; off += h.chunk) {

@@ -620,7 +620,7 @@ TEST_F(ucx_test, a_malformed_handle_is_an_invalid_manifest) {
                         R"({"address":"00","chunk":65536,"checksums":[["0000000000000000"]]})",
                         R"({"address":"00","chunk":65536,"checksums":[["0000000000000000",)"
                         R"("0000000000000000"]],"rkey":"00","bases":[4096],"pid":-1,)"
-                        R"("pid_start":1,"pidns":0})"}) {
+                        R"("pid_start":1,"pidns":0,"boot":"b"})"}) {
     m.transport_handle = h;
     auto got = (*c)->import_segments(m);
     ASSERT_FALSE(got) << h;
