@@ -50,8 +50,9 @@ void settle_depths(fanout_plan& plan, std::int32_t rank) {
 // The stripes of a tree plan: stripe s lays the leaders out in a rotated order and builds a
 // complete d-ary tree over it, position 0 fed by the publishers and position j by position
 // (j-1)/d. A tree's relays are its first k = ceil((n-1)/d) positions; rotating stripe s by s*k
-// gives each stripe its own block of relays, disjoint whenever d*k <= n (else each leader
-// relays in at most two stripes).
+// gives each stripe its own block of relays, disjoint whenever d*k <= n (else blocks overlap and
+// a leader relays in several stripes, each for fewer children: its uplink still carries about
+// twice the update at most).
 std::vector<std::map<std::int32_t, std::int32_t>> stripe_trees(
     const std::vector<std::int32_t>& leaders, std::uint32_t degree) {
   const std::size_t n = leaders.size();
@@ -109,23 +110,20 @@ std::string fanout_plan::received_from(std::int32_t rank) const {
   auto it = hops.find(rank);
   if (it == hops.end()) return "";
   const auto& h = it->second;
+  std::string publishers = "publisher:";  // every shard's: a rank fed by them pulls each
+  for (std::size_t i = 0; i < request.publishers.size(); ++i) {
+    publishers += (i ? "," : "") + std::to_string(request.publishers[i].rank);
+  }
   if (h.leader && !stripes.empty()) {
     std::string out = "stripes:";
     for (std::size_t s = 0; s < stripes.size(); ++s) {
       auto from = stripes[s].at(rank);
       out += std::string(s ? " |" : "") + " " +
-             (from < 0 ? "publisher:" + std::to_string(request.publishers[0].rank)
-                       : "rank:" + std::to_string(from) + " (network)");
+             (from < 0 ? publishers : "rank:" + std::to_string(from) + " (network)");
     }
     return out;
   }
-  if (h.from_publishers) {
-    std::string out = "publisher:";
-    for (std::size_t i = 0; i < request.publishers.size(); ++i) {
-      out += (i ? "," : "") + std::to_string(request.publishers[i].rank);
-    }
-    return out;
-  }
+  if (h.from_publishers) return publishers;
   return "rank:" + std::to_string(h.from) + (h.network ? " (network)" : " (shared memory)");
 }
 

@@ -249,6 +249,12 @@ TEST(fanout_plan, shapes_of_a_small_cluster) {
             (std::map<std::int32_t, std::int32_t>{{8, -1}, {12, 8}, {0, 8}, {4, 12}}));
   EXPECT_EQ(tree->received_from(12), "stripes: rank:4 (network) | rank:8 (network)");
   EXPECT_EQ(tree->received_from(13), "rank:12 (shared memory)");
+  // A stripe root pulls every shard: with two publishers it names both.
+  auto two = r;
+  two.publishers = {{0, "trainer"}, {1, "trainer"}};
+  auto sharded = plan_fanout(two);
+  ASSERT_TRUE(sharded);
+  EXPECT_EQ(sharded->received_from(0), "stripes: publisher:0,1 | rank:8 (network)");
   // Rank 1 inherits rank 0's places in both stripes.
   EXPECT_EQ(next->stripes[0].at(1), -1);
   EXPECT_EQ(next->stripes[0].at(4), 1);
