@@ -219,14 +219,24 @@ result<fanout_plan> replan(const fanout_plan& plan, std::int32_t failed) {
       heir = r;
     }
   }
-  // Stripes: the heir takes the dead leader's place in every stripe; without one, its stripe
-  // children take stripe s from its own stripe-s source.
+  // Stripes: the heir takes the dead leader's place in every stripe. Without one, its first
+  // stripe child takes that place and the others hang under it, so the stripe keeps one source
+  // at the top (the publishers would otherwise send it once per orphaned child).
   for (auto& stripe : next.stripes) {
     auto source = stripe.at(failed);
     stripe.erase(failed);
     if (heir >= 0) stripe[heir] = source;
+    std::int32_t first = -1;  // the dead leader's first stripe child, when there is no heir
     for (auto& [leader, from] : stripe) {
-      if (from == failed) from = heir >= 0 ? heir : source;
+      if (from != failed) continue;
+      if (heir >= 0) {
+        from = heir;
+      } else if (first < 0) {
+        first = leader;
+        from = source;
+      } else {
+        from = first;
+      }
     }
   }
   if (next.stripes.size() && next.leader_of.size() - (heir >= 0 ? 0 : 1) < 2) next.stripes.clear();

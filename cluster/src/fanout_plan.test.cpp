@@ -202,6 +202,10 @@ RC_GTEST_PROP(fanout_plan, a_dead_leader_only_re_sources_its_subtree, ()) {
   check_children(*next);
   check_leaders(*next);
   check_stripes(*next);
+  for (const auto& stripe : next->stripes) {  // still fed from the top once
+    RC_ASSERT(std::count_if(stripe.begin(), stripe.end(),
+                            [](const auto& e) { return e.second < 0; }) == 1);
+  }
 }
 
 TEST(fanout_plan, shapes_of_a_small_cluster) {
