@@ -59,5 +59,17 @@ TEST(status_print, a_passing_status_exits_0_and_garbage_is_refused) {
   EXPECT_EQ(status_print("not json", out), 1);
 }
 
+// A status of another build (fields missing, or of other types) prints with "-" for what it
+// lacks, and fails, rather than reading past an entry or throwing.
+TEST(status_print, a_status_missing_fields_prints_dashes) {
+  auto s = nlohmann::json::parse(
+      R"({"status":"pass","ranks":[{"rank":3},7],"updates":[{"key":"m@1","commit_s":null},{}]})");
+  std::ostringstream out;
+  EXPECT_EQ(status_print(s.dump(), out), 0);
+  EXPECT_NE(out.str().find("3     -"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("m@1"), std::string::npos) << out.str();
+  EXPECT_EQ(status_print(R"({"ranks":{"a":1}})", out), 1);
+}
+
 }  // namespace
 }  // namespace wsync
