@@ -92,7 +92,7 @@ void join_all(endpoint_pointer self, const endpoint_state_ptr& st) {
 void answered(const endpoint_state_ptr& st, const rank_report& r) {
   auto it = st->owed.find(r.key);
   if (it == st->owed.end()) return;
-  if (r.state != "acknowledged") st->rejected[r.key].push_back(r.rank);
+  if (r.state != "acknowledged") st->rejected[r.key][r.rank] = r.reason;
   it->second.erase(r.rank);
   if (!it->second.empty()) return;
   st->owed.erase(it);
@@ -104,8 +104,12 @@ void answered(const endpoint_state_ptr& st, const rank_report& r) {
     return;
   }
   std::string list;
-  for (auto rank : rejected) list += (list.empty() ? "" : ",") + std::to_string(rank);
-  log_warn(st->who + ": update " + r.key + " not installed by rank(s) " + list + ": " + r.reason);
+  for (const auto& [rank, why] : rejected) {
+    list += (list.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank) + ": " + why;
+  }
+  log_warn(st->who + ": update " + r.key +
+           (r.update_id.empty() ? "" : " (update_id=" + r.update_id + ")") + " not installed by " +
+           list);
 }
 
 // A report of this endpoint's ranks, or of a member's, joins the pending batch.

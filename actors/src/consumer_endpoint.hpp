@@ -38,8 +38,9 @@ struct endpoint_state {
   std::vector<rank_report> pending;
   std::optional<std::chrono::steady_clock::time_point> pending_since, linger_due;
   std::map<std::string, std::set<std::int32_t>> owed;
-  /// Per update key still owed: the ranks that rejected it (the log says so once it is done).
-  std::map<std::string, std::vector<std::int32_t>> rejected;
+  /// Per update key still owed: the ranks that did not install it, each with why (the log says
+  /// so once every rank answered).
+  std::map<std::string, std::map<std::int32_t, std::string>> rejected;
   /// Per rank: the updates (parsed_update::identity) it was handed lately, newest first, so
   /// that a resend reaches it at most once.
   std::map<std::int32_t, std::deque<std::string>> handed;

@@ -10,9 +10,9 @@ namespace {
 TEST(endpoint_state, a_key_owed_by_nobody_goes_with_its_rejections) {
   endpoint_state st;
   st.owed["m@1"] = {};
-  st.rejected["m@1"] = {3};
+  st.rejected["m@1"] = {{3, "tensor checksum mismatch"}};
   st.owed["m@2"] = {4};
-  st.rejected["m@2"] = {5};
+  st.rejected["m@2"] = {{5, "waiting for the next version"}};
   forget_settled(st);
   EXPECT_EQ(st.owed.count("m@1"), 0u);
   EXPECT_EQ(st.rejected.count("m@1"), 0u);
