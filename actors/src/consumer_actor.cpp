@@ -115,6 +115,7 @@ void answered(const endpoint_state_ptr& st, const rank_report& r) {
 // A report of this endpoint's ranks, or of a member's, joins the pending batch.
 void take(const endpoint_state_ptr& st, rank_report r, std::chrono::steady_clock::time_point now) {
   if (r.state == "acknowledged" || r.state == "rejected" || r.state == "waiting") answered(st, r);
+  if (st->ranks.count(r.rank)) remember_answer(*st, r);
   if (st->pending.empty()) st->pending_since = now;
   st->pending.push_back(std::move(r));
 }
@@ -271,6 +272,8 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
           u->shards.push_back(std::move(*m));
         }
         auto work = caf::make_message(update_atom::value, parsed_update_ptr(u));
+        const update_id attempt = u->shards.empty() ? update_id() : u->shards.front().update_id;
+        bool answers_again = false;
         for (auto rank : mine) {
           auto it = st->ranks.find(rank);
           if (it == st->ranks.end()) {
@@ -280,7 +283,14 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
           }
           auto& handed = st->handed[rank];
           if (msg.resend && std::find(handed.begin(), handed.end(), u->identity) != handed.end()) {
-            continue;  // it has this one: its answer is on its way
+            // It has this one: its answer is on its way, or was lost with a node leader that
+            // confirmed it too early (see endpoint_state::answers): then it goes again.
+            for (auto& r : answers_to(*st, rank, msg.key, attempt)) {
+              if (st->pending.empty()) st->pending_since = std::chrono::steady_clock::now();
+              st->pending.push_back(std::move(r));
+              answers_again = true;
+            }
+            continue;
           }
           handed.push_front(u->identity);
           if (handed.size() > 16) handed.pop_back();
@@ -288,6 +298,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
           it->second.side->importing(msg.key);  // held from now: see rollout_side::importing
           caf::anon_send(it->second.worker, work);
         }
+        if (answers_again) flush(self, st);
       },
       [=](reconnect_atom) {
         st->reconnecting = false;

@@ -3,6 +3,7 @@
 // leadership steps (consumer_leadership.cpp): leading the node's other endpoints, or attaching to
 // the one that leads (docs/cluster.md, "Node leaders"). Heavy (CAF): actor code only.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -44,7 +45,18 @@ struct endpoint_state {
   /// Per rank: the updates (parsed_update::identity) it was handed lately, newest first, so
   /// that a resend reaches it at most once.
   std::map<std::int32_t, std::deque<std::string>> handed;
-  caf::io::middleman_actor connector;  ///< opens connections without blocking
+  /// Per own rank: what it reported of its latest updates (by key and attempt), newest first.
+  /// A resend of an update the rank already answered says the coordinator lacks the answer: a
+  /// node leader confirms a batch once it sent it on, and a leader that died right then lost
+  /// it. The answer is sent again (the coordinator refuses what it has).
+  struct answers_of_update {
+    std::string key;
+    update_id attempt;
+    std::vector<rank_report> reports;
+  };
+  std::map<std::int32_t, std::deque<answers_of_update>> answers;
+  static constexpr std::size_t answers_kept = 16;  ///< updates per rank, as `handed`
+  caf::io::middleman_actor connector;              ///< opens connections without blocking
 
   // Node leadership (docs/cluster.md, "Node leaders"). An endpoint leads its node, is a member
   // attached to its node's leader, or reports straight to the coordinator.
@@ -100,6 +112,30 @@ std::tuple<std::string, std::string> attach_accept(endpoint_pointer self,
                                                    const consumer_actor& handle);
 /// Answers the attaches that waited for this endpoint's `lead`, now that it came.
 void attaches_settle(endpoint_pointer self, const endpoint_state_ptr& st);
+
+/// Keeps a report of one of this endpoint's own ranks (see endpoint_state::answers).
+inline void remember_answer(endpoint_state& st, const rank_report& r) {
+  auto& list = st.answers[r.rank];
+  auto it = std::find_if(list.begin(), list.end(),
+                         [&](const auto& a) { return a.key == r.key && a.attempt == r.update_id; });
+  if (it == list.end()) {
+    list.push_front({r.key, r.update_id, {}});
+    if (list.size() > endpoint_state::answers_kept) list.pop_back();
+    it = list.begin();
+  }
+  it->reports.push_back(r);
+}
+
+/// What rank `rank` reported of attempt `attempt` of `key` (empty: nothing yet, or forgotten).
+inline std::vector<rank_report> answers_to(const endpoint_state& st, std::int32_t rank,
+                                           const std::string& key, const update_id& attempt) {
+  auto list = st.answers.find(rank);
+  if (list == st.answers.end()) return {};
+  for (const auto& a : list->second) {
+    if (a.key == key && a.attempt == attempt) return a.reports;
+  }
+  return {};
+}
 
 /// Drops the update keys no rank owes an answer for any more, with their rejections: a key
 /// left owed by nobody otherwise (a rank gone, or moved on) keeps its rejected list for good.

@@ -20,5 +20,34 @@ TEST(endpoint_state, a_key_owed_by_nobody_goes_with_its_rejections) {
   EXPECT_EQ(st.rejected.count("m@2"), 1u);
 }
 
+// What a rank reported of an update is kept by key and attempt, so that a resend of an update
+// it answered (the answer lost with a node leader) sends exactly that answer again.
+TEST(endpoint_state, a_ranks_answers_are_kept_per_attempt_for_a_resend) {
+  endpoint_state st;
+  auto report = [](std::string key, std::string state, std::string id) {
+    rank_report r;
+    r.key = std::move(key);
+    r.rank = 3;
+    r.state = std::move(state);
+    r.update_id = std::move(id);
+    return r;
+  };
+  remember_answer(st, report("m@1", "acknowledged", "a1"));
+  remember_answer(st, report("m@2", "rejected", "b1"));
+  remember_answer(st, report("m@2", "released", "b1"));
+  remember_answer(st, report("m@2", "acknowledged", "b2"));  // a retry of version 2
+  auto answers = answers_to(st, 3, "m@2", "b1");
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_EQ(answers[0].state, "rejected");
+  EXPECT_EQ(answers[1].state, "released");
+  EXPECT_EQ(answers_to(st, 3, "m@2", "b2").size(), 1u);
+  EXPECT_TRUE(answers_to(st, 4, "m@2", "b1").empty());
+  for (int v = 3; v < 3 + int(endpoint_state::answers_kept); ++v) {
+    remember_answer(st, report("m@" + std::to_string(v), "acknowledged", "x"));
+  }
+  EXPECT_TRUE(answers_to(st, 3, "m@1", "a1").empty()) << "kept beyond the bound";
+  EXPECT_EQ(st.answers[3].size(), endpoint_state::answers_kept);
+}
+
 }  // namespace
 }  // namespace wsync::consumer_detail
