@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <new>
@@ -149,6 +151,48 @@ pid_t perftest_spawn(const std::string& tls, const std::vector<std::string>& arg
   return pid;
 }
 
+// Reaps `pid`, through signals that interrupt the wait.
+void reap(pid_t pid, int* status = nullptr) {
+  int ignored = 0;
+  while (::waitpid(pid, status ? status : &ignored, 0) < 0 && errno == EINTR) {
+  }
+}
+
+void end(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  reap(pid);
+}
+
+// Reads `fd` to its end into `text`, for at most `limit`. False with `why` when the limit
+// passed (a client that stalls: a server that accepted and hung) or a stop signal came (the
+// bench's handlers do not restart calls, so a blocked poll returns EINTR).
+bool read_all(int fd, std::string& text, std::chrono::seconds limit, std::string& why) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      why = "ucx_perftest gave no result within " + std::to_string(limit.count()) + " s";
+      return false;
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0) {
+      why = errno == EINTR ? "interrupted while ucx_perftest ran"
+                           : std::string("poll failed: ") + std::strerror(errno);
+      return false;
+    }
+    if (ready == 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      text.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      return true;  // its end (or an error reading it: what came is judged)
+    }
+  }
+}
+
 }  // namespace
 
 std::optional<double> perftest_gbps(const std::string& tls, const std::string& test,
@@ -172,20 +216,23 @@ std::optional<double> perftest_gbps(const std::string& tls, const std::string& t
     pid_t client = perftest_spawn(tls, client_args, &fd);
     if (client < 0) break;
     text.clear();
-    char buf[4096];
-    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, n);
+    std::string stalled;
+    const bool read = read_all(fd, text, std::chrono::seconds(60), stalled);
     ::close(fd);
+    if (!read) {
+      end(client);
+      end(server);
+      return *why = stalled, std::nullopt;
+    }
     int status = 0;
-    ::waitpid(client, &status, 0);
+    reap(client, &status);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
-      ::kill(server, SIGKILL);
-      ::waitpid(server, nullptr, 0);
+      end(server);
       return *why = "blocked: ucx_perftest is not installed (Debian package ucx-utils)",
              std::nullopt;
     }
   }
-  ::kill(server, SIGKILL);
-  ::waitpid(server, nullptr, 0);
+  end(server);
   // "Final: <iters> <lat 50%> <lat avg> <lat overall> <bw avg> <bw overall> <rate avg> ..."
   auto at = text.find("Final:");
   if (at == std::string::npos) {

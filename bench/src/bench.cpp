@@ -183,7 +183,7 @@ int row_finish(point_run& r, const std::string& status, const std::string& why) 
   r.row["status"] = status;
   if (status == "blocked") r.row["blocker"] = why;
   if (status == "fail") r.row["error"] = why;
-  r.out << r.row.dump() << std::endl;
+  r.out << r.row.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
   return status == "pass" ? 0 : status == "fail" ? 1 : 2;
 }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -24,6 +25,9 @@ struct run_figures {
   std::string error;
   double publish = 0, commit = 0, data_max = 0, data_sum = 0, overhead = 0, overhead_cores = 0;
   std::uint64_t last_version = 0;
+  /// The lowest version a consumer rank serves at the end, from the coordinator's status (0:
+  /// none reported): the row's active_weight_version, measured rather than assumed.
+  std::uint64_t active_version = 0;
   long rss_after_100 = -1, rss_at_end = -1;  ///< the coordinator's, in KiB (-1: not reached)
   long consumer_fds = -1;  ///< open descriptors of the consumer process after the last update
   /// The coordinator's control-plane messages per update (status `messages`), all updates.
@@ -158,10 +162,19 @@ run_figures run_one(const cluster_bench_options& o, int consumers, int processes
     f.coordinator_cpu_ms = (cpu - cpu_before) * 1e3 / (o.repeat + 1);
   }
   f.consumer_fds = open_fds(consumer);
-  if (auto s = status_of(cluster); s.is_object() && s.contains("messages")) {
-    const double updates = o.repeat + 1;
-    f.updates_sent = s["messages"].value("updates_sent", 0.0) / updates;
-    f.report_messages = s["messages"].value("report_messages", 0.0) / updates;
+  if (auto s = status_of(cluster); s.is_object()) {
+    if (s.contains("messages") && s["messages"].is_object()) {
+      const double updates = o.repeat + 1;
+      f.updates_sent = s["messages"].value("updates_sent", 0.0) / updates;
+      f.report_messages = s["messages"].value("report_messages", 0.0) / updates;
+    }
+    std::optional<std::uint64_t> lowest;
+    for (const auto& r : s.value("ranks", json::array())) {
+      if (!r.is_object() || r.value("role", std::string()) != "consumer") continue;
+      const auto v = r.value("active_weight_version", std::uint64_t{0});
+      lowest = lowest ? std::min(*lowest, v) : v;
+    }
+    f.active_version = lowest.value_or(0);
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     f.error = WIFEXITED(status)
@@ -202,6 +215,18 @@ run_figures run_one(const cluster_bench_options& o, int consumers, int processes
     overhead.push_back(c - mx);
     overhead_cores.push_back(c - std::max(mx, sum / cores));
   }
+  // A publisher stopped early (a signal between versions) exits 0 with fewer outcomes: medians
+  // of a short sample, or of none, are no figures.
+  if (publish.size() != static_cast<std::size_t>(o.repeat)) {
+    f.error = std::to_string(publish.size()) + " of " + std::to_string(o.repeat) +
+              " timed updates committed";
+    return f;
+  }
+  if (f.active_version != f.last_version) {
+    f.error = "a consumer serves version " + std::to_string(f.active_version) + ", not the last, " +
+              std::to_string(f.last_version);
+    return f;
+  }
   f.publish = median(publish);
   f.commit = median(commit);
   f.data_max = median(data_max);
@@ -228,7 +253,7 @@ json row_of(const cluster_bench_options& o, const run_figures& f, int consumers,
           {"node_leader", node_leader},
           {"repeat", o.repeat},
           {"weight_version", f.last_version},
-          {"active_weight_version", f.last_version},
+          {"active_weight_version", f.active_version},
           {"timings_s",
            {{"publish", f.publish},
             {"commit", f.commit},
@@ -276,8 +301,8 @@ int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
       // null, not a number, when the baseline run failed
       row["baseline"] = {{"name", "single-consumer-overhead"},
                          {"seconds", baseline >= 0 ? json(baseline) : json(nullptr)}};
-      row["ratio_to_baseline"] = baseline > 0 ? f.overhead / baseline : 0.0;
-      out << row.dump() << std::endl;
+      row["ratio_to_baseline"] = baseline > 0 ? json(f.overhead / baseline) : json(nullptr);
+      out << row.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
       continue;
     }
     // The same ranks and processes without node leaders first: the baseline of this count.
@@ -289,8 +314,8 @@ int cluster_bench_run(const cluster_bench_options& o, std::ostream& out) {
       if (!leader && f.error.empty()) direct = f.overhead;
       row["baseline"] = {{"name", "no-node-leader-overhead"},
                          {"seconds", direct >= 0 ? json(direct) : json(nullptr)}};
-      row["ratio_to_baseline"] = direct > 0 ? f.overhead / direct : 0.0;
-      out << row.dump() << std::endl;
+      row["ratio_to_baseline"] = direct > 0 ? json(f.overhead / direct) : json(nullptr);
+      out << row.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
     }
   }
   return code;

@@ -339,7 +339,7 @@ int emit(std::ostream& out, json row, const std::string& status, const std::stri
   row["status"] = status;
   row["blocker"] = status == "blocked" ? json(why) : json(nullptr);
   if (status == "fail") row["error"] = why;
-  out << row.dump() << std::endl;
+  out << row.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
   return status == "pass" ? 0 : status == "fail" ? 1 : 2;
 }
 
@@ -390,8 +390,10 @@ result<double> warm_up(fanout_run& run, const fanout_bench_options& o,
 }
 
 json with_baseline(json row, double commit_s, double baseline) {
-  row["baseline"] = {{"name", "single-consumer"}, {"seconds", baseline}};
-  row["ratio_to_baseline"] = baseline > 0 ? commit_s / baseline : 0;
+  // null, not a number, where the baseline run gave none
+  row["baseline"] = {{"name", "single-consumer"},
+                     {"seconds", baseline > 0 ? json(baseline) : json(nullptr)}};
+  row["ratio_to_baseline"] = baseline > 0 ? json(commit_s / baseline) : json(nullptr);
   return row;
 }
 

@@ -23,7 +23,7 @@ int row_print(std::ostream& out, json row, const std::string& status, const std:
   row["status"] = status;
   row["blocker"] = status == "blocked" ? json(why) : json(nullptr);
   if (status == "fail") row["error"] = why;
-  out << row.dump() << std::endl;
+  out << row.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
   return status == "pass" ? 0 : status == "fail" ? 1 : 2;
 }
 
