@@ -27,11 +27,11 @@ endpoint endpoint_make(const std::string& host, std::uint16_t port, const std::s
 class trainer_handle {
  public:
   explicit trainer_handle(const trainer_options& o) {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     rank_ = keeping_signal_mask([&] { return unwrap(trainer_rank::connect(o)); });
   }
   ~trainer_handle() {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     rank_.reset();
   }
   pyb::dict publish(const pyb::list& tensors, std::uint64_t version,
@@ -43,7 +43,7 @@ class trainer_handle {
     auto sources = sources_from(tensors);
     publish_outcome out;
     {
-      pyb::gil_scoped_release unlocked;
+      gil_released unlocked;
       out = rank->publish(sources, version, std::move(metadata));
       rank.reset();  // may be the last reference: the rank stops here, without the GIL
     }
@@ -58,14 +58,14 @@ class trainer_handle {
   std::vector<std::uint64_t> held_versions() {
     auto rank = rank_;
     if (!rank) raise(errc::illegal_transition, "TrainerRank: closed");
-    pyb::gil_scoped_release unlocked;  // the rank's lock: an endpoint thread may hold it
+    gil_released unlocked;  // the rank's lock: an endpoint thread may hold it
     auto versions = rank->held_versions();
     rank.reset();  // may be the last reference (close() ran meanwhile): stops without the GIL
     return versions;
   }
   void close() {
     auto rank = std::move(rank_);
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     rank.reset();
   }
 
@@ -92,15 +92,29 @@ class report_keeper final : public consumer_observer {
   void stopping() override {}
 
   pyb::dict snapshot() const {
-    std::lock_guard lock(mutex_);
+    // Copied under the lock, made into Python objects after it: building them may run Python
+    // code (a collection, a __del__) that lets the GIL go, and a thread holding the GIL must
+    // never wait for this lock meanwhile (installs take it in update_done).
+    std::string key;
+    rollout_report last;
+    std::uint64_t bytes = 0, updates = 0, installed = 0, rejected = 0;
+    {
+      std::lock_guard lock(mutex_);
+      key = last_key_;
+      last = last_;
+      bytes = last_bytes_;
+      updates = updates_;
+      installed = installed_;
+      rejected = rejected_;
+    }
     pyb::dict d;
-    d["updates"] = updates_;
-    d["installed"] = installed_;
-    d["rejected"] = rejected_;
-    if (updates_ > 0) {
-      pyb::dict l = report_to_py(last_);
-      l["key"] = last_key_;
-      l["bytes"] = last_bytes_;
+    d["updates"] = updates;
+    d["installed"] = installed;
+    d["rejected"] = rejected;
+    if (updates > 0) {
+      pyb::dict l = report_to_py(last);
+      l["key"] = key;
+      l["bytes"] = bytes;
       d["last_update"] = l;
     } else {
       d["last_update"] = pyb::none();
@@ -119,14 +133,14 @@ class report_keeper final : public consumer_observer {
 class rollout_handle {
  public:
   rollout_handle(const rollout_options& o, pyb::object installer) : adapter_(std::move(installer)) {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     rank_ = keeping_signal_mask(
         [&] { return unwrap(rollout_rank::connect(o, adapter_, meter_.gate, &reports_)); });
   }
   ~rollout_handle() { close(); }
   void close() {
     auto rank = std::move(rank_);
-    pyb::gil_scoped_release unlocked;  // an install in flight needs the GIL to finish
+    gil_released unlocked;  // an install in flight needs the GIL to finish
     rank.reset();
   }
   // The executor's lock may be held by an install that waits for the GIL: never wait for it
@@ -135,7 +149,7 @@ class rollout_handle {
     // A local reference, dropped without the GIL: if close() ran meanwhile, the rank stops
     // here, and stopping may wait for an install that needs the GIL.
     auto rank = rank_;
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     const std::uint64_t v = rank ? rank->active_weight_version() : 0;
     rank.reset();
     return v;
@@ -222,7 +236,7 @@ void cluster_bind(pyb::module_& m) {
         std::string error;
         std::string text;
         {
-          pyb::gil_scoped_release unlocked;
+          gil_released unlocked;
           text = keeping_signal_mask(
               [&] { return coordinator_status(endpoint_make(host, port, token, tls), error); });
         }

@@ -12,6 +12,24 @@
 
 namespace wsync::py {
 
+namespace {
+std::atomic<unsigned long> main_thread_ident{0};
+}  // namespace
+
+void main_thread_remember() {
+  main_thread_ident =
+      pyb::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+}
+
+gil_released::gil_released() : state_(PyEval_SaveThread()) {}
+
+gil_released::~gil_released() {
+  if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident.load()) {
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // see the class
+  }
+  PyEval_RestoreThread(state_);
+}
+
 void errors_bind(pyb::module_& m) {
   (void)m;
   pyb::register_exception_translator([](std::exception_ptr p) {

@@ -27,6 +27,25 @@ namespace wsync::py {
 
 namespace pyb = pybind11;
 
+/// Gives up the GIL for C++ work, like pybind11's gil_scoped_release, but never takes it back
+/// in another thread while the interpreter shuts down. A call that Ctrl-C abandoned goes on in a
+/// daemon thread (python/wsync/_cluster.py); should it return then, Python would end the thread
+/// inside this destructor (pthread_exit through a noexcept frame), and the exiting process would
+/// abort with a core dump instead of exiting. Such a thread parks; the exiting process ends it.
+/// The main thread, which runs the shutdown (and destructors during it), takes the GIL back.
+class gil_released {
+ public:
+  gil_released();
+  ~gil_released();
+  gil_released(const gil_released&) = delete;
+  gil_released& operator=(const gil_released&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+/// Called once at import: which thread is the main one (threading.main_thread()).
+void main_thread_remember();
+
 /// A wsync error on its way to Python; translated to wsync._errors.error_for(code, message).
 struct raised {
   wsync::error err;

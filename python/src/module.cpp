@@ -377,6 +377,7 @@ void halves_bind(pyb::module_& m) {
 PYBIND11_MODULE(_wsync, m) {
   using namespace wsync::py;
   m.doc() = "wsync's C++ core; use the `wsync` package, not this module.";
+  main_thread_remember();
   errors_bind(m);
   manifest_bind(m);
   halves_bind(m);

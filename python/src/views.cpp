@@ -13,6 +13,15 @@
 #include "wsync/transports/forwarding.hpp"
 
 namespace wsync::py {
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 namespace {
 
 struct registry {
@@ -105,16 +114,15 @@ view_lease::~view_lease() {
     }
   }
   if (run.empty()) return;
-    // The last view usually dies in Python (a tensor's deleter), holding the GIL; a device
-    // release synchronises a stream. Other Python threads go on meanwhile: the releases touch
-    // no Python object.
-    // Only where this thread surely holds the GIL through its own thread state (not while the
-    // interpreter shuts down, where saving it could be fatal).
+  // The last view usually dies in Python (a tensor's deleter), holding the GIL; a device
+  // release synchronises a stream. Other Python threads go on meanwhile: the releases touch
+  // no Python object.
+  // Only where this thread surely holds the GIL through its own thread state (not while the
+  // interpreter shuts down, where saving it could be fatal).
+  const bool finalizing = interpreter_finalizing();
 #if PY_VERSION_HEX >= 0x030D0000
-  const bool finalizing = Py_IsFinalizing();
   PyThreadState* current = PyThreadState_GetUnchecked();
 #else
-  const bool finalizing = _Py_IsFinalizing();
   PyThreadState* current = _PyThreadState_UncheckedGet();
 #endif
   const bool holds = Py_IsInitialized() && !finalizing && current != nullptr &&

@@ -18,6 +18,9 @@
 
 namespace wsync::py {
 
+/// Whether the interpreter is shutting down (no thread may take the GIL again).
+bool interpreter_finalizing();
+
 /// Keeps the releases of one update waiting while it exists.
 class view_lease {
  public:

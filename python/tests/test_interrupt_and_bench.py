@@ -56,6 +56,49 @@ def test_ctrl_c_interrupts_a_publish_waiting_for_its_outcome(coordinator):
         consumer.wait(15)
 
 
+EXITING_CHILD = r"""
+import sys, time, torch, wsync
+class Slow:  # keeps the interpreter shutting down while the outcome comes (the deadline, 1 s)
+    def __del__(self, sleep=time.sleep):
+        sleep(3)
+keep = Slow()
+wsync.wait_for_consumers(1, timeout=30)
+rank = wsync.TrainerRank()
+print("ready", flush=True)
+sys.stdin.readline()  # the parent froze the consumer
+rank.publish({"w": torch.ones(1024)}, weight_version=1)  # interrupted: the program exits
+"""
+
+
+def test_ctrl_c_then_an_outcome_during_shutdown_exits_cleanly():
+    # The publish Ctrl-C left running returns while the interpreter shuts down. Taking the GIL
+    # back then ended its thread inside a destructor, and the process aborted (134, core dump).
+    from conftest import Coordinator
+    coordinator = Coordinator(deadline_ms=1000)
+    consumer = subprocess.Popen([wsync_bin(), "consumer", "--coordinator", coordinator.address,
+                                 "--model", "model"], env=coordinator.env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        p = subprocess.Popen([sys.executable, "-c", EXITING_CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=coordinator.env())
+        assert p.stdout.readline().strip() == "ready"
+        consumer.send_signal(signal.SIGSTOP)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        # An uncaught KeyboardInterrupt ends Python by SIGINT; an abort is SIGABRT.
+        assert p.returncode in (130, -signal.SIGINT), f"exit {p.returncode}: {err[-2000:]}"
+        assert "terminate called" not in err, err[-2000:]
+    finally:
+        consumer.send_signal(signal.SIGCONT)
+        consumer.terminate()
+        consumer.wait(15)
+        coordinator.stop()
+
+
 def test_bench_prints_one_json_row_per_figure(capsys):
     assert bench.main(["--layout", "synthetic:4194304:8", "--repeat", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
