@@ -178,11 +178,11 @@ void python_adapter::swap_views(const update_id& id) {
 }
 
 namespace {
-std::string python_failure(const char* what, pyb::error_already_set& e) {
+std::string python_failure(const std::string& what, pyb::error_already_set& e) {
   std::string text = e.what();
   e.restore();
   PyErr_Clear();
-  return std::string(what) + ": " + text;
+  return what + ": " + text;
 }
 }  // namespace
 
@@ -349,21 +349,36 @@ void python_adapter::activate(const update_id& id) noexcept {
       interrupt_.emplace(std::move(e));
       return;
     }
-    log_error(python_failure("activate raised (it must not)", e));
+    log_error(
+        python_failure("activate of update_id=" + std::string(id) + " raised (it must not)", e));
   } catch (...) {
-    log_error("activate raised (it must not)");
+    log_error("activate of update_id=" + std::string(id) + " raised (it must not)");
   }
 }
 
 void python_adapter::discard(const update_id& id) noexcept {
   pyb::gil_scoped_acquire gil;
-  try {
-    target_.attr("discard")(id);
-  } catch (pyb::error_already_set& e) {
-    log_error(python_failure("discard raised", e));
-  } catch (...) {
-    log_error("discard raised");
+  // A Ctrl-C pending as the installer's discard starts stops it at its first line, before it
+  // let go of anything: a staged copy (or views, holding the import) would stay for good. The
+  // interrupt is kept, raised once update_weights returns, and the discard runs again.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    try {
+      target_.attr("discard")(id);
+      return;
+    } catch (pyb::error_already_set& e) {
+      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) {
+        if (!interrupt_) interrupt_.emplace(std::move(e));
+        continue;
+      }
+      log_error(python_failure("discard of update_id=" + std::string(id) + " raised", e));
+      return;
+    } catch (...) {
+      log_error("discard of update_id=" + std::string(id) + " raised");
+      return;
+    }
   }
+  log_error("discard of update_id=" + std::string(id) +
+            " was interrupted three times: what it staged may stay");
 }
 
 }  // namespace wsync::py

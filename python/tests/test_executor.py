@@ -192,6 +192,42 @@ def test_ctrl_c_while_staging_rejects_the_update_and_reaches_the_caller():
     rollout.release_weights()
 
 
+def test_ctrl_c_as_a_failed_install_discards_still_discards_and_reaches_the_caller():
+    """A Ctrl-C pending as the installer's discard starts stops it before it lets go: the
+    discard runs again (the staged copy does not stay), and the interrupt reaches the caller."""
+    trainer, rollout_model = small_model(5), small_model(6)
+    pub = wsync.SharedMemoryTensorBridge()
+    rollout = wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge(), model=rollout_model)
+    installer = rollout.installer
+    stage, discard = installer.stage, installer.discard
+    calls = []
+
+    def failing_stage(update_id, shards):
+        stage(update_id, shards)  # staged: a copy of the model is held for this update
+        raise wsync.WeightSyncError("install failed: injected")
+
+    def interrupted_discard(update_id):
+        calls.append(update_id)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # as if Ctrl-C fired at the discard's first line
+        discard(update_id)
+
+    installer.stage, installer.discard = failing_stage, interrupted_discard
+    m = pub.publish(trainer, weight_version=1)
+    with pytest.raises(KeyboardInterrupt):
+        rollout.update_weights(m)
+    installer.stage, installer.discard = stage, discard
+    assert len(calls) == 2, calls
+    assert not installer._staged
+    assert rollout.active_weight_version is None
+    pub.release(m.update_id)
+    m = pub.publish(trainer, weight_version=2)
+    rollout.update_weights(m)
+    assert rollout.active_weight_version == 2
+    pub.release(m.update_id)
+    rollout.release_weights()
+
+
 def test_ctrl_c_while_a_view_install_waits_for_readers_switches_whole_then_reaches_the_caller():
     """Zero-copy installs switch in the extension: a Ctrl-C that came while the switch waited
     for a generation step cannot leave the update acknowledged with the old views active."""
