@@ -13,6 +13,8 @@
 #include <fstream>
 #include <future>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "wsync/manifest/codec.hpp"
 #include "wsync/transports/registry.hpp"
@@ -354,6 +356,42 @@ std::string read_line(int fd) {
   return line;
 }
 
+// This test binary again, running only test `name` (one of the *_process tests below), which
+// finds its end of two pipes in the environment variable `fds_var` as "<in>,<out>", and any
+// further variables in `env`: what it writes comes through `from`, what it reads from `to`.
+struct child_process {
+  pid_t pid = -1;
+  int to = -1, from = -1;
+
+  static child_process spawn(const std::string& name, const char* fds_var,
+                             const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    child_process c;
+    int to_child[2], from_child[2];
+    if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) return c;
+    std::string exe = std::filesystem::read_symlink("/proc/self/exe");
+    c.pid = ::fork();
+    if (c.pid == 0) {
+      ::close(to_child[1]);
+      ::close(from_child[0]);
+      std::string fds = std::to_string(to_child[0]) + "," + std::to_string(from_child[1]);
+      ::setenv(fds_var, fds.c_str(), 1);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      const std::string filter = "--gtest_filter=ucx_test." + name;
+      ::execl(exe.c_str(), exe.c_str(), filter.c_str(), nullptr);
+      ::_exit(127);
+    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    c.to = to_child[1];
+    c.from = from_child[0];
+    return c;
+  }
+  void close_pipes() {
+    if (to >= 0) ::close(std::exchange(to, -1));
+    if (from >= 0) ::close(std::exchange(from, -1));
+  }
+};
+
 // Not a test of its own: the relay process of the test below, which runs this binary again
 // with WSYNC_UCX_RELAY_FDS="<in>,<out>". It prints its relay address, imports each manifest it
 // reads, says "ok", and runs until killed.
@@ -376,23 +414,9 @@ TEST_F(ucx_test, relay_process) {
 TEST_F(ucx_test, a_killed_relay_hands_its_children_to_its_source) {
   // Over TCP, where UCX reports a dead peer: the child's endpoint to the relay fails and the
   // child goes on from the publisher, keeping the chunks it already has.
-  int to_relay[2], from_relay[2];
-  ASSERT_EQ(::pipe(to_relay), 0);
-  ASSERT_EQ(::pipe(from_relay), 0);
-  std::string exe = std::filesystem::read_symlink("/proc/self/exe");
-  pid_t relay = ::fork();
-  ASSERT_GE(relay, 0);
-  if (relay == 0) {
-    ::close(to_relay[1]);
-    ::close(from_relay[0]);
-    std::string fds = std::to_string(to_relay[0]) + "," + std::to_string(from_relay[1]);
-    ::setenv("WSYNC_UCX_RELAY_FDS", fds.c_str(), 1);
-    ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=ucx_test.relay_process", nullptr);
-    ::_exit(127);
-  }
-  ::close(to_relay[0]);
-  ::close(from_relay[1]);
-  std::string relay_address = read_line(from_relay[0]);
+  auto relay = child_process::spawn("relay_process", "WSYNC_UCX_RELAY_FDS");
+  ASSERT_GE(relay.pid, 0);
+  std::string relay_address = read_line(relay.from);
   ASSERT_FALSE(relay_address.empty()) << "the relay process did not start";
 
   auto t = make({{"tls", "tcp"}});
@@ -407,8 +431,8 @@ TEST_F(ucx_test, a_killed_relay_hands_its_children_to_its_source) {
   auto a = publish(**p, "u-a", {1 << 20}, 1);
   auto child_a =
       std::async(std::launch::async, [&] { return (*child)->import_segments(via_relay(a)); });
-  ASSERT_TRUE(write_line(to_relay[1], manifest_to_json(a)));
-  EXPECT_EQ(read_line(from_relay[0]), "ok");
+  ASSERT_TRUE(write_line(relay.to, manifest_to_json(a)));
+  EXPECT_EQ(read_line(relay.from), "ok");
   auto got_a = child_a.get();
   ASSERT_TRUE(got_a) << got_a.error().message;
   expect_pattern(*got_a, a, 1);
@@ -417,14 +441,13 @@ TEST_F(ucx_test, a_killed_relay_hands_its_children_to_its_source) {
   auto b = publish(**p, "u-b", {1 << 20}, 2);
   auto child_b =
       std::async(std::launch::async, [&] { return (*child)->import_segments(via_relay(b)); });
-  ::kill(relay, SIGKILL);
-  ::waitpid(relay, nullptr, 0);
+  ::kill(relay.pid, SIGKILL);
+  ::waitpid(relay.pid, nullptr, 0);
   auto got_b = child_b.get();
   ASSERT_TRUE(got_b) << got_b.error().message;
   expect_pattern(*got_b, b, 2);
 
-  ::close(to_relay[1]);
-  ::close(from_relay[0]);
+  relay.close_pipes();
   (*child)->release(a.update_id);
   (*child)->release(b.update_id);
   (*p)->release(a.update_id);
@@ -449,23 +472,9 @@ TEST_F(ucx_test, publisher_process) {
 // when the importer's deadline passes: its connection is closed with them, and the remote key
 // they use outlives them. The node then imports the next update as usual.
 TEST_F(ucx_test, a_frozen_publisher_fails_a_get_import_at_its_deadline_and_the_node_goes_on) {
-  int to_pub[2], from_pub[2];
-  ASSERT_EQ(::pipe(to_pub), 0);
-  ASSERT_EQ(::pipe(from_pub), 0);
-  std::string exe = std::filesystem::read_symlink("/proc/self/exe");
-  pid_t pub = ::fork();
-  ASSERT_GE(pub, 0);
-  if (pub == 0) {
-    ::close(to_pub[1]);
-    ::close(from_pub[0]);
-    std::string fds = std::to_string(to_pub[0]) + "," + std::to_string(from_pub[1]);
-    ::setenv("WSYNC_UCX_PUBLISHER_FDS", fds.c_str(), 1);
-    ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=ucx_test.publisher_process", nullptr);
-    ::_exit(127);
-  }
-  ::close(to_pub[0]);
-  ::close(from_pub[1]);
-  auto m = manifest_from_json(read_line(from_pub[0]));
+  auto pub = child_process::spawn("publisher_process", "WSYNC_UCX_PUBLISHER_FDS");
+  ASSERT_GE(pub.pid, 0);
+  auto m = manifest_from_json(read_line(pub.from));
   ASSERT_TRUE(m) << "the publisher process did not start";
   ASSERT_TRUE(contains(m->transport_handle, "rkey")) << m->transport_handle;
 
@@ -474,12 +483,11 @@ TEST_F(ucx_test, a_frozen_publisher_fails_a_get_import_at_its_deadline_and_the_n
   ASSERT_TRUE(c);
   auto importing = std::async(std::launch::async, [&] { return (*c)->import_segments(*m); });
   std::this_thread::sleep_for(std::chrono::milliseconds(30));  // 64 MiB take longer than that
-  ::kill(pub, SIGSTOP);
+  ::kill(pub.pid, SIGSTOP);
   auto got = importing.get();
-  ::kill(pub, SIGKILL);
-  ::waitpid(pub, nullptr, 0);
-  ::close(to_pub[1]);
-  ::close(from_pub[0]);
+  ::kill(pub.pid, SIGKILL);
+  ::waitpid(pub.pid, nullptr, 0);
+  pub.close_pipes();
   if (got) GTEST_SKIP() << "the import finished before the publisher froze";
   EXPECT_EQ(got.error().code, errc::timeout) << got.error().message;
   EXPECT_TRUE(contains(got.error().message, "u-frozen")) << got.error().message;
@@ -514,24 +522,10 @@ int shared_mappings_of_at_least(std::uint64_t bytes) {
 // publisher's slot mapped here: a trainer restart would leave the old ring in every consumer's
 // memory. The consumer watches the publisher's process and lets the key go once it exited.
 TEST_F(ucx_test, the_slot_of_an_exited_publisher_is_unmapped_over_shared_memory) {
-  int to_pub[2], from_pub[2];
-  ASSERT_EQ(::pipe(to_pub), 0);
-  ASSERT_EQ(::pipe(from_pub), 0);
-  std::string exe = std::filesystem::read_symlink("/proc/self/exe");
-  pid_t pub = ::fork();
-  ASSERT_GE(pub, 0);
-  if (pub == 0) {
-    ::close(to_pub[1]);
-    ::close(from_pub[0]);
-    std::string fds = std::to_string(to_pub[0]) + "," + std::to_string(from_pub[1]);
-    ::setenv("WSYNC_UCX_PUBLISHER_FDS", fds.c_str(), 1);
-    ::setenv("WSYNC_UCX_PUBLISHER_TLS", "sm,self", 1);
-    ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=ucx_test.publisher_process", nullptr);
-    ::_exit(127);
-  }
-  ::close(to_pub[0]);
-  ::close(from_pub[1]);
-  auto m = manifest_from_json(read_line(from_pub[0]));
+  auto pub = child_process::spawn("publisher_process", "WSYNC_UCX_PUBLISHER_FDS",
+                                  {{"WSYNC_UCX_PUBLISHER_TLS", "sm,self"}});
+  ASSERT_GE(pub.pid, 0);
+  auto m = manifest_from_json(read_line(pub.from));
   ASSERT_TRUE(m) << "the publisher process did not start";
   auto t = make({{"tls", "sm,self"}, {"op", "get"}});
   auto c = t->make_consumer();
@@ -543,9 +537,8 @@ TEST_F(ucx_test, the_slot_of_an_exited_publisher_is_unmapped_over_shared_memory)
   const std::uint64_t slot_bytes = 64 << 20;
   ASSERT_EQ(shared_mappings_of_at_least(slot_bytes), 2) << "our landing slot and the publisher's";
 
-  ::close(to_pub[1]);  // the publisher exits
-  ::waitpid(pub, nullptr, 0);
-  ::close(from_pub[0]);
+  pub.close_pipes();  // the publisher exits
+  ::waitpid(pub.pid, nullptr, 0);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (shared_mappings_of_at_least(slot_bytes) > 1 &&
          std::chrono::steady_clock::now() < deadline) {
