@@ -292,6 +292,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
             }
             continue;
           }
+          forget_answers(*st, rank, msg.key, attempt);  // this delivery's answers replace them
           handed.push_front(u->identity);
           if (handed.size() > 16) handed.pop_back();
           st->owed[msg.key].insert(rank);

@@ -126,6 +126,15 @@ inline void remember_answer(endpoint_state& st, const rank_report& r) {
   it->reports.push_back(r);
 }
 
+/// Forgets what `rank` reported of attempt `attempt` of `key`: it is handed that update again
+/// (a catch-up of it), and a resend must replay the answers to this delivery, not the last.
+inline void forget_answers(endpoint_state& st, std::int32_t rank, const std::string& key,
+                           const update_id& attempt) {
+  auto list = st.answers.find(rank);
+  if (list == st.answers.end()) return;
+  std::erase_if(list->second, [&](const auto& a) { return a.key == key && a.attempt == attempt; });
+}
+
 /// What rank `rank` reported of attempt `attempt` of `key` (empty: nothing yet, or forgotten).
 inline std::vector<rank_report> answers_to(const endpoint_state& st, std::int32_t rank,
                                            const std::string& key, const update_id& attempt) {

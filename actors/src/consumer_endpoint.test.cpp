@@ -49,5 +49,25 @@ TEST(endpoint_state, a_ranks_answers_are_kept_per_attempt_for_a_resend) {
   EXPECT_EQ(st.answers[3].size(), endpoint_state::answers_kept);
 }
 
+// The same update handed again (a catch-up of it): a resend then replays this delivery's
+// answers, never the earlier delivery's (a 'waiting' of then would land on the catch-up).
+TEST(endpoint_state, an_update_handed_again_forgets_the_earlier_answers) {
+  endpoint_state st;
+  rank_report waiting;
+  waiting.key = "m@4";
+  waiting.rank = 2;
+  waiting.state = "waiting";
+  waiting.update_id = "d1";
+  remember_answer(st, waiting);
+  forget_answers(st, 2, "m@4", "d1");
+  EXPECT_TRUE(answers_to(st, 2, "m@4", "d1").empty());
+  auto acked = waiting;
+  acked.state = "acknowledged";
+  remember_answer(st, acked);
+  auto now = answers_to(st, 2, "m@4", "d1");
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_EQ(now[0].state, "acknowledged");
+}
+
 }  // namespace
 }  // namespace wsync::consumer_detail

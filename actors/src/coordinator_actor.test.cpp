@@ -458,6 +458,17 @@ TEST_F(coordinator_actor_test, a_catch_up_lost_with_its_node_leader_is_sent_agai
     }
   }
   EXPECT_TRUE(found) << "rank 1 is not in the status: " << s.dump();
+  // An answer sent again (lost with a node leader, say) carries the version of its time: the
+  // book refuses it, and it never lowers the version the rank serves.
+  member->send(
+      coordinator_, report_atom::value,
+      report_batch{token, {rank_report{token, "m@1", 1, "acknowledged", "", 0, 0.01, ""}}});
+  const auto after = status();
+  for (const auto& r : after["ranks"]) {
+    if (r["role"] == "consumer" && r["rank"] == 1) {
+      EXPECT_EQ(r["active_weight_version"], 1);
+    }
+  }
 }
 
 TEST_F(coordinator_actor_test, a_shard_of_another_rank_than_the_joined_one_is_refused_naming_it) {

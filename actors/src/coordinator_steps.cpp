@@ -497,7 +497,10 @@ void take_report(coordinator_pointer self, const rank_report& r) {
   if (r.state == "importing") {
     effects = book.importing(r.key, r.rank, r.reason, now);
   } else if (r.state == "acknowledged") {
-    st.active_version[r.rank] = r.active_weight_version;
+    // Never lowered by a report (a resent answer carries the version of its time): a joined
+    // rank's active version only grows; its join sets it.
+    auto& active = st.active_version[r.rank];
+    active = std::max(active, r.active_weight_version);
     effects = book.acknowledged(r.key, r.rank, now, r.seconds, r.received_from);
   } else if (r.state == "rejected") {
     effects = book.rejected(r.key, r.rank, r.reason, now);
