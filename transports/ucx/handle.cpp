@@ -69,7 +69,7 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
         h.pid = json_read::field<std::int64_t>(j, "pid");
         h.pid_start = json_read::field<std::uint64_t>(j, "pid_start");
         h.pidns = json_read::field<std::uint64_t>(j, "pidns");
-        h.boot = j.at("boot").get<std::string>();
+        h.boot = j.value("boot", std::string());  // absent: not watched
       }
     }
   } catch (const std::exception& e) {

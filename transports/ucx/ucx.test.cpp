@@ -101,6 +101,25 @@ TEST(ucx_tls, tcp_may_be_used_unless_the_list_leaves_it_out) {
   EXPECT_FALSE(ucx_tls_may_use_tcp("^sm,tcp"));
 }
 
+// A handle that names the publisher's process without its host's boot id (a build before it)
+// is imported all the same; the process is then not watched.
+TEST_F(ucx_test, a_handle_without_a_boot_id_is_imported) {
+  auto t = make({{"op", "get"}});
+  auto p = t->make_publisher();
+  auto c = t->make_consumer();
+  ASSERT_TRUE(p && c);
+  auto m = publish(**p, "u-no-boot", {100000}, 2);
+  const auto at = m.transport_handle.find(",\"boot\":\"");
+  ASSERT_NE(at, std::string::npos) << m.transport_handle;
+  m.transport_handle.erase(at, m.transport_handle.find('"', at + 9) + 1 - at);
+  ASSERT_FALSE(contains(m.transport_handle, "boot")) << m.transport_handle;
+  auto got = (*c)->import_segments(m);
+  ASSERT_TRUE(got) << got.error().message;
+  expect_pattern(*got, m, 2);
+  (*c)->release(m.update_id);
+  (*p)->release(m.update_id);
+}
+
 TEST_F(ucx_test, tag_and_get_pulls_deliver_the_same_bytes) {
   for (const char* op : {"tag", "get"}) {
     SCOPED_TRACE(op);
