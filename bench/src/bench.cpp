@@ -557,7 +557,7 @@ bool ucx_baseline_add(point_run& r) {
                      {"gbps", *base},
                      {"test", test},
                      {"message_bytes", r.largest_segment}};
-  row["ratio_to_baseline"] = *base > 0 ? ours / *base : 0;
+  row["ratio_to_baseline"] = *base > 0 ? json(ours / *base) : json(nullptr);
   return true;
 }
 
@@ -578,7 +578,8 @@ bool row_fill(point_run& r, bool ok) {
   const double memcpy_gbps = r.copy.memcpy_gbps;
   const double hash_gbps = r.copy.hash_gbps;
   row["baseline"] = {{"name", "memcpy"}, {"gbps", memcpy_gbps}};
-  row["ratio_to_baseline"] = memcpy_gbps > 0 ? gbps(bytes, publish) / memcpy_gbps : 0;
+  row["ratio_to_baseline"] =
+      memcpy_gbps > 0 ? json(gbps(bytes, publish) / memcpy_gbps) : json(nullptr);
   if (r.ucx && ok) ok = ucx_baseline_add(r);
   if (r.gpu && r.d2d_s) {
     // Against cudaMemcpy device-to-device of the same bytes: publish copies them on the
@@ -586,7 +587,7 @@ bool row_fill(point_run& r, bool ok) {
     row["memcpy_baseline"] = row["baseline"];
     row["baseline"] = {
         {"name", "cudaMemcpy-d2d"}, {"seconds", *r.d2d_s}, {"gbps", gbps(r.src_bytes, *r.d2d_s)}};
-    row["ratio_to_baseline"] = publish > 0 ? *r.d2d_s / publish : 0;
+    row["ratio_to_baseline"] = publish > 0 ? json(*r.d2d_s / publish) : json(nullptr);
     row["publish_over_d2d"] = *r.d2d_s > 0 ? publish / *r.d2d_s : 0;
     row["first_import_s"] = r.first_import_s.value_or(0);
     row["checksum"] = "xxh3-64-chunked";
@@ -602,11 +603,12 @@ bool row_fill(point_run& r, bool ok) {
     // bandwidths (> 1: publishing is faster than cp).
     row["memcpy_baseline"] = row["baseline"];
     row["baseline"] = {{"name", "cp"}, {"seconds", *r.cp_s}, {"gbps", gbps(r.src_bytes, *r.cp_s)}};
-    row["ratio_to_baseline"] = publish > 0 ? *r.cp_s / publish : 0;
+    row["ratio_to_baseline"] = publish > 0 ? json(*r.cp_s / publish) : json(nullptr);
     row["cp_sync_baseline"] = {{"name", "cp+sync -d"},
                                {"seconds", r.cp_sync_s.value_or(0)},
                                {"gbps", gbps(r.src_bytes, r.cp_sync_s.value_or(0))}};
-    row["ratio_to_cp_sync"] = publish > 0 && r.cp_sync_s ? *r.cp_sync_s / publish : 0;
+    row["ratio_to_cp_sync"] =
+        publish > 0 && r.cp_sync_s ? json(*r.cp_sync_s / publish) : json(nullptr);
   }
   row["publish_gbps"] = gbps(bytes, publish);
   row["verify_gbps"] = opt.verify ? gbps(bytes, verify) : 0;
