@@ -1,6 +1,7 @@
 #include "wsync/cluster/fanout_plan.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace wsync {
 namespace {
@@ -219,24 +220,33 @@ result<fanout_plan> replan(const fanout_plan& plan, std::int32_t failed) {
       heir = r;
     }
   }
-  // Stripes: the heir takes the dead leader's place in every stripe. Without one, its first
-  // stripe child takes that place and the others hang under it, so the stripe keeps one source
-  // at the top (the publishers would otherwise send it once per orphaned child).
+  // Stripes: the heir takes the dead leader's place in every stripe. Without one, one of its
+  // stripe children takes that place and the others hang under it, so the stripe keeps one
+  // source at the top (the publishers would otherwise send it once per orphaned child): the
+  // child relaying least in that stripe (a leaf when there is one), lowest rank on a tie.
   for (auto& stripe : next.stripes) {
     auto source = stripe.at(failed);
     stripe.erase(failed);
-    if (heir >= 0) stripe[heir] = source;
-    std::int32_t first = -1;  // the dead leader's first stripe child, when there is no heir
-    for (auto& [leader, from] : stripe) {
-      if (from != failed) continue;
-      if (heir >= 0) {
-        from = heir;
-      } else if (first < 0) {
-        first = leader;
-        from = source;
-      } else {
-        from = first;
+    if (heir >= 0) {
+      stripe[heir] = source;
+      for (auto& [leader, from] : stripe) {
+        if (from == failed) from = heir;
       }
+      continue;
+    }
+    std::map<std::int32_t, std::size_t> relays;  // the orphans, with their stripe children
+    for (const auto& [leader, from] : stripe) {
+      if (from == failed) relays.emplace(leader, 0);
+    }
+    for (const auto& [leader, from] : stripe) {
+      if (auto r = relays.find(from); r != relays.end()) ++r->second;
+    }
+    if (relays.empty()) continue;
+    const auto first = std::min_element(relays.begin(), relays.end(), [](auto& a, auto& b) {
+                         return a.second < b.second;
+                       })->first;
+    for (auto& [leader, from] : stripe) {
+      if (from == failed) from = leader == first ? source : first;
     }
   }
   if (next.stripes.size() && next.leader_of.size() - (heir >= 0 ? 0 : 1) < 2) next.stripes.clear();
