@@ -367,9 +367,21 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
       },
       [=](report_atom, report_batch& b) {
         auto m = st->members.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
-        if (b.token != st->token || m == st->members.end()) {
+        if (b.token != st->token) {
+          log_warn(st->who + ": refused a batch of reports: token: not the cluster's");
+          return;
+        }
+        if (m == st->members.end()) {
+          // Named, so that a lost answer can be traced (the member replays the batch when it
+          // detaches): the ranks and updates it was about.
+          std::set<std::int32_t> ranks;
+          std::set<std::string> keys;
+          for (const auto& r : b.reports) ranks.insert(r.rank), keys.insert(r.key);
+          std::string about;
+          for (auto r : ranks) about += (about.empty() ? "rank " : ",") + std::to_string(r);
+          for (const auto& k : keys) about += (k == *keys.begin() ? "; " : ",") + k;
           log_warn(st->who + ": refused a batch of " + std::to_string(b.reports.size()) +
-                   " reports from an endpoint it does not carry");
+                   " reports (" + about + ") from an endpoint it does not carry");
           return;
         }
         const auto now = std::chrono::steady_clock::now();
