@@ -196,7 +196,8 @@ bool read_all(int fd, std::string& text, std::chrono::seconds limit, std::string
 }  // namespace
 
 std::optional<double> perftest_gbps(const std::string& tls, const std::string& test,
-                                    std::uint64_t message_bytes, std::string* why) {
+                                    std::uint64_t message_bytes, std::string* why,
+                                    const volatile sig_atomic_t* stop) {
   std::uint64_t iterations =
       std::clamp<std::uint64_t>((std::uint64_t{4} << 30) / message_bytes, 5, 1000);
   int port = free_port();
@@ -210,6 +211,10 @@ std::optional<double> perftest_gbps(const std::string& tls, const std::string& t
   // The server needs a moment to listen: a refused client is retried.
   for (int attempt = 0; attempt < 50 && text.find("Final:") == std::string::npos; ++attempt) {
     if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (stop && *stop) {  // a signal outside the read (the nap, a fork) is seen here
+      end(server);
+      return *why = "interrupted while ucx_perftest ran", std::nullopt;
+    }
     int fd = -1;
     auto client_args = args;
     client_args.insert(client_args.begin(), "127.0.0.1");

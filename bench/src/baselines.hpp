@@ -3,6 +3,7 @@
 // single-thread memcpy and xxh3 over the source tensors, and ucx_perftest between two processes
 // on loopback. Also the source memory both the run and the memcpy baseline use.
 
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -48,8 +49,10 @@ std::optional<double> cp_seconds(const std::string& dir, const std::byte* source
                                  unsigned repeat, bool then_sync, std::string* why);
 
 /// The bandwidth ucx_perftest reports for `test` ("tag_bw", "ucp_get") between two processes on
-/// loopback, in GB/s; nullopt with the reason in *why when it could not be measured.
+/// loopback, in GB/s; nullopt with the reason in *why when it could not be measured. Gives up
+/// (killing both) once `*stop` is set, when given (the bench's SIGINT/SIGTERM flag).
 std::optional<double> perftest_gbps(const std::string& tls, const std::string& test,
-                                    std::uint64_t message_bytes, std::string* why);
+                                    std::uint64_t message_bytes, std::string* why,
+                                    const volatile sig_atomic_t* stop = nullptr);
 
 }  // namespace wsync

@@ -548,7 +548,7 @@ bool ucx_baseline_add(point_run& r) {
   auto& row = r.row;
   std::string test = row["op"] == "get" ? "ucp_get" : "tag_bw";
   std::string why;
-  auto base = perftest_gbps(r.opt.ucx_tls, test, r.largest_segment, &why);
+  auto base = perftest_gbps(r.opt.ucx_tls, test, r.largest_segment, &why, &interrupted);
   if (!base) return r.rr.error = why, false;
   double ours = gbps(r.bytes, median(r.s.import));
   row["import_gbps"] = ours;
