@@ -384,7 +384,7 @@ TEST_F(nccl_flow_test, a_server_that_reports_several_workers_refuses_nccl_mode) 
   EXPECT_EQ(error_of(r),
             "init_info.nccl_unique_id_b64: NCCL mode joins one rank per server, but this server "
             "answers /get_world_size 4 (--world-size 2 x --data-parallel 2); serve NCCL mode with "
-            "--world-size 1 --data-parallel 1");
+            "--world-size 1 --data-parallel 1 (rank=0)");
   EXPECT_EQ(trainer, nullptr);  // nothing joined
 
   // At the CLI's bounds the product is past 32 bits: it is answered whole, and still refused.
@@ -404,7 +404,7 @@ TEST_F(nccl_flow_test, nccl_mode_and_manifest_transports_do_not_mix) {
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(error_of(r),
             "init_info.transport: \"shared-memory\" differs from NCCL mode, which this rank was "
-            "initialised with");
+            "initialised with (rank=0)");
 
   // wsync's own nccl transport takes its group from a coordinator: over HTTP, NCCL is vLLM's mode.
   weight_transfer_service named(config());
@@ -419,7 +419,7 @@ TEST_F(nccl_flow_test, nccl_mode_and_manifest_transports_do_not_mix) {
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(error_of(r),
             "init_info.nccl_unique_id_b64: NCCL mode differs from \"shared-memory\", which this "
-            "rank was initialised with");
+            "rank was initialised with (rank=0)");
 }
 
 }  // namespace

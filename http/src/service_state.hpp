@@ -47,6 +47,19 @@ inline http_reply fail(int status, const std::string& message) {
   return reply(status, {{"error", message}});
 }
 
+// An error of a call that concerns no update yet (init, start) names the rank it was refused on,
+// as update errors do ("rank=N"). Not a conflict (409): that text says the rank's phase, and
+// the rank with it.
+inline http_reply naming_rank(http_reply r, std::int32_t rank) {
+  if (r.status < 400 || r.status == 409) return r;
+  auto j = json::parse(r.body, nullptr, false);
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_string()) return r;
+  auto text = j["error"].get<std::string>();
+  if (text.find("rank=") != std::string::npos) return r;
+  j["error"] = text + " (rank=" + std::to_string(rank) + ")";
+  return reply(r.status, std::move(j));
+}
+
 // A JSON object body, or nullopt and `why` ("body: ..."). An empty body is {} when allowed.
 std::optional<json> read_body(std::string_view body, bool empty_ok, std::string& why);
 // read_body, with the 400 of vLLM's surface.

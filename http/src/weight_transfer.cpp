@@ -153,6 +153,10 @@ std::uint64_t weight_transfer_service::active_version() const {
 }
 
 http_reply weight_transfer_service::init(std::string_view body) {
+  return naming_rank(init_answer(body), impl_->config.rank);
+}
+
+http_reply weight_transfer_service::init_answer(std::string_view body) {
   if (auto r = impl_->refuse_when_following("init_weight_transfer_engine")) return *r;
   http_reply error;
   auto j = parse_body(body, false, error);
@@ -238,6 +242,10 @@ std::optional<refusal> weight_transfer_service::impl::open_transport(
 }
 
 http_reply weight_transfer_service::start(std::string_view body) {
+  return naming_rank(start_answer(body), impl_->config.rank);
+}
+
+http_reply weight_transfer_service::start_answer(std::string_view body) {
   if (auto r = impl_->refuse_when_following("start_weight_update")) return *r;
   http_reply error;
   auto j = parse_body(body, true, error);

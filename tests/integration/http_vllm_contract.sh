@@ -78,7 +78,7 @@ expect missing_update_info "$(post /update_weights '{}')" 400 'update_info: miss
 expect update_info_not_object "$(post /update_weights '{"update_info":1}')" 400 'update_info: must be'
 expect init_info_list "$(post /init_weight_transfer_engine '{"init_info":[]}')" 400 'init_info: must be'
 expect missing_init_info "$(post /init_weight_transfer_engine '{}')" 400 'init_info: missing'
-expect bad_checkpoint_flag "$(post /start_weight_update '{"is_checkpoint_format":"yes"}')" 400 'is_checkpoint_format'
+expect bad_checkpoint_flag "$(post /start_weight_update '{"is_checkpoint_format":"yes"}')" 400 'is_checkpoint_format: must be a boolean (rank=0)'
 expect unknown_name "$(post /update_weights "{\"update_info\":{\"names\":[\"nope\"],\"manifest\":$m3}}")" 400 'update_info.names\[0\]'
 expect length_mismatch "$(post /update_weights "{\"update_info\":{\"names\":[$names],\"shapes\":[[1]],\"manifest\":$m3}}")" 400 'update_info.shapes'
 expect old_version "$(post /update_weights "{\"update_info\":{\"manifest\":$m1}}")" 400 'weight_version must increase monotonically'

@@ -127,6 +127,10 @@ class weight_transfer_service {
   std::uint64_t active_version() const;
 
  private:
+  // init and start before their errors are made to name the rank (no update exists yet).
+  http_reply init_answer(std::string_view body);
+  http_reply start_answer(std::string_view body);
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };
