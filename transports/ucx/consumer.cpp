@@ -31,10 +31,7 @@ result<std::vector<std::span<const std::byte>>> ucx_consumer::import_segments(
     lane.get = op == "get" && !h->rkey.empty();
     lane.bases = h->bases;
     lane.rkey_hex = h->rkey;
-    lane.pid = h->pid;
-    lane.pid_start = h->pid_start;
-    lane.pidns = h->pidns;
-    lane.boot = h->boot;
+    lane.publisher = h->publisher;
     job->lanes.push_back(std::move(lane));
   }
   for (const auto& stripe : h->stripes) {

@@ -36,7 +36,7 @@ class ucx_publisher final : public publisher_transport {
     std::vector<std::uint64_t> offsets, nbytes;
   };
   std::unique_ptr<node> node_;
-  std::uint64_t pid_start_, pid_namespace_;  // this process's, for handles (see handle::pid)
+  process_id self_;  // this process, named in handles (see process_id)
   std::mutex mutex_;
   std::map<update_id, held> updates_;
 };

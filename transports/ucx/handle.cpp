@@ -25,8 +25,8 @@ std::string handle_dump(const handle& h) {
     j["stripes"].push_back({{"address", p.address}, {"fallbacks", p.fallbacks}});
   }
   if (!h.rkey.empty()) j["rkey"] = h.rkey, j["bases"] = h.bases;
-  if (!h.rkey.empty() && h.pid > 0) {
-    j["pid"] = h.pid, j["pid_start"] = h.pid_start, j["pidns"] = h.pidns, j["boot"] = h.boot;
+  if (const auto& p = h.publisher; !h.rkey.empty() && p.pid > 0) {
+    j["pid"] = p.pid, j["pid_start"] = p.start, j["pidns"] = p.pidns, j["boot"] = p.boot;
   }
   return j.dump();
 }
@@ -66,10 +66,10 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
       h.rkey = j.at("rkey").get<std::string>();
       h.bases = json_read::list<std::uint64_t>(j, "bases");
       if (j.contains("pid")) {
-        h.pid = json_read::field<std::int64_t>(j, "pid");
-        h.pid_start = json_read::field<std::uint64_t>(j, "pid_start");
-        h.pidns = json_read::field<std::uint64_t>(j, "pidns");
-        h.boot = j.value("boot", std::string());  // absent: not watched
+        h.publisher.pid = json_read::field<std::int64_t>(j, "pid");
+        h.publisher.start = json_read::field<std::uint64_t>(j, "pid_start");
+        h.publisher.pidns = json_read::field<std::uint64_t>(j, "pidns");
+        h.publisher.boot = j.value("boot", std::string());  // absent: not watched
       }
     }
   } catch (const std::exception& e) {
@@ -85,8 +85,8 @@ result<handle> handle_parse(const std::string& text, const weight_update_manifes
     if (!ok) return bad("a stripe's source is not a hex UCX worker address");
   }
   if (!h.rkey.empty() && !hex_decode(h.rkey)) return bad("rkey is not hex");
-  if (h.pid < 0 || h.pid > std::numeric_limits<std::int32_t>::max()) {
-    return bad("pid " + std::to_string(h.pid) + " is not a process id");
+  if (h.publisher.pid < 0 || h.publisher.pid > std::numeric_limits<std::int32_t>::max()) {
+    return bad("pid " + std::to_string(h.publisher.pid) + " is not a process id");
   }
   if (h.chunk < page || h.chunk > (std::uint64_t{1} << 30)) {
     return bad("chunk " + std::to_string(h.chunk) + " is outside [4096, 1 GiB]");
@@ -130,7 +130,7 @@ result<std::string> handle_via_relay(const std::string& text, const std::string&
   h->fallbacks.insert(h->fallbacks.begin(), h->address);
   h->address = relay_address;
   h->rkey.clear();  // a relay serves by request; the publisher's memory keys mean nothing there
-  h->pid = 0;
+  h->publisher = {};
   h->bases.clear();
   return handle_dump(*h);
 }
@@ -155,7 +155,7 @@ result<std::string> handle_striped(const std::vector<std::string>& texts) {
     out->stripes.push_back({h->address, h->fallbacks});
   }
   out->rkey.clear();  // stripes pull by request
-  out->pid = 0;
+  out->publisher = {};
   out->bases.clear();
   return handle_dump(*out);
 }

@@ -13,6 +13,16 @@ namespace wsync::ucx_detail {
 
 // --- the handle: what a consumer needs to pull an update ---------------------------------------
 
+// A process as a handle names it (the publisher's): pid, start time, PID namespace and the boot
+// id of its host (a pid means something on that host only); pid 0: none named. A consumer that
+// keeps the publisher's remote keys while it lives lets go of them, and of the memory they map,
+// once it exited (node::watch_publisher).
+struct process_id {
+  std::int64_t pid = 0;
+  std::uint64_t start = 0, pidns = 0;
+  std::string boot;
+};
+
 struct handle {
   std::string address;                 // source worker address, hex
   std::vector<std::string> fallbacks;  // sources to pull from if it fails
@@ -25,11 +35,7 @@ struct handle {
   std::vector<std::vector<std::uint64_t>> checksums;  // XXH3 per chunk, per segment
   std::string rkey;                                   // publisher sources only: packed rkey, hex
   std::vector<std::uint64_t> bases;                   // ... and each segment's remote address
-  // ... and the publisher's process (pid, start time, PID namespace): a consumer that keeps
-  // the key while the process lives lets go of it, and the memory it maps, once it exited.
-  std::int64_t pid = 0;
-  std::uint64_t pid_start = 0, pidns = 0;
-  std::string boot;  // the publisher host's boot id: a pid means something on that host only
+  process_id publisher;                               // ... and the publisher's process
 };
 
 std::string handle_dump(const handle& h);

@@ -309,29 +309,26 @@ void node::forget_rkeys(ucp_ep_h ep) {
 }
 
 void node::watch_publisher(ucp_ep_h ep, const pull_lane& lane) {
-  if (lane.pid <= 0 || publishers_.count(ep) || !detail::pid_checkable(lane.pidns)) return;
+  const auto& p = lane.publisher;
+  if (p.pid <= 0 || publishers_.count(ep) || !detail::pid_checkable(p.pidns)) return;
   // Another host's process (over a network): its pid means nothing here.
-  if (lane.boot.empty() || lane.boot != detail::boot_id()) return;
-  const auto pid = static_cast<int>(lane.pid);
+  if (p.boot.empty() || p.boot != detail::boot_id()) return;
   // Another process under that pid, or one this node cannot see: nothing to watch.
-  if (lane.pid_start == 0 || detail::process_start_time(pid) != lane.pid_start) return;
-  publishers_[ep] = {lane.pid, lane.pid_start};
+  if (p.start == 0 || detail::process_start_time(static_cast<int>(p.pid)) != p.start) return;
+  publishers_[ep] = p;
 }
 
 void node::forget_exited_publishers() {
   for (auto it = publishers_.begin(); it != publishers_.end();) {
     auto ep = it->first;
-    const auto [pid, start] = it->second;
-    if (detail::process_start_time(static_cast<int>(pid)) == start ||
+    const auto pid = it->second.pid;
+    if (detail::process_start_time(static_cast<int>(pid)) == it->second.start ||
         endpoint_shared(ep, nullptr)) {
       ++it;
       continue;
     }
     it = publishers_.erase(it);
-    auto e = std::find_if(eps_.begin(), eps_.end(), [&](const auto& x) { return x.second == ep; });
-    if (e == eps_.end()) continue;  // closing already
-    eps_.erase(e);
-    closing_.push_back(ep);
+    if (!retire_endpoint(ep)) continue;
     log_info("ucx: " + side_ + ": publisher process " + std::to_string(pid) +
              " exited; its memory keys and connection are let go");
   }
@@ -341,11 +338,16 @@ void node::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   static_cast<node*>(arg)->drop_endpoint(ep, std::string("failed: ") + ucs_status_string(status));
 }
 
-bool node::drop_endpoint(ucp_ep_h ep, const std::string& why) {
+bool node::retire_endpoint(ucp_ep_h ep) {
   auto it = std::find_if(eps_.begin(), eps_.end(), [&](const auto& e) { return e.second == ep; });
-  if (it == eps_.end()) return false;  // closing already
+  if (it == eps_.end()) return false;
   eps_.erase(it);
   closing_.push_back(ep);
+  return true;
+}
+
+bool node::drop_endpoint(ucp_ep_h ep, const std::string& why) {
+  if (!retire_endpoint(ep)) return false;
   forget_requests_of(ep);
   for (auto job : std::vector(jobs_)) {  // a copy: a job may end meanwhile
     for (std::size_t i = 0; i < job->lanes.size(); ++i) {

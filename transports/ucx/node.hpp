@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "ucx/handle.hpp"
 #include "ucx/slot_pool.hpp"
 #include "ucx/ucx_common.hpp"
 #include "wsync/manifest/manifest.hpp"
@@ -128,9 +129,7 @@ struct pull_lane {
   bool get = false;
   std::string rkey_hex;  // get only
   ucp_rkey_h rkey = nullptr;
-  std::int64_t pid = 0;  // get only: the publisher's process, when its handle names it
-  std::uint64_t pid_start = 0, pidns = 0;
-  std::string boot;
+  process_id publisher;  // get only: the publisher's process, when its handle names it
   std::vector<std::uint64_t> bases;
   std::vector<chunk_ref> order, retry;  // its chunks; those to pull again after a switch
   std::size_t next = 0, inflight = 0;
@@ -224,6 +223,9 @@ class node {
   void shutdown();
   void close_endpoint(ucp_ep_h ep, bool force);
   void close_failed_endpoints();
+  // Takes `ep` out of the address table and has the loop close it; false when it is closing
+  // already.
+  bool retire_endpoint(ucp_ep_h ep);
   // Forgets `ep` (it failed, or its peer stopped taking what we send): it is closed from the
   // loop, fetches it asked for are dropped and lanes pulling through it go on from their next
   // source, told `why`.
@@ -307,11 +309,7 @@ class node {
   };
   static constexpr std::size_t max_rkeys = 64;
   std::vector<cached_rkey> rkeys_;
-  struct publisher_process {
-    std::int64_t pid;
-    std::uint64_t start;
-  };
-  std::unordered_map<ucp_ep_h, publisher_process> publishers_;  // see watch_publisher
+  std::unordered_map<ucp_ep_h, process_id> publishers_;  // see watch_publisher
   clock_type::time_point publishers_checked_at_{};
   std::uint64_t next_tag_ = 1;
   std::uint64_t sends_in_flight_ = 0;  // active messages and chunk sends

@@ -262,13 +262,7 @@ void node::pull_cancel(pull_job& job, std::size_t i, bool force_endpoint) {
   // job's lane, a chunk we send, a fetch we hold): that would fail it too, and what is left
   // in flight here is given up by the caller and keeps the landing slot busy until UCX ends it.
   if (force_endpoint && lane.inflight && lane.ep && !endpoint_shared(lane.ep, &job)) {
-    for (auto it = eps_.begin(); it != eps_.end(); ++it) {
-      if (it->second == lane.ep) {
-        closing_.push_back(lane.ep);
-        eps_.erase(it);
-        break;
-      }
-    }
+    retire_endpoint(lane.ep);
   }
 }
 

@@ -11,8 +11,8 @@ namespace wsync::ucx_detail {
 
 ucx_publisher::ucx_publisher(std::unique_ptr<node> n)
     : node_(std::move(n)),
-      pid_start_(detail::process_start_time(::getpid())),
-      pid_namespace_(detail::pid_namespace()) {}
+      self_{::getpid(), detail::process_start_time(::getpid()), detail::pid_namespace(),
+            detail::boot_id()} {}
 
 result<std::vector<std::span<std::byte>>> ucx_publisher::acquire(
     const update_id& id, std::span<const std::uint64_t> sizes, std::chrono::milliseconds wait) {
@@ -51,10 +51,7 @@ result<std::string> ucx_publisher::expose(const update_id& id) {
   h.address = node_->address();
   h.chunk = node_->settings().chunk_bytes;
   h.rkey = u.s->rkey;
-  h.pid = ::getpid();
-  h.pid_start = pid_start_;
-  h.pidns = pid_namespace_;
-  h.boot = detail::boot_id();
+  h.publisher = self_;
   for (std::size_t i = 0; i < u.nbytes.size(); ++i) {
     std::vector<std::uint64_t> sums;
     for (std::uint64_t off = 0; off < u.nbytes[i]; off += h.chunk) {

@@ -66,6 +66,15 @@ class ucx_test : public ::testing::Test {
     return m;
   }
 
+  // `m` pointed at the relay `address` (its publisher kept as the fallback).
+  static weight_update_manifest via_relay(const transport& t, weight_update_manifest m,
+                                          const std::string& address) {
+    auto handle = t.handle_via_relay(m.transport_handle, address);
+    EXPECT_TRUE(handle) << handle.error().message;
+    if (handle) m.transport_handle = *handle;
+    return m;
+  }
+
   static void expect_pattern(const std::vector<std::span<const std::byte>>& got,
                              const weight_update_manifest& m, std::uint8_t seed) {
     ASSERT_EQ(got.size(), m.segments.size());
@@ -216,9 +225,7 @@ TEST_F(ucx_test, a_relay_that_shuts_down_hands_its_children_to_its_source) {
   auto child = t->make_consumer();
   ASSERT_TRUE(p && relay && child);
   auto m = publish(**p, "u-orphan", {1 << 20}, 4);
-  auto child_manifest = m;
-  child_manifest.transport_handle =
-      *t->handle_via_relay(m.transport_handle, (*relay)->relay_address());
+  auto child_manifest = via_relay(*t, m, (*relay)->relay_address());
   // The relay never imports: the child's fetches wait there until it goes away.
   auto child_done =
       std::async(std::launch::async, [&] { return (*child)->import_segments(child_manifest); });
@@ -240,9 +247,7 @@ TEST_F(ucx_test, a_relay_that_never_imports_lets_its_child_fall_back_in_time) {
   auto child = t->make_consumer();
   ASSERT_TRUE(p && relay && child);
   auto m = publish(**p, "u-skipped", {300000}, 6);
-  auto child_manifest = m;
-  child_manifest.transport_handle =
-      *t->handle_via_relay(m.transport_handle, (*relay)->relay_address());
+  auto child_manifest = via_relay(*t, m, (*relay)->relay_address());
   auto got = (*child)->import_segments(child_manifest);
   ASSERT_TRUE(got) << got.error().message;
   expect_pattern(*got, m, 6);
@@ -264,15 +269,11 @@ TEST_F(ucx_test, a_child_waiting_at_a_relay_whose_source_stalled_falls_back_in_t
   auto stalled = slow->make_consumer();  // never imports
   ASSERT_TRUE(p && relay && child && stalled);
   auto m = publish(**p, "u-stalled", {300000}, 8);
-  auto relay_manifest = m;
-  relay_manifest.transport_handle =
-      *t->handle_via_relay(m.transport_handle, (*stalled)->relay_address());
+  auto relay_manifest = via_relay(*t, m, (*stalled)->relay_address());
   auto at_relay =
       std::async(std::launch::async, [&] { return (*relay)->import_segments(relay_manifest); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the relay has started
-  auto child_manifest = m;
-  child_manifest.transport_handle =
-      *t->handle_via_relay(m.transport_handle, (*relay)->relay_address());
+  auto child_manifest = via_relay(*t, m, (*relay)->relay_address());
   auto got = (*child)->import_segments(child_manifest);
   ASSERT_TRUE(got) << got.error().message;
   expect_pattern(*got, m, 8);
@@ -442,14 +443,11 @@ TEST_F(ucx_test, a_killed_relay_hands_its_children_to_its_source) {
   auto p = t->make_publisher();
   auto child = t->make_consumer();
   ASSERT_TRUE(p && child);
-  auto via_relay = [&](weight_update_manifest m) {
-    m.transport_handle = *t->handle_via_relay(m.transport_handle, relay_address);
-    return m;
-  };
   // Update a goes through the relay as planned, and leaves the child connected to it.
   auto a = publish(**p, "u-a", {1 << 20}, 1);
-  auto child_a =
-      std::async(std::launch::async, [&] { return (*child)->import_segments(via_relay(a)); });
+  auto child_a = std::async(std::launch::async, [&] {
+    return (*child)->import_segments(via_relay(*t, a, relay_address));
+  });
   ASSERT_TRUE(write_line(relay.to, manifest_to_json(a)));
   EXPECT_EQ(read_line(relay.from), "ok");
   auto got_a = child_a.get();
@@ -458,8 +456,9 @@ TEST_F(ucx_test, a_killed_relay_hands_its_children_to_its_source) {
 
   // Update b: the child asks the relay, which dies before it ever imports b.
   auto b = publish(**p, "u-b", {1 << 20}, 2);
-  auto child_b =
-      std::async(std::launch::async, [&] { return (*child)->import_segments(via_relay(b)); });
+  auto child_b = std::async(std::launch::async, [&] {
+    return (*child)->import_segments(via_relay(*t, b, relay_address));
+  });
   ::kill(relay.pid, SIGKILL);
   ::waitpid(relay.pid, nullptr, 0);
   auto got_b = child_b.get();
