@@ -112,12 +112,18 @@ void answered(const endpoint_state_ptr& st, const rank_report& r) {
            list);
 }
 
+// A report joins the pending batch.
+void enqueue(const endpoint_state_ptr& st, rank_report r,
+             std::chrono::steady_clock::time_point now) {
+  if (st->pending.empty()) st->pending_since = now;
+  st->pending.push_back(std::move(r));
+}
+
 // A report of this endpoint's ranks, or of a member's, joins the pending batch.
 void take(const endpoint_state_ptr& st, rank_report r, std::chrono::steady_clock::time_point now) {
   if (r.state == "acknowledged" || r.state == "rejected" || r.state == "waiting") answered(st, r);
   if (st->ranks.count(r.rank)) remember_answer(*st, r);
-  if (st->pending.empty()) st->pending_since = now;
-  st->pending.push_back(std::move(r));
+  enqueue(st, std::move(r), now);
 }
 
 // Tells the members whose batches were taken that they went on (or held nothing to pass on).
@@ -286,8 +292,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
             // It has this one: its answer is on its way, or was lost with a node leader that
             // confirmed it too early (see endpoint_state::answers): then it goes again.
             for (auto& r : answers_to(*st, rank, msg.key, attempt)) {
-              if (st->pending.empty()) st->pending_since = std::chrono::steady_clock::now();
-              st->pending.push_back(std::move(r));
+              enqueue(st, std::move(r), std::chrono::steady_clock::now());
               answers_again = true;
             }
             continue;
