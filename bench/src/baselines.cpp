@@ -39,6 +39,13 @@ host_buffer::~host_buffer() {
 
 namespace {
 
+// Reaps `pid`, through signals that interrupt the wait.
+void reap(pid_t pid, int* status = nullptr) {
+  int ignored = 0;
+  while (::waitpid(pid, status ? status : &ignored, 0) < 0 && errno == EINTR) {
+  }
+}
+
 // Runs `argv` (argv[0] an absolute path) and waits for it; true when it exited 0.
 bool run_program(const std::vector<std::string>& argv, std::string* why) {
   std::vector<char*> args;
@@ -50,8 +57,7 @@ bool run_program(const std::vector<std::string>& argv, std::string* why) {
     return false;
   }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  reap(pid, &status);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
   *why = argv[0] + " " + argv.back() + " failed (status " + std::to_string(status) + ")";
   return false;
@@ -149,13 +155,6 @@ pid_t perftest_spawn(const std::string& tls, const std::vector<std::string>& arg
     *out_fd = pid > 0 ? p[0] : (::close(p[0]), -1);
   }
   return pid;
-}
-
-// Reaps `pid`, through signals that interrupt the wait.
-void reap(pid_t pid, int* status = nullptr) {
-  int ignored = 0;
-  while (::waitpid(pid, status ? status : &ignored, 0) < 0 && errno == EINTR) {
-  }
 }
 
 void end(pid_t pid) {
