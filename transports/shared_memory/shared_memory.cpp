@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include "shared_memory/peer_fd.hpp"
@@ -45,10 +47,13 @@ using shared_memory_detail::name_prefix;
 using shared_memory_detail::open_slots;
 using shared_memory_detail::page;
 using shared_memory_detail::slot;
+using shared_memory_detail::slot_claim;
 using shared_memory_detail::slot_create;
 using shared_memory_detail::slot_destroy;
 using shared_memory_detail::slot_fd;
 using shared_memory_detail::slot_header;
+using shared_memory_detail::slot_readers;
+using shared_memory_detail::slot_unclaim;
 
 namespace {
 
@@ -88,11 +93,14 @@ class shm_publisher final : public publisher_transport {
         });
     if (!picked) return picked.error();
     slot* chosen = *picked;
+    if (auto ok = claim_or_replace(*chosen, need, id); !ok) return ok.error();
     chosen->holder = id;
     chosen->offsets = offsets;
     // The slot is about to be rewritten: bump the generation now, so a consumer holding the
-    // previous handle is refused from here on, not only after expose().
+    // previous handle is refused from here on, not only after expose(). Under the claim: a
+    // reader that takes its hold after it sees the new generation.
     chosen->header()->generation.fetch_add(1, std::memory_order_acq_rel);
+    slot_unclaim(*chosen);
     // The seqlock's writer side: a release RMW orders what came before it, not the slot's
     // bytes written after it. Without this fence a weakly ordered CPU (ARM) may show a reader
     // new bytes beside the old generation, and intact() would pass a torn copy.
@@ -131,6 +139,48 @@ class shm_publisher final : public publisher_transport {
   }
 
  private:
+  // Takes `s` for a rewrite. Every consumer released it, but a process may still read it: a rank
+  // the coordinator took for dead (frozen past the heartbeat timeout, cut off) that still serves
+  // views of it. Rewriting would change the weights under that reader, so the slot is left to it:
+  // unlinked here, its memory lives until the reader unmaps it or exits, and a new slot takes its
+  // place in the ring (its consumers see the new name and drop their old mapping once unused).
+  // That costs one slot of memory per such reader while it reads. A hold can also be a stale
+  // import's, dropped microseconds after its generation check: a few tries tell the two apart.
+  result<void> claim_or_replace(slot& s, std::uint64_t need, const update_id& id) {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (slot_claim(s)) return {};
+      if (errno != EWOULDBLOCK) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const int err = errno;
+    const std::string read =
+        "shared-memory: slot " + s.name + " is still read by " + slot_readers(s.fd) +
+        " though every consumer released it" +
+        (err == EWOULDBLOCK ? std::string() : " (flock: " + errno_text(err) + ")");
+    // Made before the old one goes: without room for it (/dev/shm sized for the ring), the old
+    // slot stays in the ring, to be claimed once its reader lets go.
+    slot fresh;
+    const std::uint64_t capacity =
+        std::max(s.capacity, align_up(need + need / 8, capacity_quantum));
+    if (auto made = slot_create(fresh, capacity, owner_start_); !made) {
+      return make_error(made.error().code, read + ", and no new slot can take its place: " +
+                                               made.error().message + " (update_id=" + id + ")");
+    }
+    log_warn(read +
+             " (a consumer the coordinator took for dead, frozen or cut off; or Python tensor "
+             "views kept past their release): left to that reader, a new slot takes its place "
+             "(update_id=" +
+             id + ")");
+    slot_destroy(s);
+    s = std::move(fresh);
+    if (!slot_claim(s)) {  // nobody else knows this slot's name yet
+      const int claim_err = errno;
+      return make_error(errc::io_error, "shared-memory: flock of new slot " + s.name + " failed: " +
+                                            errno_text(claim_err) + " (update_id=" + id + ")");
+    }
+    return {};
+  }
+
   slot* find(const update_id& id) {
     for (auto& s : slots_) {
       if (s->holder == id) return s.get();
@@ -155,6 +205,7 @@ class shm_consumer final : public consumer_transport {
 
   ~shm_consumer() override {
     peers_.reset();  // first: no peer gets a descriptor that is about to close
+    for (auto& [id, held] : held_) held.fd->unhold();  // other ranks may share the descriptors
     for (auto& [key, m] : maps_) m.unmap();
     for (auto& m : retired_) m.unmap();
   }
@@ -212,9 +263,22 @@ class shm_consumer final : public consumer_transport {
                                                     " exceeds the mapped slot " + h->name + " (" +
                                                     update_context(m) + ")");
     }
+    // Held before the generation is read: the publisher bumps it under its claim, so either it
+    // sees this hold and leaves the slot alone, or the load below sees its bump.
+    if (int err = mp.fd->hold(); err != 0) {
+      if (err == EWOULDBLOCK) {
+        return make_error(errc::unknown_update, "unknown update_id: " + m.update_id +
+                                                    " is no longer in shared memory: its slot " +
+                                                    h->name + " is being rewritten (" +
+                                                    update_context(m) + ")");
+      }
+      return make_error(errc::io_error, "shared-memory: flock " + h->name + " failed: " +
+                                            errno_text(err) + " (" + update_context(m) + ")");
+    }
     const auto* header = reinterpret_cast<const slot_header*>(mp.base);
     std::uint64_t gen = header->generation.load(std::memory_order_acquire);
     if (gen != h->generation) {
+      mp.fd->unhold();
       return make_error(errc::unknown_update,
                         "unknown update_id: " + m.update_id +
                             " is no longer in shared memory: its slot now holds generation " +
@@ -226,7 +290,8 @@ class shm_consumer final : public consumer_transport {
       spans.emplace_back(mp.base + header_bytes + h->offsets[i], m.segments[i].nbytes);
     }
     ++mp.holds;
-    held_[m.update_id] = held_import{key, mp.serial, header, h->generation};
+    if (auto again = held_.find(m.update_id); again != held_.end()) again->second.fd->unhold();
+    held_[m.update_id] = held_import{key, mp.serial, header, h->generation, mp.fd};
     return spans;
   }
 
@@ -256,6 +321,7 @@ class shm_consumer final : public consumer_transport {
     // same slot name mapped again since (a stale handle), so neither key nor name tells.
     const auto key = it->second.key;
     const auto serial = it->second.serial;
+    it->second.fd->unhold();
     held_.erase(it);
     if (auto m = maps_.find(key); m != maps_.end() && m->second.serial == serial) {
       --m->second.holds;
@@ -370,7 +436,18 @@ class shm_consumer final : public consumer_transport {
                             got.error().message + " (" + update_context(m) + ")");
     }
     peer = got->rank;
-    return got->fd;
+    return own_description(got->fd);
+  }
+
+  // A descriptor a peer passed shares that peer's open file description, and with it the flock
+  // that says who reads the slot: a lock taken through it would outlive this process while the
+  // peer lives, and the peer's unlock would drop this process's. Opened anew through /proc, the
+  // same memory gets a description of this process's own.
+  static int own_description(int passed) {
+    int own = ::open(("/proc/self/fd/" + std::to_string(passed)).c_str(), O_RDONLY | O_CLOEXEC);
+    if (own < 0) return passed;  // no /proc: the lock is shared with the peer, the bytes are not
+    ::close(passed);
+    return own;
   }
 
   mutable std::mutex mutex_;
@@ -384,6 +461,7 @@ class shm_consumer final : public consumer_transport {
     std::uint64_t serial = 0;
     const slot_header* header = nullptr;
     std::uint64_t generation = 0;
+    std::shared_ptr<const slot_fd> fd;  ///< its hold keeps the publisher off the slot
   };
   std::unordered_map<update_id, held_import> held_;
   std::deque<std::pair<update_id, std::string>> sources_;  ///< recent imports a peer served

@@ -759,9 +759,39 @@ TEST_F(shared_memory_test, a_slot_being_rewritten_refuses_its_old_handle) {
   EXPECT_FALSE(still);
 }
 
+// The first bytes of a slot as the transport lays them out (slot.hpp, slot_header).
+struct fake_slot_header {
+  char magic[8];
+  std::uint32_t layout;
+  std::int32_t owner_pid;
+  std::uint64_t owner_start;
+  std::uint64_t capacity;
+  std::uint64_t generation;
+  std::uint64_t owner_pidns;
+};
+
+// The slot a handle names ("name" in the transport handle).
+std::string slot_name(const weight_update_manifest& m) {
+  return nlohmann::json::parse(m.transport_handle).at("name").get<std::string>();
+}
+
+// Bumps slot `name`'s generation the way a rewrite does, without the publisher's claim.
+bool bump_generation(const std::string& name) {
+  int fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return false;
+  auto* h = static_cast<fake_slot_header*>(p);
+  h->generation += 1;
+  ::munmap(p, 4096);
+  return true;
+}
+
 TEST_F(shared_memory_test, an_import_whose_slot_is_rewritten_while_it_is_read_is_not_intact) {
-  // A catch-up that raced a release: the publisher reuses the slot while a consumer still
-  // copies out of it. The generation it imported at tells the copy is not whole.
+  // A writer that does not look for readers (a publisher of a build before the readers' locks)
+  // rewrites the slot while a consumer still copies out of it. The generation the consumer
+  // imported at tells the copy is not whole.
   make_publisher(1);
   auto m1 = publisher_->publish(sources_, 1, {0});
   ASSERT_TRUE(m1) << m1.error().message;
@@ -769,12 +799,7 @@ TEST_F(shared_memory_test, an_import_whose_slot_is_rewritten_while_it_is_read_is
   auto imported = consumer->import_update(*m1);
   ASSERT_TRUE(imported) << imported.error().message;
   EXPECT_TRUE(consumer->intact(m1->update_id));
-  ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));  // the coordinator let it go
-  std::vector<std::uint64_t> sizes;
-  for (const auto& seg : m1->segments) sizes.push_back(seg.nbytes);
-  auto next = update_id_generate();
-  auto spans = raw_publisher_->acquire(next, sizes, std::chrono::milliseconds(200));
-  ASSERT_TRUE(spans) << spans.error().message;
+  ASSERT_TRUE(bump_generation(slot_name(*m1)));
   auto whole = consumer->intact(m1->update_id);
   ASSERT_FALSE(whole) << "a rewritten slot passed as intact";
   EXPECT_EQ(whole.error().code, errc::unknown_update);
@@ -784,7 +809,68 @@ TEST_F(shared_memory_test, an_import_whose_slot_is_rewritten_while_it_is_read_is
   EXPECT_NE(whole.error().message.find(m1->update_id), std::string::npos);
   EXPECT_NE(whole.error().message.find("consumer rank"), std::string::npos);
   ASSERT_TRUE(consumer->release(m1->update_id));
-  raw_publisher_->release(next);
+  ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+}
+
+TEST_F(shared_memory_test, a_slot_still_read_after_its_release_is_replaced_not_rewritten) {
+  // A consumer the coordinator took for dead (frozen past the heartbeat timeout) is released on
+  // its behalf, yet it still serves views of its slot when it wakes. The publisher must leave
+  // those bytes alone: it gives the slot to that reader and takes a new one.
+  make_publisher(1, std::chrono::milliseconds(200));
+  auto m1 = publisher_->publish(sources_, 1, {0});
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto zombie = make_local_consumer();
+  auto u1 = zombie->import_update(*m1);
+  ASSERT_TRUE(u1) << u1.error().message;
+  ASSERT_TRUE(publisher_->on_failed(m1->update_id, 0, "heartbeat timeout"));
+  set_tensors({1 << 20, 3 << 20}, 2);
+  auto m2 = publisher_->publish(sources_, 2, {0});
+  ASSERT_TRUE(m2) << m2.error().message;
+  EXPECT_NE(slot_name(*m2), slot_name(*m1)) << "the slot a consumer reads was rewritten";
+  EXPECT_EQ(segments_of(::getpid()), std::vector<std::string>{slot_name(*m2)});
+  for (const auto& t : (*u1)->tensors) {
+    std::size_t n = t.descriptor->nbytes;
+    for (std::size_t b = 0; b < n; b += 4093) {
+      ASSERT_EQ(t.data[b], pattern(b, n, 1)) << t.descriptor->name << " byte " << b;
+    }
+  }
+  EXPECT_TRUE(zombie->intact(m1->update_id));
+  ASSERT_TRUE(zombie->verify(m1->update_id));
+  // Another consumer reads the new version from the new slot meanwhile.
+  auto fresh = make_local_consumer(1);
+  ASSERT_TRUE(fresh->import_update(*m2));
+  ASSERT_TRUE(fresh->verify(m2->update_id));
+  ASSERT_TRUE(fresh->release(m2->update_id));
+  ASSERT_TRUE(zombie->release(m1->update_id));
+  ASSERT_TRUE(publisher_->on_released(m2->update_id, 0));
+  // Read by nobody now: the next update is written in place, the ring did not grow.
+  auto m3 = publisher_->publish(sources_, 3, {0});
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_EQ(slot_name(*m3), slot_name(*m2));
+  ASSERT_TRUE(publisher_->on_released(m3->update_id, 0));
+}
+
+TEST_F(shared_memory_test, a_hold_of_one_rank_is_not_dropped_by_another_of_its_process) {
+  // Ranks of one process share a slot's descriptor and so its lock: the process reads the slot
+  // while any of them does.
+  make_publisher(1, std::chrono::milliseconds(200));
+  auto m1 = publisher_->publish(sources_, 1, {0, 1});
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto a = make_local_consumer(0);
+  auto b = make_local_consumer(1);
+  ASSERT_TRUE(a->import_update(*m1));
+  auto u1 = b->import_update(*m1);
+  ASSERT_TRUE(u1) << u1.error().message;
+  ASSERT_TRUE(a->release(m1->update_id));
+  a.reset();
+  ASSERT_TRUE(publisher_->on_released(m1->update_id, 0));
+  ASSERT_TRUE(publisher_->on_failed(m1->update_id, 1, "heartbeat timeout"));
+  auto m2 = publisher_->publish(sources_, 2, {0});
+  ASSERT_TRUE(m2) << m2.error().message;
+  EXPECT_NE(slot_name(*m2), slot_name(*m1)) << "rank 1 still reads the slot";
+  ASSERT_TRUE(b->verify(m1->update_id));
+  ASSERT_TRUE(b->release(m1->update_id));
+  ASSERT_TRUE(publisher_->on_released(m2->update_id, 0));
 }
 
 TEST_F(shared_memory_test, a_forged_handle_cannot_reach_past_the_slot) {
@@ -891,12 +977,59 @@ TEST_F(shared_memory_test, killed_consumer_leaks_nothing) {
   EXPECT_FALSE(publisher_->held_updates().empty());
   ASSERT_TRUE(publisher_->on_failed(m->update_id, 1, "killed"));
   EXPECT_TRUE(publisher_->held_updates().empty());
-  // The dead consumer's slot is free again.
+  // The dead consumer's slot is free again: its hold went with it, so the same slot is reused.
   auto m2 = publisher_->publish(sources_, 2, {});
   ASSERT_TRUE(m2) << m2.error().message;
+  EXPECT_EQ(slot_name(*m2), slot_name(*m)) << "the slot of a dead reader was not reused";
   publisher_.reset();
   transport_.reset();
   EXPECT_EQ(segments_of(::getpid()), std::vector<std::string>{});
+}
+
+TEST_F(shared_memory_test, a_frozen_consumer_process_wakes_to_the_bytes_it_imported) {
+  // The case the readers' locks are for: a consumer process frozen (SIGSTOP) past the heartbeat
+  // timeout is failed on its behalf; the next update must not land in the slot it serves.
+  make_publisher(1, std::chrono::milliseconds(200));
+  int parent = ::getpid();
+  auto m1 = publisher_->publish(sources_, 1, {1});
+  ASSERT_TRUE(m1) << m1.error().message;
+  std::string json = manifest_to_json(*m1);
+  child_process frozen([&json, parent](int fd) {
+    auto parsed = manifest_from_json(json);
+    if (!parsed) return 10;
+    auto c = child_consumer(1);
+    if (!c) return 11;
+    auto u = c->import_update(*parsed);
+    if (!send_msg(fd, u ? "holding" : u.error().message)) return 12;
+    if (!u || !recv_msg(fd)) return 13;
+    std::string reply = check_import(**u, parent);
+    if (reply.empty()) {
+      if (auto ok = c->intact(parsed->update_id); !ok) reply = ok.error().message;
+    }
+    if (!send_msg(fd, reply.empty() ? "intact" : reply)) return 14;
+    return c->release(parsed->update_id) ? 0 : 15;
+  });
+  ASSERT_TRUE(frozen.started());
+  auto reply = frozen.receive();
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(*reply, "holding");
+  ASSERT_EQ(::kill(frozen.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(publisher_->on_failed(m1->update_id, 1, "heartbeat timeout"));
+  set_tensors({1 << 20, 3 << 20}, 2);
+  auto m2 = publisher_->publish(sources_, 2, {});
+  ASSERT_TRUE(m2) << m2.error().message;
+  EXPECT_NE(slot_name(*m2), slot_name(*m1)) << "the frozen consumer's slot was rewritten";
+  ASSERT_EQ(::kill(frozen.pid(), SIGCONT), 0);
+  ASSERT_TRUE(frozen.send("check"));
+  reply = frozen.receive();
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(*reply, "intact");
+  int status = frozen.wait();
+  EXPECT_TRUE(exited_ok(status)) << describe(status);
+  // It has let go: the next update goes into the ring's slot in place.
+  auto m3 = publisher_->publish(sources_, 3, {});
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_EQ(slot_name(*m3), slot_name(*m2));
 }
 
 TEST_F(shared_memory_test, orphans_of_a_dead_publisher_are_swept_and_live_ones_kept) {
@@ -974,17 +1107,6 @@ TEST_F(shared_memory_test, a_starting_publisher_sweeps_orphans) {
   make_publisher(1);
   EXPECT_EQ(segments_of(orphan_maker.pid()), std::vector<std::string>{});
 }
-
-// The first bytes of a slot as the transport lays them out (shared_memory.cpp, slot_header).
-struct fake_slot_header {
-  char magic[8];
-  std::uint32_t layout;
-  std::int32_t owner_pid;
-  std::uint64_t owner_start;
-  std::uint64_t capacity;
-  std::uint64_t generation;
-  std::uint64_t owner_pidns;
-};
 
 // Creates /dev/shm/<name> holding `header` (or nothing when null) and one page.
 bool make_fake_slot(const std::string& name, const fake_slot_header* header) {

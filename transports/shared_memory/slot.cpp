@@ -2,15 +2,20 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "shared_memory/shared_memory.hpp"
 #include "src/process.hpp"
@@ -94,6 +99,8 @@ void slot_warm_read_only(int fd, std::uint64_t bytes) {
 
 void slot_destroy(slot& s) {
   if (s.base) ::munmap(s.base, s.map_bytes);
+  if (s.fd >= 0) ::close(s.fd);
+  s.fd = -1;
   if (!s.name.empty()) ::shm_unlink(("/" + s.name).c_str());
   s.base = nullptr;
   s.name.clear();
@@ -161,8 +168,37 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   }
   // With 4 KiB pages each consumer builds its own shadow entries: warming would not help them.
   if (huge) slot_warm_read_only(fd, s.map_bytes);
-  ::close(fd);
+  s.fd = fd;
   return {};
+}
+
+bool slot_claim(const slot& s) {
+  return ::flock(s.fd, LOCK_EX | LOCK_NB) == 0;
+}
+
+void slot_unclaim(const slot& s) {
+  ::flock(s.fd, LOCK_UN);
+}
+
+std::string slot_readers(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return "an unknown process";
+  // /proc/locks names a file "MAJOR:MINOR:INODE", the device numbers in hex.
+  char file[64];
+  std::snprintf(file, sizeof file, "%02x:%02x:%llu", ::major(st.st_dev), ::minor(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino));
+  std::ifstream in("/proc/locks");
+  std::string line, found;
+  while (std::getline(in, line)) {
+    // "3: FLOCK  ADVISORY  READ  812 00:1a:5137 0 EOF"; a waiter's line has "->" after the
+    // number and holds nothing.
+    std::istringstream fields(line);
+    std::string number, kind, advisory, mode, pid, where;
+    fields >> number >> kind >> advisory >> mode >> pid >> where;
+    if (kind != "FLOCK" || mode != "READ" || where != file) continue;
+    found += (found.empty() ? "pid " : ", pid ") + pid;
+  }
+  return found.empty() ? "an unknown process" : found;
 }
 
 }  // namespace shared_memory_detail

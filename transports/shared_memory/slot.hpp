@@ -47,6 +47,7 @@ struct slot {
   std::byte* base = nullptr;
   std::uint64_t map_bytes = 0;
   std::uint64_t capacity = 0;
+  int fd = -1;       ///< the publisher's own open file description: its flock claims the slot
   update_id holder;  // empty when free
   std::vector<std::uint64_t> offsets;
   slot_header* header() const { return reinterpret_cast<slot_header*>(base); }
@@ -58,5 +59,19 @@ void slot_destroy(slot& s);
 // Creates, sizes, maps and pre-faults one slot. Fresh pages cost ~0.3 GB/s to fault in here, so
 // this happens once per slot, never per update.
 result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_start);
+
+// A consumer process holds a shared flock on a slot while any of its ranks reads it
+// (slot_fd::hold); the publisher rewrites a slot only under an exclusive one. The kernel drops a
+// reader's lock when the reader exits, so a frozen reader keeps its slot and a dead one gives it
+// back.
+
+/// Takes `s` for a rewrite: true when no process reads it, and then none can start to until
+/// slot_unclaim. False with errno set (EWOULDBLOCK: a reader holds it).
+bool slot_claim(const slot& s);
+void slot_unclaim(const slot& s);
+
+/// The processes that hold slot descriptor `fd` for reading, from /proc/locks ("pid 812, pid
+/// 907"; "an unknown process" when none is listed, e.g. one in another PID namespace).
+std::string slot_readers(int fd);
 
 }  // namespace wsync::shared_memory_detail

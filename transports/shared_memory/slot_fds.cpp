@@ -1,8 +1,10 @@
 #include "shared_memory/slot_fds.hpp"
 
 #include <pthread.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <new>
 
 namespace wsync::shared_memory_detail {
@@ -11,11 +13,28 @@ slot_fd::~slot_fd() {
   ::close(fd);
 }
 
+int slot_fd::hold() const {
+  std::lock_guard lock(mu_);
+  if (holds_ == 0 && ::flock(fd, LOCK_SH | LOCK_NB) != 0) return errno;
+  ++holds_;
+  return 0;
+}
+
+void slot_fd::unhold() const {
+  std::lock_guard lock(mu_);
+  if (holds_ > 0 && --holds_ == 0) ::flock(fd, LOCK_UN);
+}
+
 open_slots& open_slots::instance() {
   static auto* s = [] {
     // A forked child has none of the parent's threads: one of them may have held the lock at
-    // the fork. The entries stay valid (the child inherits the descriptors).
-    ::pthread_atfork(nullptr, nullptr, [] { new (&instance().mu_) std::mutex; });
+    // the fork. Its entries are dropped too: an inherited descriptor shares the parent's open
+    // file description, and so its readers' lock (slot_fd::hold); a slot the child maps gets a
+    // description of its own.
+    ::pthread_atfork(nullptr, nullptr, [] {
+      new (&instance().mu_) std::mutex;
+      instance().by_name_.clear();
+    });
     return new open_slots;
   }();
   return *s;

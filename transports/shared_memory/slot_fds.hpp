@@ -11,13 +11,27 @@
 
 namespace wsync::shared_memory_detail {
 
-/// An open descriptor of one slot, closed when the last rank that maps the slot lets it go.
+/// An open descriptor of one slot, closed when the last rank that maps the slot lets it go. It is
+/// the process's own open file description (never one shared with another process), so its
+/// flock is this process's alone.
 struct slot_fd {
   explicit slot_fd(int f) : fd(f) {}
   ~slot_fd();
   slot_fd(const slot_fd&) = delete;
   slot_fd& operator=(const slot_fd&) = delete;
+
+  /// A rank of this process reads the slot until it calls unhold(): while any does, the process
+  /// holds a shared flock that keeps the publisher from rewriting the slot (slot_claim), even
+  /// after the coordinator took the rank for dead. 0, or the errno of a refused lock
+  /// (EWOULDBLOCK: the publisher is taking the slot for a newer update right now).
+  int hold() const;
+  void unhold() const;
+
   const int fd;
+
+ private:
+  mutable std::mutex mu_;
+  mutable int holds_ = 0;
 };
 
 class open_slots {
