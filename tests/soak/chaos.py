@@ -364,6 +364,10 @@ def run_cluster(args, c, work, rng):
         checks += st["checks"]
         first_torn = first_torn or st["first_torn"]
     left = shm_of(c.pids)
+    # Slots a publisher left to a consumer still reading them after the coordinator let it go
+    # (frozen past the heartbeat timeout) instead of rewriting them under it.
+    with open(os.path.join(work, "processes.log"), errors="replace") as f:
+        left_to_readers = sum("is still read by" in line for line in f)
     baseline = baseline or {}
     row = {
         "mode": "chaos-soak", "updates": args.updates, "committed": committed,
@@ -372,7 +376,7 @@ def run_cluster(args, c, work, rng):
         "max_recover_s": round(max(recoveries), 2) if recoveries else None,
         "median_recover_s": round(sorted(recoveries)[len(recoveries) // 2], 2) if recoveries
         else None,
-        "reader_checks": checks, "torn_reads": torn,
+        "reader_checks": checks, "torn_reads": torn, "slots_left_to_readers": left_to_readers,
         "fds": {"start": {k: v for k, v in baseline.items() if k.endswith("fds")},
                 "end": {k: v for k, v in end.items() if k.endswith("fds")}},
         "rss_mb": {"start": {k: v for k, v in baseline.items() if k.endswith("rss_mb")},
