@@ -144,13 +144,15 @@ class shm_publisher final : public publisher_transport {
   // views of it. Rewriting would change the weights under that reader, so the slot is left to it:
   // unlinked here, its memory lives until the reader unmaps it or exits, and a new slot takes its
   // place in the ring (its consumers see the new name and drop their old mapping once unused).
-  // That costs one slot of memory per such reader while it reads. A hold can also be a stale
-  // import's, dropped microseconds after its generation check: a few tries tell the two apart.
+  // That costs one slot of memory per such reader while it reads. A hold can also be brief: a
+  // stale import's, dropped microseconds after its generation check, or a leaving rank's, whose
+  // process lets go as it exits: tries over a quarter of a second tell those from a reader that
+  // stays, and cost that time once per slot left to a reader.
   result<void> claim_or_replace(slot& s, std::uint64_t need, const update_id& id) {
-    for (int attempt = 0; attempt < 5; ++attempt) {
+    for (auto pause = std::chrono::milliseconds(2);; pause *= 2) {
       if (slot_claim(s)) return {};
-      if (errno != EWOULDBLOCK) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (errno != EWOULDBLOCK || pause > std::chrono::milliseconds(128)) break;
+      std::this_thread::sleep_for(pause);
     }
     const int err = errno;
     const std::string read =
