@@ -168,6 +168,33 @@ grep -q '"state":"failed"' "$work/publisher.log" || fail "frozen consumer not fa
 [ "$elapsed_ms" -lt 15000 ] || fail "frozen consumer took ${elapsed_ms} ms to detect"
 stop_all
 echo "cluster_faults: frozen consumer failed after ${elapsed_ms} ms"
+# 4b. A consumer frozen past the heartbeat timeout while it serves views of version 1's slot
+#     (`wsync consumer` installs views): the coordinator takes it for dead and version 1 is
+#     released, but the publisher must not rewrite that slot under it. It leaves the slot to the
+#     frozen reader and takes a new one; the reader, woken, rejoins and catches up.
+start_coordinator 20000
+for r in 0 1; do start_consumer $r; done
+wait_consumers 2
+"$wsync" publisher --coordinator "$addr" --rank 0 --layout "$layout" --versions 3 --interval-ms 2500 \
+  --json >"$work/publisher.log" 2>&1 &
+publisher=$!
+pids+=("$publisher")
+for _ in $(seq 300); do grep -q '"phase":"committed".*"weight_version":1}' "$work/publisher.log" && break; sleep 0.05; done
+grep -q '"phase":"committed".*"weight_version":1}' "$work/publisher.log" || fail "version 1 did not commit"
+kill -STOP "$consumer1"
+wait "$publisher" || fail "publisher failed with a consumer frozen past the heartbeat timeout"
+grep -q "slot wsync-$publisher-[0-9a-f]* is still read by pid $consumer1 " "$work/publisher.log" ||
+  fail "the slot the frozen consumer serves was not left to it: $(grep -i 'still read' "$work/publisher.log")"
+tail -n 1 "$work/publisher.log" | grep -q '"phase":"committed"' || fail "version 3 not committed"
+kill -CONT "$consumer1"
+caught_up=0
+for _ in $(seq 200); do
+  status | grep -qE '"active_weight_version":3,"model":"[^"]*","node":"[^"]*","rank":1,' && { caught_up=1; break; }
+  sleep 0.05
+done
+[ $caught_up = 1 ] || fail "the woken consumer did not catch up to version 3: $(status)"
+stop_all
+echo "cluster_faults: a frozen consumer's slot was left to it, and it caught up once woken"
 # 5. The coordinator dies and restarts on the same port: consumers keep serving, every rank
 #    reconnects with backoff and re-registers, and versions stay monotonic because consumers
 #    report what they serve. The publisher sleeps between versions; the restart falls in a sleep.
