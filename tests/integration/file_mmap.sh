@@ -4,7 +4,8 @@
 # installed in order; that the segment files are reused (same inodes) by a restarted publisher;
 # that a writer killed between data and the CURRENT rename leaves the previous version readable
 # and its half-written buffer ignored; that a reader killed while holding a buffer (SIGKILL) or
-# frozen (SIGSTOP, its heartbeat stale) gives the buffer back to the writer. Exits 77 (skipped)
+# frozen (SIGSTOP, its heartbeat stale) gives the buffer back to the writer (the frozen one's
+# files are left to it: the writer writes new ones). Exits 77 (skipped)
 # when the machine has no directory of that kind.
 wsync="$1"
 kind="$2"
@@ -109,6 +110,9 @@ publish publisher.log 10 2 --transport-option lease_timeout_ms=600 ||
   fail "the publisher could not take back the frozen reader's buffer"
 grep -q 'freed from the lease of rank 4.*heartbeat is older than lease_timeout_ms=600' \
   "$work/publisher.log" || fail "the frozen reader's lease did not expire by its heartbeat"
+# It still runs here and serves views of what it mapped: the writer leaves those files to it.
+grep -q 'is still mapped by rank 4 .*its files are left to it' "$work/publisher.log" ||
+  fail "the frozen reader's files were rewritten in place: $(grep -i 'rank 4' "$work/publisher.log")"
 grep -q '"weight_version":11' "$dir/CURRENT" || fail "CURRENT does not name version 11"
 kill -KILL "$c4"
 # A held buffer without expiry: the message users see.

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -509,6 +510,77 @@ TEST_P(file_mmap_test, bytes_read_after_the_writer_removed_the_lease_are_not_int
       << whole.error().message;
   EXPECT_TRUE(contains(whole.error().message, "rank=4")) << whole.error().message;
   ASSERT_TRUE(c->release(m1->update_id));
+}
+
+// A reader frozen past lease_timeout_ms (SIGSTOP) loses its lease, but while its process still
+// runs on this host it may serve views of the files it mapped: the writer leaves those files to
+// it and writes the next update into new ones.
+TEST_P(file_mmap_test, a_reader_frozen_past_its_lease_keeps_the_files_it_maps) {
+  start_publisher(std::chrono::milliseconds(6000), {{"lease_timeout_ms", "1500"}});
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  ASSERT_TRUE(publish(2));
+  const int b = buffer_of(*m1);
+  // The frozen reader: this process, by its pid, mapping the files as a consumer does, with a
+  // lease whose heartbeat stopped 10 s ago.
+  std::vector<std::pair<void*, std::size_t>> maps;
+  std::vector<std::vector<std::byte>> v1;  // what the reader saw
+  std::vector<ino_t> inodes;
+  for (std::size_t i = 0; i < m1->segments.size(); ++i) {
+    const auto path = file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), i);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+    struct stat st {};
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    inodes.push_back(st.st_ino);
+    const std::size_t n = m1->segments[i].nbytes;
+    void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    ASSERT_NE(p, MAP_FAILED) << std::strerror(errno);
+    maps.emplace_back(p, n);
+    const auto* at = static_cast<const std::byte*>(p);
+    v1.emplace_back(at, at + n);
+  }
+  const std::string lease = dir_ + "/leases/buffer-" + std::to_string(b) + "." +
+                            std::to_string(::getpid()) + ".frozen.lease";
+  std::ofstream(lease) << nlohmann::json{
+      {"host", file_mmap_detail::host_name()},
+      {"pid", ::getpid()},
+      {"pidns", file_mmap_detail::pid_namespace()},
+      {"start", file_mmap_detail::process_start_time(::getpid())},
+      {"rank", 7}}.dump();
+  struct timespec old[2] = {{std::time(nullptr) - 10, 0}, {std::time(nullptr) - 10, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, lease.c_str(), old, 0), 0) << std::strerror(errno);
+  auto m3 = publish(3);
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_EQ(buffer_of(*m3), b);
+  EXPECT_FALSE(fs::exists(lease));
+  for (std::size_t i = 0; i < maps.size(); ++i) {
+    EXPECT_EQ(std::memcmp(maps[i].first, v1[i].data(), v1[i].size()), 0)
+        << "segment " << i << " was rewritten under the frozen reader";
+    struct stat st {};
+    ASSERT_EQ(
+        ::stat(file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), i).c_str(), &st),
+        0);
+    EXPECT_NE(st.st_ino, inodes[i]) << "segment " << i << " is the file the reader maps";
+    ::munmap(maps[i].first, maps[i].second);
+  }
+  auto c = consumer(1);
+  ASSERT_TRUE(c->import_update(*m3));
+  ASSERT_TRUE(c->verify(m3->update_id));
+  ASSERT_TRUE(c->release(m3->update_id));
+  // Nobody maps the new files: the next update into this buffer writes them in place.
+  auto inode_of = [&](std::size_t i) {
+    struct stat st {};
+    ::stat(file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), i).c_str(), &st);
+    return st.st_ino;
+  };
+  const ino_t written = inode_of(0);
+  ASSERT_TRUE(publish(4));
+  auto m5 = publish(5);
+  ASSERT_TRUE(m5) << m5.error().message;
+  ASSERT_EQ(buffer_of(*m5), b);
+  EXPECT_EQ(inode_of(0), written);
 }
 
 // A leases folder the writer cannot read (EACCES for another uid, ESTALE or EIO on NFS; here a

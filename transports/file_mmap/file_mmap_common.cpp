@@ -139,6 +139,9 @@ struct lease_view {
   std::string who;  // for "held by"
   bool live = true;
   std::string why_dead;
+  /// Dead by its heartbeat only: its process still runs on this host (frozen, or too slow to
+  /// refresh), and may still read what it mapped.
+  bool reader_lives = false;
 };
 
 lease_view lease_judge(const std::string& leases, const std::string& name, const std::string& host,
@@ -176,11 +179,15 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
         v.why_dead = "its process is gone";
         return v;
       }
+      v.reader_lives = true;
     }
   }
   if (age * 1000.0 > static_cast<double>(timeout.count())) {
     v.live = false;
     v.why_dead = "its heartbeat is older than lease_timeout_ms=" + std::to_string(timeout.count());
+    if (v.reader_lives) v.why_dead += ", though its process still runs on this host";
+  } else {
+    v.reader_lives = false;
   }
   return v;
 }
@@ -188,9 +195,10 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
 }  // namespace
 
 // Live leases on buffer b; removes the dead ones it finds (logged once, here).
-std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
-                                     const std::string& host, std::chrono::milliseconds timeout) {
-  std::vector<std::string> live;
+lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::string& host,
+                       std::chrono::milliseconds timeout) {
+  lease_scan scan;
+  auto& live = scan.live;
   std::string leases = dir + "/leases";
   DIR* d = ::opendir(leases.c_str());
   if (!d) {
@@ -198,7 +206,7 @@ std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
     // counts as held (an unreadable folder must not look like an empty one).
     if (errno != ENOENT)
       live.push_back("readers the writer cannot list (" + leases + ": " + errno_text(errno) + ")");
-    return live;
+    return scan;
   }
   std::vector<std::string> names;
   auto prefix = lease_prefix(b);
@@ -238,9 +246,10 @@ std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
     } else if (!v.why_dead.empty() && ::unlink((leases + "/" + n).c_str()) == 0) {
       log_warn("file-mmap: buffer-" + std::to_string(b) + " freed from the lease of " + v.who +
                ": " + v.why_dead);
+      if (v.reader_lives) scan.readers_alive.push_back(v.who);
     }
   }
-  return live;
+  return scan;
 }
 
 result<std::optional<current_state>> current_read(const std::string& dir) {

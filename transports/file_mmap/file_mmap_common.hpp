@@ -81,9 +81,17 @@ result<void> dir_ensure(const std::string& path);
 
 /// "buffer-<b>.": how the leases on buffer b begin.
 std::string lease_prefix(std::uint64_t b);
-/// Who holds buffer b: one "rank R (pid P on HOST, ...)" per live lease; dead ones are removed.
-std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
-                                     const std::string& host, std::chrono::milliseconds timeout);
+/// The leases on one buffer, as the writer judges them.
+struct lease_scan {
+  /// Who holds the buffer: one "rank R (pid P on HOST, ...)" per live lease.
+  std::vector<std::string> live;
+  /// Leases removed for their heartbeat alone, whose process still runs on this host (frozen,
+  /// or too slow to refresh them): it may still read the files it mapped.
+  std::vector<std::string> readers_alive;
+};
+/// Who holds buffer b; dead leases are removed (and logged).
+lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::string& host,
+                       std::chrono::milliseconds timeout);
 
 /// DIR/CURRENT: the buffer it names and the manifest of the version there; nullopt when absent.
 struct current_state {

@@ -36,6 +36,9 @@ struct buffer {
   std::vector<seg_file> files;
   update_id holder;  // acquired here and not yet released; empty when free
   std::size_t used = 0;
+  /// Readers whose lease was removed for its heartbeat while their process still ran on this
+  /// host: until the buffer is next written, to new files, they may map its files.
+  std::vector<std::string> readers_left;
 };
 
 void seg_close(seg_file& f) {
@@ -96,10 +99,12 @@ class fm_publisher final : public publisher_transport {
           return make_error(errc::io_error, "file-mmap: unlink " + stamp + ": " +
                                                 errno_text(errno) + " (update_id=" + id + ")");
         }
-        auto live = leases_live(cfg_.dir, b, host_, cfg_.lease_timeout);
-        if (!live.empty()) {
+        auto scan = leases_live(cfg_.dir, b, host_, cfg_.lease_timeout);
+        auto& left = buffers_[b].readers_left;
+        left.insert(left.end(), scan.readers_alive.begin(), scan.readers_alive.end());
+        if (!scan.live.empty()) {
           std::string all;
-          for (const auto& l : live) all += (all.empty() ? "" : ", ") + l;
+          for (const auto& l : scan.live) all += (all.empty() ? "" : ", ") + l;
           note(all);
           continue;
         }
@@ -122,9 +127,22 @@ class fm_publisher final : public publisher_transport {
       cv_.wait_until(lock, std::min(deadline, now + lease_poll));
     }
     auto& buf = buffers_[static_cast<std::size_t>(chosen)];
-    if (auto ok = buffer_size(static_cast<std::uint64_t>(chosen), buf, sizes); !ok) {
+    // A reader whose lease expired while its process still runs here (frozen past
+    // lease_timeout_ms) may still serve views of these files: they are left to it, and this
+    // update goes to new files renamed over them (its mapping keeps the old ones).
+    const bool fresh = !buf.readers_left.empty();
+    if (fresh) {
+      std::string all;
+      for (const auto& r : buf.readers_left) all += (all.empty() ? "" : ", ") + r;
+      log_warn("file-mmap: buffer-" + std::to_string(chosen) + " is still mapped by " + all +
+               ", whose lease expired while its process runs on this host: its files are left "
+               "to it, the update goes to new files (update_id=" +
+               id + ")");
+    }
+    if (auto ok = buffer_size(static_cast<std::uint64_t>(chosen), buf, sizes, fresh); !ok) {
       return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
     }
+    buf.readers_left.clear();
     buf.holder = id;
     buf.used = sizes.size();
     std::vector<std::span<std::byte>> spans;
@@ -226,8 +244,9 @@ class fm_publisher final : public publisher_transport {
 
   // Opens (or creates) one file per segment and sizes it; a file that already has the right
   // size (or grows) keeps its inode, its blocks and its mapping, so a steady model writes in
-  // place.
-  result<void> buffer_size(std::uint64_t b, buffer& buf, std::span<const std::uint64_t> sizes) {
+  // place. `fresh`: every file is new instead, renamed over the old (a reader may map it).
+  result<void> buffer_size(std::uint64_t b, buffer& buf, std::span<const std::uint64_t> sizes,
+                           bool fresh) {
     if (auto ok = dir_ensure(buffer_dir(cfg_.dir, b)); !ok) return ok;
     if (buf.files.size() < sizes.size()) buf.files.resize(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -254,22 +273,24 @@ class fm_publisher final : public publisher_transport {
           f.size = static_cast<std::uint64_t>(st.st_size);
         }
       }
-      if (f.size != sizes[i]) {
+      const bool replace = sizes[i] < f.size || (fresh && f.size > 0);
+      if (f.size != sizes[i] || replace) {
         if (f.mapped && f.size > 0) ::munmap(f.base, f.size);
         f.mapped = f.ready = false;
         f.base = nullptr;
         // A reader may still map this file (its lease expired under it, or NFS hid a fresh
         // one): shrunk in place, its reads past the new end would be a SIGBUS, not an error.
         // A smaller segment goes to a new file renamed over the old; old mappings keep theirs.
-        if (sizes[i] < f.size) {
-          const std::string fresh = path + ".new";
-          ::unlink(fresh.c_str());  // a crash's leftover
-          int fd = ::open(fresh.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        // So does every segment of a buffer a reader still maps (`fresh`).
+        if (replace) {
+          const std::string next = path + ".new";
+          ::unlink(next.c_str());  // a crash's leftover
+          int fd = ::open(next.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
           if (fd < 0) return fail("open");
-          if (::rename(fresh.c_str(), path.c_str()) != 0) {
+          if (::rename(next.c_str(), path.c_str()) != 0) {
             int err = errno;
             ::close(fd);
-            ::unlink(fresh.c_str());
+            ::unlink(next.c_str());
             errno = err;
             return fail("rename");
           }
