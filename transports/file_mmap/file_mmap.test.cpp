@@ -524,10 +524,16 @@ TEST_P(file_mmap_test, a_reader_frozen_past_its_lease_keeps_the_files_it_maps) {
   // The frozen reader: this process, by its pid, mapping the files as a consumer does, with a
   // lease whose heartbeat stopped 10 s ago.
   std::vector<std::pair<void*, std::size_t>> maps;
+  std::shared_ptr<void> unmap_all(nullptr, [&](void*) {
+    for (auto [p, n] : maps) ::munmap(p, n);
+  });
   std::vector<std::vector<std::byte>> v1;  // what the reader saw
   std::vector<ino_t> inodes;
+  auto segment = [&](std::size_t i) {
+    return file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), i);
+  };
   for (std::size_t i = 0; i < m1->segments.size(); ++i) {
-    const auto path = file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), i);
+    const auto path = segment(i);
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
     struct stat st {};
@@ -558,29 +564,41 @@ TEST_P(file_mmap_test, a_reader_frozen_past_its_lease_keeps_the_files_it_maps) {
   for (std::size_t i = 0; i < maps.size(); ++i) {
     EXPECT_EQ(std::memcmp(maps[i].first, v1[i].data(), v1[i].size()), 0)
         << "segment " << i << " was rewritten under the frozen reader";
-    struct stat st {};
-    ASSERT_EQ(
-        ::stat(file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), i).c_str(), &st),
-        0);
-    EXPECT_NE(st.st_ino, inodes[i]) << "segment " << i << " is the file the reader maps";
-    ::munmap(maps[i].first, maps[i].second);
+    EXPECT_NE(inode_of(segment(i)), inodes[i]) << "segment " << i << " is the file it maps";
   }
+  EXPECT_FALSE(fs::exists(file_mmap_detail::fresh_files_path(dir_, static_cast<std::uint64_t>(b))));
   auto c = consumer(1);
   ASSERT_TRUE(c->import_update(*m3));
   ASSERT_TRUE(c->verify(m3->update_id));
   ASSERT_TRUE(c->release(m3->update_id));
   // Nobody maps the new files: the next update into this buffer writes them in place.
-  auto inode_of = [&](std::size_t i) {
-    struct stat st {};
-    ::stat(file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), i).c_str(), &st);
-    return st.st_ino;
-  };
-  const ino_t written = inode_of(0);
+  const ino_t written = inode_of(segment(0));
+  ASSERT_NE(written, 0u);
   ASSERT_TRUE(publish(4));
   auto m5 = publish(5);
   ASSERT_TRUE(m5) << m5.error().message;
   ASSERT_EQ(buffer_of(*m5), b);
-  EXPECT_EQ(inode_of(0), written);
+  EXPECT_EQ(inode_of(segment(0)), written);
+}
+
+// The lease goes before the buffer is written: a publisher that restarts in between learns from
+// the buffer's FRESH mark that a reader may still map its files.
+TEST_P(file_mmap_test, a_restarted_publisher_still_leaves_a_frozen_readers_files_to_it) {
+  start_publisher();
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  ASSERT_TRUE(publish(2));
+  const auto b = static_cast<std::uint64_t>(buffer_of(*m1));
+  const auto segment0 = file_mmap_detail::segment_path(dir_, b, 0);
+  const ino_t mapped = inode_of(segment0);
+  ASSERT_NE(mapped, 0u);
+  ASSERT_TRUE(file_mmap_detail::fresh_files_mark(dir_, b));
+  start_publisher();  // a new publisher process, as after a crash
+  auto m3 = publish(3);
+  ASSERT_TRUE(m3) << m3.error().message;
+  ASSERT_EQ(static_cast<std::uint64_t>(buffer_of(*m3)), b);
+  EXPECT_NE(inode_of(segment0), mapped);
+  EXPECT_FALSE(fs::exists(file_mmap_detail::fresh_files_path(dir_, b)));
 }
 
 // A leases folder the writer cannot read (EACCES for another uid, ESTALE or EIO on NFS; here a

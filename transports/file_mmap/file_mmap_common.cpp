@@ -139,8 +139,9 @@ struct lease_view {
   std::string who;  // for "held by"
   bool live = true;
   std::string why_dead;
-  /// Dead by its heartbeat only: its process still runs on this host (frozen, or too slow to
-  /// refresh), and may still read what it mapped.
+  /// Dead by its heartbeat only, and its reader may be on this host: its process still runs
+  /// here (frozen, or too slow to refresh), runs in another PID namespace of this host, or the
+  /// lease cannot be read to tell. Such a reader may still read what it mapped.
   bool reader_lives = false;
 };
 
@@ -164,6 +165,7 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
   double age = static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
                static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) / 1e9;
   auto lease = lease_parse(file_read(path).value_or(""));
+  v.reader_lives = !lease || lease->host == host;
   if (lease) {
     char age_text[32];
     std::snprintf(age_text, sizeof age_text, "%.1f", age);
@@ -177,15 +179,15 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
       if (alive == 0 || (lease->start != 0 && alive != lease->start)) {
         v.live = false;
         v.why_dead = "its process is gone";
+        v.reader_lives = false;
         return v;
       }
-      v.reader_lives = true;
     }
   }
   if (age * 1000.0 > static_cast<double>(timeout.count())) {
     v.live = false;
     v.why_dead = "its heartbeat is older than lease_timeout_ms=" + std::to_string(timeout.count());
-    if (v.reader_lives) v.why_dead += ", though its process still runs on this host";
+    if (v.reader_lives) v.why_dead += ", though its reader may still run on this host";
   } else {
     v.reader_lives = false;
   }
@@ -193,6 +195,17 @@ lease_view lease_judge(const std::string& leases, const std::string& name, const
 }
 
 }  // namespace
+
+std::string fresh_files_path(const std::string& dir, std::uint64_t b) {
+  return buffer_dir(dir, b) + "/FRESH";
+}
+
+bool fresh_files_mark(const std::string& dir, std::uint64_t b) {
+  int fd = ::open(fresh_files_path(dir, b).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
 
 // Live leases on buffer b; removes the dead ones it finds (logged once, here).
 lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::string& host,
@@ -243,7 +256,14 @@ lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::strin
     auto v = lease_judge(leases, n, host, timeout);
     if (v.live) {
       live.push_back(v.who);
-    } else if (!v.why_dead.empty() && ::unlink((leases + "/" + n).c_str()) == 0) {
+    } else if (!v.why_dead.empty()) {
+      // Marked before the lease goes: a publisher that restarts in between still finds it.
+      if (v.reader_lives && !fresh_files_mark(dir, b)) {
+        live.push_back(v.who + " (its buffer cannot be marked for new files: " + errno_text(errno) +
+                       ")");
+        continue;
+      }
+      if (::unlink((leases + "/" + n).c_str()) != 0) continue;
       log_warn("file-mmap: buffer-" + std::to_string(b) + " freed from the lease of " + v.who +
                ": " + v.why_dead);
       if (v.reader_lives) scan.readers_alive.push_back(v.who);

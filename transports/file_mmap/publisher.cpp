@@ -127,22 +127,27 @@ class fm_publisher final : public publisher_transport {
       cv_.wait_until(lock, std::min(deadline, now + lease_poll));
     }
     auto& buf = buffers_[static_cast<std::size_t>(chosen)];
-    // A reader whose lease expired while its process still runs here (frozen past
+    // A reader whose lease expired while it may still run on this host (frozen past
     // lease_timeout_ms) may still serve views of these files: they are left to it, and this
-    // update goes to new files renamed over them (its mapping keeps the old ones).
-    const bool fresh = !buf.readers_left.empty();
+    // update goes to new files renamed over them (its mapping keeps the old ones). The mark
+    // says so to a publisher that restarted since the lease went.
+    const auto mark = fresh_files_path(cfg_.dir, static_cast<std::uint64_t>(chosen));
+    const bool fresh = !buf.readers_left.empty() || ::access(mark.c_str(), F_OK) == 0;
     if (fresh) {
       std::string all;
       for (const auto& r : buf.readers_left) all += (all.empty() ? "" : ", ") + r;
-      log_warn("file-mmap: buffer-" + std::to_string(chosen) + " is still mapped by " + all +
-               ", whose lease expired while its process runs on this host: its files are left "
-               "to it, the update goes to new files (update_id=" +
-               id + ")");
+      log_warn(
+          "file-mmap: buffer-" + std::to_string(chosen) + " may still be mapped by " +
+          (all.empty() ? std::string("a reader whose lease an earlier publisher removed") : all) +
+          ", whose lease expired while it may run on this host: its files are left to it, "
+          "the update goes to new files (update_id=" +
+          id + ")");
     }
     if (auto ok = buffer_size(static_cast<std::uint64_t>(chosen), buf, sizes, fresh); !ok) {
       return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
     }
     buf.readers_left.clear();
+    ::unlink(mark.c_str());
     buf.holder = id;
     buf.used = sizes.size();
     std::vector<std::span<std::byte>> spans;
