@@ -114,6 +114,12 @@ std::uint64_t checksum_pieces::fold(std::size_t tensor, const std::uint64_t* dig
 
 namespace {
 
+// Chunked with a chunk size to divide by. Validation refuses any other method that says chunked
+// (and unknown algorithms); whole-tensor hashing here keeps an unchecked one from dividing by 0.
+bool chunked_method(const checksum_method& m) {
+  return m.algorithm == checksum_algorithm::xxh3_64_chunked && m.chunk_bytes != 0;
+}
+
 template <class PerChunk>
 std::uint64_t chunked(std::size_t nbytes, std::uint64_t chunk, PerChunk&& per_chunk) {
   const auto count = static_cast<std::size_t>(checksum_chunks(nbytes, chunk));
@@ -129,7 +135,7 @@ std::uint64_t chunked(std::size_t nbytes, std::uint64_t chunk, PerChunk&& per_ch
 
 std::uint64_t checksum_compute(const void* data, std::size_t nbytes,
                                const checksum_method& method) {
-  if (method.algorithm == checksum_algorithm::xxh3_64) return checksum_compute(data, nbytes);
+  if (!chunked_method(method)) return checksum_compute(data, nbytes);
   const auto* p = static_cast<const unsigned char*>(data);
   return chunked(nbytes, method.chunk_bytes,
                  [&](std::size_t off, std::size_t n) { return checksum_compute(p + off, n); });
@@ -137,7 +143,7 @@ std::uint64_t checksum_compute(const void* data, std::size_t nbytes,
 
 std::uint64_t checksum_copy(void* dst, const void* src, std::size_t nbytes,
                             const checksum_method& method) {
-  if (method.algorithm == checksum_algorithm::xxh3_64) return checksum_copy(dst, src, nbytes);
+  if (!chunked_method(method)) return checksum_copy(dst, src, nbytes);
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
   return chunked(nbytes, method.chunk_bytes, [&](std::size_t off, std::size_t n) {

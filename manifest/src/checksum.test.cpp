@@ -219,6 +219,18 @@ TEST(checksum_chunked, a_flipped_byte_in_any_chunk_changes_it) {
   }
 }
 
+TEST(checksum_chunked, a_chunk_size_of_zero_hashes_the_whole_tensor_instead_of_dividing_by_it) {
+  // Validation refuses such a method; a caller that skipped it must not get SIGFPE.
+  std::vector<unsigned char> data(10000, 7);
+  std::vector<unsigned char> out(data.size());
+  const checksum_method zero{checksum_algorithm::xxh3_64_chunked, 0};
+  EXPECT_EQ(checksum_compute(data.data(), data.size(), zero),
+            checksum_compute(data.data(), data.size()));
+  EXPECT_EQ(checksum_copy(out.data(), data.data(), data.size(), zero),
+            checksum_compute(data.data(), data.size()));
+  EXPECT_EQ(out, data);
+}
+
 TEST(checksum_chunked, names_round_trip) {
   for (auto a : {checksum_algorithm::xxh3_64, checksum_algorithm::xxh3_64_chunked}) {
     EXPECT_EQ(checksum_algorithm_parse(checksum_algorithm_name(a)), a);

@@ -5,6 +5,7 @@
 #include "wsync/manifest/codec_json.hpp"
 #include "wsync/manifest/json_bounded.hpp"
 #include "wsync/manifest/json_writer.hpp"
+#include "wsync/manifest/validate.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -215,14 +216,23 @@ bool read_manifest(const json& j, weight_update_manifest& m, std::string& err) {
   if (!base64_decode(handle64, m.transport_handle)) {
     return err = "transport_handle: not valid base64", false;
   }
+  // Sized only within the limit validation holds them to: a body of "{}," would otherwise
+  // make this allocate ~150 bytes per 3 it holds before the first entry is refused.
+  const std::uint64_t most = manifest_limits{}.max_tensors;
   const json* tensors = r.get("tensors", json::value_t::array, err);
   if (!tensors) return false;
+  if (tensors->size() > most) {
+    return err = "tensors: more than " + std::to_string(most) + " tensors", false;
+  }
   m.tensors.resize(tensors->size());
   for (std::size_t i = 0; i < tensors->size(); ++i) {
     if (!read_tensor((*tensors)[i], i, m.tensors[i], err)) return false;
   }
   const json* segments = r.get("segments", json::value_t::array, err);
   if (!segments) return false;
+  if (segments->size() > most) {
+    return err = "segments: more than " + std::to_string(most) + " segments", false;
+  }
   m.segments.resize(segments->size());
   for (std::size_t i = 0; i < segments->size(); ++i) {
     const auto& s = (*segments)[i];
@@ -395,10 +405,12 @@ class fast_reader {
       case in::start:
         return at_ = in::root, true;
       case in::tensors:
+        if (m_.tensors.size() >= manifest_limits{}.max_tensors) return false;
         m_.tensors.emplace_back();
         tensor_seen_ = 0;
         return at_ = in::tensor, true;
       case in::segments:
+        if (m_.segments.size() >= manifest_limits{}.max_tensors) return false;
         m_.segments.emplace_back();
         segment_seen_ = 0;
         return at_ = in::segment, true;

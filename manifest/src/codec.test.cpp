@@ -270,10 +270,29 @@ TEST(codec, deeply_nested_input_is_refused_at_the_parse) {
   auto nested = edited("\"metadata\":{", "\"metadata\":{\"deep\":" + std::string(100000, '[') +
                                              std::string(100000, ']') + ",");
   expect_refused(nested, why);
-  // wsync's own documents nest a few levels: 64 is far from them.
-  auto shallow = edited("\"metadata\":{", "\"metadata\":{\"deep\":" + std::string(60, '[') +
-                                              std::string(60, ']') + ",");
+  // wsync's own documents nest a few levels: 64 is far from them. The limit, exactly: the
+  // manifest's object and metadata's, then 63 arrays are 65 levels (the outermost counts 0).
+  auto shallow = edited("\"metadata\":{", "\"metadata\":{\"deep\":" + std::string(63, '[') +
+                                              std::string(63, ']') + ",");
   expect_refused(shallow, "metadata.deep: expected a string");
+  auto just_over = edited("\"metadata\":{", "\"metadata\":{\"deep\":" + std::string(64, '[') +
+                                                std::string(64, ']') + ",");
+  expect_refused(just_over, why);
+  // Brackets inside strings nest nothing, escaped quotes included.
+  auto in_text =
+      edited("\"metadata\":{", "\"metadata\":{\"deep\":\"\\\"" + std::string(100000, '[') + "\",");
+  auto parsed = manifest_from_json(in_text);
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->metadata.at("deep").size(), 100001u);
+}
+
+TEST(codec, a_tensor_list_past_the_limit_is_refused_before_it_is_sized) {
+  // "{}," is three bytes of body and a tensor descriptor each: refused at the count.
+  std::string many;
+  many.reserve(3 * (manifest_limits{}.max_tensors + 1));
+  for (std::uint64_t i = 0; i <= manifest_limits{}.max_tensors; ++i) many += i ? ",{}" : "{}";
+  auto text = edited("\"tensors\":[", "\"tensors\":[" + many + ",");
+  expect_refused(text, "tensors: more than 1048576 tensors");
 }
 
 // --- properties ---------------------------------------------------------------------------

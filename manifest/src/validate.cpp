@@ -109,6 +109,12 @@ std::string tensor_field(std::size_t i, const char* field) {
 }  // namespace
 
 bool tensor_element_count(const tensor_descriptor& t, std::uint64_t& out) {
+  // A zero anywhere makes the tensor empty, whatever the other dimensions multiply to: the
+  // answer must not depend on their order (safetensors reads such shapes the same way).
+  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) {
+    if (std::any_of(t.shape.begin(), t.shape.end(), [](auto d) { return d < 0; })) return false;
+    return out = 0, true;
+  }
   std::uint64_t n = 1;
   for (auto d : t.shape) {
     if (d < 0 || mul_overflows(n, static_cast<std::uint64_t>(d), n)) return false;
@@ -210,6 +216,11 @@ result<void> manifest_validate(const weight_update_manifest& m,
   }
 
   const auto& cm = m.checksum_method;
+  if (cm.algorithm != checksum_algorithm::xxh3_64 &&
+      cm.algorithm != checksum_algorithm::xxh3_64_chunked) {
+    return c.fail("checksum.algorithm",
+                  "unknown value " + std::to_string(static_cast<int>(cm.algorithm)));
+  }
   if (cm.algorithm == checksum_algorithm::xxh3_64 && cm.chunk_bytes != 0) {
     return c.fail("checksum.chunk_bytes", "set, but xxh3-64 hashes whole tensors");
   }

@@ -259,6 +259,10 @@ TEST(validate, empty_tensor_with_huge_dimensions_and_strides_does_not_overflow) 
   m.tensors[0].strides = {std::int64_t{1} << 62, std::int64_t{1} << 40, 1};
   m.tensors[0].nbytes = 0;
   expect_accepted(m);
+  // The same dimensions with the zero last: empty all the same.
+  m.tensors[0].shape = {std::int64_t{1} << 40, std::int64_t{1} << 40, 0};
+  m.tensors[0].strides.clear();
+  expect_accepted(m);
 }
 
 TEST(validate, refuses_offset_not_256_aligned) {
@@ -785,6 +789,8 @@ TEST(validate, the_chunked_checksum_needs_a_power_of_two_chunk_in_range) {
   }
   m.checksum_method = {checksum_algorithm::xxh3_64, 4096};
   expect_refused(m, "checksum.chunk_bytes");
+  m.checksum_method = {static_cast<checksum_algorithm>(2), 4096};  // from no build of ours
+  expect_refused(m, "checksum.algorithm");
 }
 
 }  // namespace

@@ -16,6 +16,32 @@ namespace wsync {
 /// Deeper than this is refused: wsync's own documents nest five levels at most.
 inline constexpr int json_max_depth = 64;
 
+/// Whether `text` opens more than `limit` arrays and objects inside one another, brackets in
+/// strings aside. Linear and allocation-free: nlohmann builds every level before its callback
+/// can refuse one, ~64 bytes of heap per bracket (gigabytes for a large body of '[').
+inline bool json_nests_deeper(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 /// The parsed value, or a discarded one (is_discarded()) when `text` is not JSON or nests
 /// deeper than json_max_depth. `too_deep` (when given) tells the second case. With
 /// `duplicate_key`, a key that comes twice in one object (nlohmann keeps the last silently) is
@@ -24,6 +50,12 @@ inline constexpr int json_max_depth = 64;
 inline nlohmann::json json_parse_bounded(std::string_view text, bool* too_deep = nullptr,
                                          std::string* duplicate_key = nullptr,
                                          std::size_t* duplicate_depth = nullptr) {
+  // The callback's depth counts from 0 at the outermost value; this count, from 1.
+  if (json_nests_deeper(text, json_max_depth + 1)) {
+    if (too_deep) *too_deep = true;
+    if (duplicate_key) duplicate_key->clear();
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  }
   bool deep = false;
   std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
   std::string twice;
