@@ -151,12 +151,12 @@ void add_vllm_routes(http_gateway::impl& g) {
       }
       if (*wait) return s.pause("wait");
     }
-    return s.pause(q.has_param("mode") ? q.get_param_value("mode") : "");
+    return s.pause(q.has_param("mode") ? q.get_param_value("mode") : "abort");
   });
   post(g, "/resume", [&s](req, const std::string&) { return s.resume(); });
   server.Get("/is_paused", [&s](req, res r) { answer(r, s.is_paused()); });
   server.Get("/get_world_size", [&s](req q, res r) {
-    answer(r, s.world_size(q.has_param("include_dp") ? q.get_param_value("include_dp") : ""));
+    answer(r, s.world_size(q.has_param("include_dp") ? q.get_param_value("include_dp") : "true"));
   });
   post(g, "/update_weight_version",
        [&s](req, const std::string& b) { return s.update_weight_version(b); });

@@ -344,6 +344,19 @@ TEST_F(http_gateway_test, pause_with_wait_for_inflight_requests_drains_live_gene
     ASSERT_TRUE(r) << spelling;
     EXPECT_EQ(r->status, 200) << spelling << ": " << r->body;
   }
+  // Given empty, a parameter is not its default: "mode=" is not abort (which would end
+  // generations in flight), "include_dp=" is not true.
+  auto empty_mode = post("/pause?mode=");
+  ASSERT_TRUE(empty_mode);
+  EXPECT_EQ(empty_mode->status, 400);
+  EXPECT_EQ(json::parse(empty_mode->body)["error"], "mode: \"\" is not one of abort, wait, keep");
+  EXPECT_EQ(get_json("/is_paused")["is_paused"], false);
+  auto empty_dp = client().Get("/get_world_size?include_dp=");
+  ASSERT_TRUE(empty_dp);
+  EXPECT_EQ(empty_dp->status, 400);
+  auto absent = client().Get("/get_world_size");
+  ASSERT_TRUE(absent);
+  EXPECT_EQ(absent->status, 200) << absent->body;
 }
 
 // Bodies that cannot be read whole, chunked bodies where none is read, and paths a client made

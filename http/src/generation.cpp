@@ -14,7 +14,7 @@
 namespace wsync {
 
 http_reply weight_transfer_service::pause(std::string_view mode) {
-  auto m = pause_mode_parse(mode.empty() ? "abort" : mode);
+  auto m = pause_mode_parse(mode);  // "mode=" given empty is refused, as vLLM's enum does
   if (!m) {
     return fail(400, "mode: \"" + std::string(mode) + "\" is not one of abort, wait, keep");
   }
@@ -42,7 +42,7 @@ std::optional<bool> query_flag(std::string_view text) {
 }
 
 http_reply weight_transfer_service::world_size(std::string_view include_dp) const {
-  const auto dp = include_dp.empty() ? std::optional<bool>(true) : query_flag(include_dp);
+  const auto dp = query_flag(include_dp);  // "include_dp=" given empty is not a boolean
   if (!dp) return fail(400, "include_dp: \"" + std::string(include_dp) + "\" is not a boolean");
   const auto& c = impl_->config;
   // In 64 bits: each may be up to 2^20 (the CLI's bound), their product is not an int32.

@@ -35,8 +35,9 @@ class received_segments final : public consumer_transport {
     std::lock_guard lock(mutex_);
     auto it = blocks_.find(manifest.update_id);
     if (it == blocks_.end()) {
-      return make_error(errc::unknown_update,
-                        update_context(manifest) + ": nothing was received for this update");
+      return make_error(errc::unknown_update, "unknown update_id: " + manifest.update_id +
+                                                  ": nothing was received for this update (" +
+                                                  update_context(manifest) + ")");
     }
     return std::vector<std::span<const std::byte>>{{it->second.data, it->second.nbytes}};
   }

@@ -202,9 +202,8 @@ http_reply weight_transfer_service::sglang_pause(std::string_view body) {
   } else if (m != "abort") {
     return failure("mode: \"" + m + "\" is not one of abort, retract, in_place");
   }
-  if (!impl_->generation.pause(mapped)) {
-    return reply(409, {{"success", false}, {"message", resumed_first}});
-  }
+  // SGLang's routes answer 200 or 400, nothing else (docs/http.md).
+  if (!impl_->generation.pause(mapped)) return failure(resumed_first);
   return reply(200, {{"message", "generation paused (mode " + m + ", wsync's " +
                                      pause_mode_name(mapped) + ")"},
                      {"status", "ok"}});

@@ -352,7 +352,8 @@ std::string weight_transfer_service::impl::accept_manifest(
   // An object is read as parsed; the text of one is decoded.
   auto m = mj.is_string() ? manifest_from_json(mj.get_ref<const std::string&>())
                           : manifest_from_json_value(mj);
-  if (!m) return at + ": " + m.error().message;
+  // The codec names the manifest's own source_rank: this consumer rank is said too.
+  if (!m) return at + ": " + m.error().message + " at consumer rank " + std::to_string(config.rank);
   // This consumer rank's words: the manifest's own source_rank is in the field named.
   const auto where = " (" + update_context(m->update_id, config.rank) + ")";
   if (m->transport != transport) {
@@ -514,7 +515,8 @@ http_reply weight_transfer_service::finish(std::string_view body) {
       std::all_of(version->begin(), version->end(), [](char c) { return c >= '0' && c <= '9'; });
   if (number && !label_only && *version != std::to_string(first.weight_version)) {
     return fail(400, "weight_version: \"" + *version + "\" differs from the manifests' " +
-                         std::to_string(first.weight_version) + " (" + update_context(first) + ")");
+                         std::to_string(first.weight_version) + " (" +
+                         update_context(first.update_id, s.config.rank) + ")");
   }
   const auto label = label_only || !number ? version : std::nullopt;
   auto shards = std::move(s.shards);  // `first` is gone from here on
@@ -554,17 +556,19 @@ rollout_report weight_transfer_service::impl::install(
   auto r = executor->update_weights(update);
   std::uint64_t bytes = 0;
   for (const auto& m : update) bytes += m.total_bytes;
+  // The label first: it shows only once `active` names its version, so a reader never sees
+  // the new version under its number and then under its label.
+  if (r.acknowledged && label_text) {
+    std::lock_guard lock(status_mutex);
+    label = *label_text;
+    label_for = r.weight_version;
+  }
   if (r.acknowledged) active = r.weight_version;
   record(config.rank, key, r, bytes);
   if (!r.acknowledged) {
     log_warn("rank " + std::to_string(config.rank) + ": update " + key +
              " rejected: " + (r.failure ? r.failure->message : "unknown failure"));
     return r;
-  }
-  if (label_text) {
-    std::lock_guard lock(status_mutex);
-    label = *label_text;
-    label_for = r.weight_version;
   }
   log_info("rank " + std::to_string(config.rank) + ": active version " +
            std::to_string(r.weight_version) + " (" + key + ")");

@@ -86,12 +86,12 @@ class weight_transfer_service {
   http_reply start(std::string_view body);
   http_reply update(std::string_view body);
   http_reply finish(std::string_view body);
-  /// `mode`: the query parameter; empty means abort (vLLM's default). Returns when the mode's
-  /// promise holds (generation_control.hpp).
+  /// `mode`: the query parameter (the gateway passes "abort", vLLM's default, when it is absent;
+  /// given empty, it is refused). Returns when the mode's promise holds (generation_control.hpp).
   http_reply pause(std::string_view mode);
   http_reply resume();
   http_reply is_paused() const;
-  /// `include_dp`: the query parameter ("true" | "false" | empty = true).
+  /// `include_dp`: the query parameter, a boolean (the gateway passes "true" when it is absent).
   http_reply world_size(std::string_view include_dp) const;
   http_reply status() const;
   /// Prometheus text exposition (version 0.0.4).
