@@ -257,6 +257,12 @@ result<std::uint16_t> http_gateway::start() {
                       "http: cannot listen on " + o.host + ":" + std::to_string(o.port));
   }
   if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
+  const bool loopback = o.host == "localhost" || o.host == "::1" || o.host.rfind("127.", 0) == 0;
+  if (!loopback && o.token.empty()) {
+    log_warn("http: listening on " + o.host + ":" + std::to_string(port) +
+             " without a token: whoever reaches it can replace this rank's weights; set "
+             "--http-token (or WSYNC_HTTP_TOKEN)");
+  }
   impl_->thread = std::thread([this] {
     impl_->server.listen_after_bind();
     impl_->listen_ended = true;
