@@ -26,9 +26,10 @@ struct http_gateway::impl {
   http_options options;
   httplib::Server server;
   std::thread thread;
-  int listen_fd = -1;                // the socket the server listens on, once bound
-  std::set<std::string> post_paths;  // the routes that read their body themselves (capped)
-  std::atomic<int> generating{0};    // /generate calls being served
+  int listen_fd = -1;                  // the socket the server listens on, once bound
+  std::set<std::string> post_paths;    // the routes that read their body themselves (capped)
+  std::set<std::string> sglang_paths;  // SGLang's routes: errors as {"success": false, ...}
+  std::atomic<int> generating{0};      // /generate calls being served
   std::atomic<bool> listen_ended{false};
 };
 
@@ -93,13 +94,41 @@ using req = const httplib::Request&;
 using res = httplib::Response&;
 using reader = const httplib::ContentReader&;
 
+// Whether errors on `path` take SGLang's shape: its routes, and every path when only SGLang's
+// surface is served.
+bool sglang_shaped(const http_gateway::impl& g, const std::string& path) {
+  return g.options.api == "sglang" || g.sglang_paths.count(path) != 0;
+}
+
+// An error reply in the shape of `path`'s surface: {"error": why}, or SGLang's
+// {"success": false, "message": why}.
+std::string error_body(const http_gateway::impl& g, const std::string& path,
+                       const std::string& why) {
+  if (!sglang_shaped(g, path)) return error_json(why);
+  return nlohmann::json{{"success", false}, {"message", why}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// An error a shared handler answered as {"error": ...}, in SGLang's shape.
+http_reply sglang_shape(http_reply r) {
+  if (r.status < 400) return r;
+  auto j = nlohmann::json::parse(r.body, nullptr, false);
+  if (!j.is_object() || j.contains("success") || !j.contains("error")) return r;
+  auto why = j["error"].is_string() ? j["error"].get<std::string>() : j["error"].dump();
+  return {r.status, nlohmann::json{{"success", false}, {"message", why}}.dump(
+                        -1, ' ', false, nlohmann::json::error_handler_t::replace)};
+}
+
 // POST routes answer handle(request, body); a body not read whole is answered 413 unhandled.
+// `sglang`: one of SGLang's routes, whose errors take its shape.
 template <class Handle>
-void post(http_gateway::impl& g, const char* path, Handle handle) {
+void post(http_gateway::impl& g, const char* path, Handle handle, bool sglang = false) {
   g.post_paths.insert(path);
-  g.server.Post(path, [handle](req q, res r, reader read) {
+  if (sglang) g.sglang_paths.insert(path);
+  g.server.Post(path, [&g, handle](req q, res r, reader read) {
     auto body = body_of(q, read);
-    answer(r, body ? handle(q, *body) : unread_body(q));
+    auto reply = body ? handle(q, *body) : unread_body(q);
+    answer(r, sglang_shaped(g, q.path) ? sglang_shape(std::move(reply)) : std::move(reply));
   });
 }
 
@@ -167,18 +196,27 @@ void add_vllm_routes(http_gateway::impl& g) {
 // SGLang's paths and shapes (sglang.cpp).
 void add_sglang_routes(http_gateway::impl& g, bool with_vllm) {
   auto& s = g.service;
-  post(g, "/init_weights_update_group",
-       [&s](req, const std::string& b) { return s.sglang_init_group(b); });
-  post(g, "/destroy_weights_update_group",
-       [&s](req, const std::string& b) { return s.sglang_destroy_group(b); });
-  post(g, "/update_weights_from_distributed",
-       [&s](req, const std::string& b) { return s.sglang_update(b); });
-  post(g, "/pause_generation", [&s](req, const std::string& b) { return s.sglang_pause(b); });
-  post(g, "/continue_generation", [&s](req, const std::string& b) { return s.sglang_continue(b); });
+  constexpr bool sglang = true;
+  post(
+      g, "/init_weights_update_group",
+      [&s](req, const std::string& b) { return s.sglang_init_group(b); }, sglang);
+  post(
+      g, "/destroy_weights_update_group",
+      [&s](req, const std::string& b) { return s.sglang_destroy_group(b); }, sglang);
+  post(
+      g, "/update_weights_from_distributed",
+      [&s](req, const std::string& b) { return s.sglang_update(b); }, sglang);
+  post(
+      g, "/pause_generation", [&s](req, const std::string& b) { return s.sglang_pause(b); },
+      sglang);
+  post(
+      g, "/continue_generation", [&s](req, const std::string& b) { return s.sglang_continue(b); },
+      sglang);
   for (const char* path : {"/get_weight_version", "/model_info", "/get_model_info"}) {
+    g.sglang_paths.insert(path);
     g.server.Get(path, [&s](req, res r) { answer(r, s.sglang_model_info()); });
   }
-  if (!with_vllm) {  // one route and shape for both surfaces
+  if (!with_vllm) {  // one route for both surfaces: SGLang's shape when only SGLang's is served
     post(g, "/update_weight_version",
          [&s](req, const std::string& b) { return s.update_weight_version(b); });
   }
@@ -208,24 +246,26 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
     if (!token.empty() && !bearer_matches(q.get_header_value("Authorization"), token)) {
       r.status = 401;
       r.set_header("WWW-Authenticate", "Bearer");
-      r.set_content(error_json("authorization: missing or wrong bearer token"), "application/json");
+      r.set_content(error_body(*impl_, q.path, "authorization: missing or wrong bearer token"),
+                    "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (chunked(q) && !(q.method == "POST" && impl_->post_paths.count(q.path) != 0)) {
       r.status = 411;
-      r.set_content(error_json("request: a chunked body is read only by the POST routes; " +
-                               q.method + " " + q.path + " takes none"),
+      r.set_content(error_body(*impl_, q.path,
+                               "request: a chunked body is read only by the POST routes; " +
+                                   q.method + " " + q.path + " takes none"),
                     "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  server.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
+  server.set_error_handler([this](const httplib::Request& q, httplib::Response& r) {
     if (!r.body.empty()) return;  // a route answered with its own error
     // httplib answers a route called with another method 404 as well.
     std::string why =
         r.status == 404 ? "path: no route " + q.path : "request: HTTP " + std::to_string(r.status);
-    r.set_content(error_json(why), "application/json");
+    r.set_content(error_body(*impl_, q.path, why), "application/json");
   });
   const std::string& api = impl_->options.api;
   add_common_routes(*impl_);

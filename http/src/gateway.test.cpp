@@ -423,6 +423,46 @@ TEST_F(http_gateway_test, bodies_past_the_limit_and_odd_paths_get_json_errors_an
   EXPECT_EQ(get_json("/status")["active_weight_version"], 2);
 }
 
+// SGLang's clients read "message" of {"success": false, ...}: refusals made before any route
+// (token, unknown path) and errors of handlers shared with vLLM's surface come in that shape on
+// SGLang's routes, and on every route when only SGLang's surface is served.
+TEST_F(http_gateway_test, errors_on_sglangs_routes_come_in_sglangs_shape) {
+  for (const std::string api : {"both", "sglang"}) {
+    http_options o;
+    o.api = api;
+    o.token = "secret";
+    http_gateway g(service_, o);
+    auto port = g.start();
+    ASSERT_TRUE(port) << port.error().message;
+    httplib::Client c("127.0.0.1", *port);
+    auto unauthorised = c.Post("/update_weights_from_distributed", "{}", "application/json");
+    ASSERT_TRUE(unauthorised);
+    EXPECT_EQ(unauthorised->status, 401);
+    auto j = json::parse(unauthorised->body);
+    EXPECT_EQ(j["success"], false) << api << ": " << unauthorised->body;
+    EXPECT_EQ(j["message"], "authorization: missing or wrong bearer token");
+    c.set_bearer_token_auth("secret");
+    auto missing = c.Get("/no_such_route");
+    ASSERT_TRUE(missing);
+    EXPECT_EQ(missing->status, 404);
+    EXPECT_EQ(json::parse(missing->body).contains("success"), api == "sglang") << missing->body;
+    if (api == "sglang") {
+      auto relabel = c.Post("/update_weight_version", "{}", "application/json");
+      ASSERT_TRUE(relabel);
+      EXPECT_EQ(relabel->status, 400);
+      auto r = json::parse(relabel->body);
+      EXPECT_EQ(r["success"], false) << relabel->body;
+      EXPECT_EQ(r["message"], "new_version: missing in request body");
+    }
+    // vLLM's routes keep theirs beside SGLang's.
+    if (api == "both") {
+      auto v = c.Post("/update_weights", "{}", "application/json");
+      ASSERT_TRUE(v);
+      EXPECT_TRUE(json::parse(v->body).contains("error")) << v->body;
+    }
+  }
+}
+
 // Generations held by a pause keep pool threads; past the limit /generate is refused so that
 // /resume always finds one.
 TEST_F(http_gateway_test, generations_held_by_a_pause_leave_room_for_resume) {
