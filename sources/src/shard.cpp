@@ -80,7 +80,10 @@ result<shard_tensors> shard_load(const shard_spec& spec) {
   if (!spec.safetensors.empty()) {
     // Every rank maps the file and publishes its own share of the tensors, zero-copy.
     auto file = safetensors_file::open(spec.safetensors);
-    if (!file) return file.error();
+    if (!file) {
+      return make_error(file.error().code, file.error().message + " (publisher rank " +
+                                               std::to_string(spec.rank) + ")");
+    }
     const auto& all = (*file)->tensors();
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (falls_to(i, spec)) s.tensors.push_back(all[i]);
@@ -90,7 +93,10 @@ result<shard_tensors> shard_load(const shard_spec& spec) {
     return s;
   }
   auto layout = layout_parse(spec.layout);
-  if (!layout) return layout.error();
+  if (!layout) {
+    return make_error(layout.error().code, layout.error().message + " (publisher rank " +
+                                               std::to_string(spec.rank) + ")");
+  }
   std::uint64_t state = 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(spec.rank);
   try {
     for (std::size_t i = 0; i < layout->tensors.size(); ++i) {
