@@ -1,12 +1,15 @@
 #include "wsync/http/gateway.hpp"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <strings.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -59,6 +62,23 @@ bool bearer_matches(const std::string& header, const std::string& token) {
     diff |= static_cast<unsigned char>(header[scheme.size() + i] ^ token[i]);
   }
   return diff == 0;
+}
+
+// Whether listening socket `fd` is bound to a loopback address (127/8, ::1, or 127/8 mapped into
+// IPv6): what the host resolved to, not how it was spelled.
+bool loopback_only(int fd) {
+  sockaddr_storage a{};
+  socklen_t n = sizeof a;
+  if (fd < 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) return false;
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss_family != AF_INET6) return false;
+  const auto& b = reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr.s6_addr;
+  if (std::memcmp(b, in6addr_loopback.s6_addr, 16) == 0) return true;
+  constexpr unsigned char v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(b, v4_mapped, 12) == 0 && b[12] == 127;
 }
 
 // Whether httplib reads the body as chunked: it compares the header without regard to case.
@@ -297,8 +317,7 @@ result<std::uint16_t> http_gateway::start() {
                       "http: cannot listen on " + o.host + ":" + std::to_string(o.port));
   }
   if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
-  const bool loopback = o.host == "localhost" || o.host == "::1" || o.host.rfind("127.", 0) == 0;
-  if (!loopback && o.token.empty()) {
+  if (!loopback_only(impl_->listen_fd) && o.token.empty()) {
     log_warn("http: listening on " + o.host + ":" + std::to_string(port) +
              " without a token: whoever reaches it can replace this rank's weights; set "
              "--http-token (or WSYNC_HTTP_TOKEN)");

@@ -31,7 +31,8 @@ void http_detail::histogram::render(std::ostringstream& out, const std::string& 
 }
 
 void weight_transfer_service::impl::record(std::int32_t rank, const std::string& key,
-                                           const rollout_report& r, std::uint64_t bytes) {
+                                           const rollout_report& r, std::uint64_t bytes,
+                                           const std::optional<std::string>& label_text) {
   ++published;
   import_s.observe(r.timings.import);
   verify_s.observe(r.timings.verify);
@@ -47,6 +48,10 @@ void weight_transfer_service::impl::record(std::int32_t rank, const std::string&
                      r.failure ? r.failure->message : "", r.timings.total};
   std::lock_guard lock(status_mutex);
   if (r.acknowledged) active_model = key.substr(0, key.rfind('@'));
+  if (r.acknowledged && label_text) {
+    label = *label_text;
+    label_for = r.weight_version;
+  }
   if (r.acknowledged && r.weight_version > highest_version) {
     highest_version = r.weight_version;
     ++versions;

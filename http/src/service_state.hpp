@@ -295,9 +295,11 @@ struct weight_transfer_service::impl {
   // The version label readers see now.
   std::string version_label() const;
 
-  // Counts one rank's answer to one update (metrics, per-rank state, recent updates).
+  // Counts one rank's answer to one update (metrics, per-rank state, recent updates). An
+  // acknowledged update's `label_text`, when given, becomes the version label in the same
+  // moment as its version becomes the rank's active one.
   void record(std::int32_t rank, const std::string& key, const rollout_report& r,
-              std::uint64_t bytes);
+              std::uint64_t bytes, const std::optional<std::string>& label_text = std::nullopt);
 };
 
 }  // namespace wsync

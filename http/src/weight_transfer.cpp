@@ -556,15 +556,10 @@ rollout_report weight_transfer_service::impl::install(
   auto r = executor->update_weights(update);
   std::uint64_t bytes = 0;
   for (const auto& m : update) bytes += m.total_bytes;
-  // The label first: it shows only once `active` names its version, so a reader never sees
-  // the new version under its number and then under its label.
-  if (r.acknowledged && label_text) {
-    std::lock_guard lock(status_mutex);
-    label = *label_text;
-    label_for = r.weight_version;
-  }
   if (r.acknowledged) active = r.weight_version;
-  record(config.rank, key, r, bytes);
+  // The label with the version, under one lock: a reader never sees the new version under its
+  // number and then under its label, and a relabel cannot fall between the two.
+  record(config.rank, key, r, bytes, label_text);
   if (!r.acknowledged) {
     log_warn("rank " + std::to_string(config.rank) + ": update " + key +
              " rejected: " + (r.failure ? r.failure->message : "unknown failure"));

@@ -295,6 +295,48 @@ TEST(codec, a_tensor_list_past_the_limit_is_refused_before_it_is_sized) {
   expect_refused(text, "tensors: more than 1048576 tensors");
 }
 
+TEST(json_bounded, reads_every_kind_of_value_as_nlohmann_does) {
+  const std::string text =
+      R"({"a":[1,-2,3.5,1e300,18446744073709551615,true,false,null,"s\u00fc\"x"],)"
+      R"("b":{"c":{},"d":[],"e":[[{"f":"g"}]]},"k":"v","k2":-9223372036854775808})";
+  const auto ours = json_parse_bounded(text);
+  ASSERT_FALSE(ours.is_discarded());
+  EXPECT_EQ(ours, nlohmann::json::parse(text));
+  EXPECT_EQ(json_parse_bounded("7"), nlohmann::json(7));
+  EXPECT_EQ(json_parse_bounded(R"("top")"), nlohmann::json("top"));
+  for (const char* bad : {"", "{", "[1,]", "{\"a\":1}x", "\"\xff\"", "{1:2}"}) {
+    EXPECT_TRUE(json_parse_bounded(bad).is_discarded()) << bad;
+  }
+}
+
+TEST(json_bounded, nesting_is_refused_where_anything_lies_inside_65_containers) {
+  bool deep = false;
+  const std::string open(65, '['), close(65, ']');
+  EXPECT_FALSE(json_parse_bounded(open + close, &deep).is_discarded());
+  EXPECT_FALSE(deep);
+  EXPECT_TRUE(json_parse_bounded(open + "1" + close, &deep).is_discarded());
+  EXPECT_TRUE(deep);
+  EXPECT_TRUE(json_parse_bounded(std::string(64, '[') + "{\"k\":1}" + std::string(64, ']'), &deep)
+                  .is_discarded());
+  EXPECT_TRUE(deep);
+  EXPECT_FALSE(
+      json_parse_bounded(std::string(64, '[') + "1" + std::string(64, ']'), &deep).is_discarded());
+  EXPECT_FALSE(deep);
+}
+
+TEST(json_bounded, a_key_given_twice_is_named_with_its_object_depth) {
+  std::string twice;
+  std::size_t depth = 0;
+  EXPECT_TRUE(json_parse_bounded(R"({"a":{"b":1,"b":2}})", nullptr, &twice, &depth).is_discarded());
+  EXPECT_EQ(twice, "b");
+  EXPECT_EQ(depth, 2u);
+  EXPECT_TRUE(json_parse_bounded(R"({"":1,"":2})", nullptr, &twice, &depth).is_discarded());
+  EXPECT_EQ(twice, "");
+  EXPECT_EQ(depth, 1u);
+  // Without asking, the last value is kept, as nlohmann's parse keeps it.
+  EXPECT_EQ(json_parse_bounded(R"({"a":1,"a":2})")["a"], 2);
+}
+
 // --- properties ---------------------------------------------------------------------------
 
 rc::Gen<std::string> gen_printable() {

@@ -38,6 +38,12 @@ TEST(shard, bad_specs_say_what_is_wrong) {
   ASSERT_FALSE(unknown);
   EXPECT_EQ(unknown.error().code, errc::invalid_argument);
   EXPECT_NE(unknown.error().message.find("no-such-model"), std::string::npos);
+  EXPECT_NE(unknown.error().message.find("(publisher rank 0)"), std::string::npos)
+      << unknown.error().message;
+  auto missing = shard_load({"", "/nonexistent/model.safetensors", 1, 2});
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.error().message.find("(publisher rank 1)"), std::string::npos)
+      << missing.error().message;
 
   auto malformed = shard_load({"synthetic:x", "", 0, 1});
   ASSERT_FALSE(malformed);

@@ -16,9 +16,11 @@ namespace wsync {
 /// Deeper than this is refused: wsync's own documents nest five levels at most.
 inline constexpr int json_max_depth = 64;
 
-/// Whether `text` opens more than `limit` arrays and objects inside one another, brackets in
-/// strings aside. Linear and allocation-free: nlohmann builds every level before its callback
-/// can refuse one, ~64 bytes of heap per bracket (gigabytes for a large body of '[').
+/// Whether `text` holds anything (a value, a key, a container) inside `limit` arrays and objects
+/// nested in one another: the parse callback's old rule, under which an empty container at that
+/// depth passed and nothing inside it did. Brackets in strings do not count. Linear and
+/// allocation-free: nlohmann builds every level before a callback could refuse one, ~64 bytes
+/// of heap per bracket (gigabytes for a large body of '[').
 inline bool json_nests_deeper(std::string_view text, int limit) {
   int depth = 0;
   bool in_string = false, escaped = false;
@@ -31,12 +33,18 @@ inline bool json_nests_deeper(std::string_view text, int limit) {
       } else if (c == '"') {
         in_string = false;
       }
-    } else if (c == '"') {
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    if (c == ']' || c == '}') {
+      if (--depth < 0) return false;  // not JSON: the parser says so
+      continue;
+    }
+    if (depth >= limit) return true;
+    if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
+      ++depth;
     }
   }
   return false;
@@ -44,51 +52,86 @@ inline bool json_nests_deeper(std::string_view text, int limit) {
 
 namespace json_bounded_detail {
 
-// nlohmann's DOM builder behind a SAX reader that also watches for a key given twice. Not
-// parse()'s callback form: its end of every object searches the enclosing container for a
-// discarded value, which made parsing quadratic (80,000 objects in one array: 7 s here).
+// A DOM builder read by SAX that also watches for a key given twice. Not parse()'s callback
+// form: its end of every object searches the enclosing container for a discarded value, which
+// made parsing quadratic (80,000 objects in one array: 7 s here). Not nlohmann's own SAX DOM
+// builder either: that one is internal (detail::), and its template changed in 3.12.
 class sax {
  public:
   using json = nlohmann::json;
-  sax(json& root, bool watch_keys) : dom_(root, false), watch_(watch_keys) {}
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(json::number_float_t v, const json::string_t& s) {
-    return dom_.number_float(v, s);
-  }
-  bool string(json::string_t& v) { return dom_.string(v); }
-  bool binary(json::binary_t& v) { return dom_.binary(v); }
-  bool start_object(std::size_t n) {
+  sax(json& root, bool watch_keys) : root_(root), watch_(watch_keys) {}
+  bool null() { return put(nullptr); }
+  bool boolean(bool v) { return put(v); }
+  bool number_integer(json::number_integer_t v) { return put(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(v); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return put(v); }
+  bool string(json::string_t& v) { return put(std::move(v)); }
+  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))); }
+  bool start_object(std::size_t) {
     if (watch_) keys_.emplace_back();
-    return dom_.start_object(n);
+    return open(json::object());
   }
   bool key(json::string_t& k) {
-    if (watch_ && twice_.empty() && !keys_.back().insert(k).second) {
+    if (watch_ && !found_twice_ && !keys_.back().insert(k).second) {
+      found_twice_ = true;
       twice_ = k;
       twice_depth_ = keys_.size();
     }
-    return dom_.key(k);
+    key_ = std::move(k);
+    return true;
   }
   bool end_object() {
     if (watch_) keys_.pop_back();
-    return dom_.end_object();
+    open_.pop_back();
+    return true;
   }
-  bool start_array(std::size_t n) { return dom_.start_array(n); }
-  bool end_array() { return dom_.end_array(); }
+  bool start_array(std::size_t) { return open(json::array()); }
+  bool end_array() {
+    open_.pop_back();
+    return true;
+  }
   template <class Exception>
-  bool parse_error(std::size_t at, const std::string& token, const Exception& e) {
-    return dom_.parse_error(at, token, e);
+  bool parse_error(std::size_t, const std::string&, const Exception&) {
+    errored_ = true;
+    return false;
   }
-  bool errored() const { return dom_.is_errored(); }
+  bool errored() const { return errored_; }
+  bool found_twice() const { return found_twice_; }
   const std::string& twice() const { return twice_; }
   std::size_t twice_depth() const { return twice_depth_; }
 
  private:
-  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  // Where the next value goes: the root, the end of the innermost array, or the innermost
+  // object at the last key (a key given twice keeps the last value, as nlohmann's parse does).
+  json* place(json v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& in = *open_.back();
+    if (in.is_array()) {
+      in.push_back(std::move(v));
+      return &in.back();
+    }
+    json& slot = in[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  bool put(json v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(json v) {
+    open_.push_back(place(std::move(v)));
+    return true;
+  }
+
+  json& root_;
   bool watch_;
+  std::vector<json*> open_;  // the containers being filled, innermost last
+  std::string key_;
   std::vector<std::set<std::string>> keys_;  // of each object being parsed, innermost last
+  bool errored_ = false, found_twice_ = false;
   std::string twice_;
   std::size_t twice_depth_ = 0;
 };
@@ -105,7 +148,7 @@ inline nlohmann::json json_parse_bounded(std::string_view text, bool* too_deep =
                                          std::size_t* duplicate_depth = nullptr) {
   const auto discarded = nlohmann::json(nlohmann::json::value_t::discarded);
   if (duplicate_key) duplicate_key->clear();
-  // Counted from 1 at the outermost value: 65 levels are the outermost and 64 within it.
+  // Anything inside 65 containers: the outermost value counts 0, so deeper than 64.
   const bool deep = json_nests_deeper(text, json_max_depth + 1);
   if (too_deep) *too_deep = deep;
   if (deep) return discarded;
@@ -118,7 +161,7 @@ inline nlohmann::json json_parse_bounded(std::string_view text, bool* too_deep =
   } catch (const nlohmann::json::exception&) {
     return discarded;
   }
-  if (!reader.twice().empty()) {
+  if (reader.found_twice()) {
     if (duplicate_key) *duplicate_key = reader.twice();
     if (duplicate_depth) *duplicate_depth = reader.twice_depth();
     return discarded;
