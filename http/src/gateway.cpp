@@ -120,13 +120,16 @@ bool sglang_shaped(const http_gateway::impl& g, const std::string& path) {
   return g.options.api == "sglang" || g.sglang_paths.count(path) != 0;
 }
 
-// An error reply in the shape of `path`'s surface: {"error": why}, or SGLang's
-// {"success": false, "message": why}.
-std::string error_body(const http_gateway::impl& g, const std::string& path,
-                       const std::string& why) {
-  if (!sglang_shaped(g, path)) return error_json(why);
+// SGLang's error body: {"success": false, "message": why}.
+std::string sglang_error_json(const std::string& why) {
   return nlohmann::json{{"success", false}, {"message", why}}.dump(
       -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// An error reply in the shape of `path`'s surface: {"error": why}, or SGLang's.
+std::string error_body(const http_gateway::impl& g, const std::string& path,
+                       const std::string& why) {
+  return sglang_shaped(g, path) ? sglang_error_json(why) : error_json(why);
 }
 
 // An error a shared handler answered as {"error": ...}, in SGLang's shape.
@@ -134,9 +137,8 @@ http_reply sglang_shape(http_reply r) {
   if (r.status < 400) return r;
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (!j.is_object() || j.contains("success") || !j.contains("error")) return r;
-  auto why = j["error"].is_string() ? j["error"].get<std::string>() : j["error"].dump();
-  return {r.status, nlohmann::json{{"success", false}, {"message", why}}.dump(
-                        -1, ' ', false, nlohmann::json::error_handler_t::replace)};
+  return {r.status, sglang_error_json(j["error"].is_string() ? j["error"].get<std::string>()
+                                                             : j["error"].dump())};
 }
 
 // POST routes answer handle(request, body); a body not read whole is answered 413 unhandled.

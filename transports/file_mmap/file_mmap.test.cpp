@@ -592,7 +592,7 @@ TEST_P(file_mmap_test, a_restarted_publisher_still_leaves_a_frozen_readers_files
   const auto segment0 = file_mmap_detail::segment_path(dir_, b, 0);
   const ino_t mapped = inode_of(segment0);
   ASSERT_NE(mapped, 0u);
-  ASSERT_TRUE(file_mmap_detail::fresh_files_mark(dir_, b));
+  ASSERT_TRUE(file_mmap_detail::fresh_files_mark(dir_, b, "rank 7 (a frozen reader)"));
   start_publisher();  // a new publisher process, as after a crash
   auto m3 = publish(3);
   ASSERT_TRUE(m3) << m3.error().message;

@@ -200,18 +200,21 @@ std::string fresh_files_path(const std::string& dir, std::uint64_t b) {
   return buffer_dir(dir, b) + "/FRESH";
 }
 
-bool fresh_files_mark(const std::string& dir, std::uint64_t b) {
-  int fd = ::open(fresh_files_path(dir, b).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+bool fresh_files_mark(const std::string& dir, std::uint64_t b, const std::string& who) {
+  int fd =
+      ::open(fresh_files_path(dir, b).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return false;
+  const std::string line = who + "\n";
+  const int err = write_fully(fd, line.data(), line.size());
   ::close(fd);
-  return true;
+  errno = err;
+  return err == 0;
 }
 
 // Live leases on buffer b; removes the dead ones it finds (logged once, here).
-lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::string& host,
-                       std::chrono::milliseconds timeout) {
-  lease_scan scan;
-  auto& live = scan.live;
+std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
+                                     const std::string& host, std::chrono::milliseconds timeout) {
+  std::vector<std::string> live;
   std::string leases = dir + "/leases";
   DIR* d = ::opendir(leases.c_str());
   if (!d) {
@@ -219,7 +222,7 @@ lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::strin
     // counts as held (an unreadable folder must not look like an empty one).
     if (errno != ENOENT)
       live.push_back("readers the writer cannot list (" + leases + ": " + errno_text(errno) + ")");
-    return scan;
+    return live;
   }
   std::vector<std::string> names;
   auto prefix = lease_prefix(b);
@@ -258,7 +261,7 @@ lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::strin
       live.push_back(v.who);
     } else if (!v.why_dead.empty()) {
       // Marked before the lease goes: a publisher that restarts in between still finds it.
-      if (v.reader_lives && !fresh_files_mark(dir, b)) {
+      if (v.reader_lives && !fresh_files_mark(dir, b, v.who)) {
         live.push_back(v.who + " (its buffer cannot be marked for new files: " + errno_text(errno) +
                        ")");
         continue;
@@ -266,10 +269,9 @@ lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::strin
       if (::unlink((leases + "/" + n).c_str()) != 0) continue;
       log_warn("file-mmap: buffer-" + std::to_string(b) + " freed from the lease of " + v.who +
                ": " + v.why_dead);
-      if (v.reader_lives) scan.readers_alive.push_back(v.who);
     }
   }
-  return scan;
+  return live;
 }
 
 result<std::optional<current_state>> current_read(const std::string& dir) {

@@ -82,22 +82,15 @@ result<void> dir_ensure(const std::string& path);
 /// "buffer-<b>.": how the leases on buffer b begin.
 std::string lease_prefix(std::uint64_t b);
 /// DIR/buffer-b/FRESH: a reader may still map the buffer's files though its lease is gone, so
-/// the buffer's next update goes to new files. Made before such a lease is removed (false with
-/// errno when it cannot be), removed once the new files exist.
+/// the buffer's next update goes to new files. Holds one line per such reader ("rank R (pid P on
+/// HOST, ...)"). Appended to before such a lease is removed (false with errno when it cannot
+/// be), removed once the new files exist.
 std::string fresh_files_path(const std::string& dir, std::uint64_t b);
-bool fresh_files_mark(const std::string& dir, std::uint64_t b);
+bool fresh_files_mark(const std::string& dir, std::uint64_t b, const std::string& who);
 
-/// The leases on one buffer, as the writer judges them.
-struct lease_scan {
-  /// Who holds the buffer: one "rank R (pid P on HOST, ...)" per live lease.
-  std::vector<std::string> live;
-  /// Leases removed for their heartbeat alone whose reader may still run on this host (see
-  /// fresh_files_mark): it may still read the files it mapped.
-  std::vector<std::string> readers_alive;
-};
-/// Who holds buffer b; dead leases are removed (and logged).
-lease_scan leases_live(const std::string& dir, std::uint64_t b, const std::string& host,
-                       std::chrono::milliseconds timeout);
+/// Who holds buffer b: one "rank R (pid P on HOST, ...)" per live lease; dead ones are removed.
+std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
+                                     const std::string& host, std::chrono::milliseconds timeout);
 
 /// DIR/CURRENT: the buffer it names and the manifest of the version there; nullopt when absent.
 struct current_state {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "file_mmap/file_mmap_common.hpp"
 #include "wsync/manifest/codec.hpp"
@@ -36,9 +37,6 @@ struct buffer {
   std::vector<seg_file> files;
   update_id holder;  // acquired here and not yet released; empty when free
   std::size_t used = 0;
-  /// Readers whose lease was removed for its heartbeat while their process still ran on this
-  /// host: until the buffer is next written, to new files, they may map its files.
-  std::vector<std::string> readers_left;
 };
 
 void seg_close(seg_file& f) {
@@ -99,12 +97,10 @@ class fm_publisher final : public publisher_transport {
           return make_error(errc::io_error, "file-mmap: unlink " + stamp + ": " +
                                                 errno_text(errno) + " (update_id=" + id + ")");
         }
-        auto scan = leases_live(cfg_.dir, b, host_, cfg_.lease_timeout);
-        auto& left = buffers_[b].readers_left;
-        left.insert(left.end(), scan.readers_alive.begin(), scan.readers_alive.end());
-        if (!scan.live.empty()) {
+        auto live = leases_live(cfg_.dir, b, host_, cfg_.lease_timeout);
+        if (!live.empty()) {
           std::string all;
-          for (const auto& l : scan.live) all += (all.empty() ? "" : ", ") + l;
+          for (const auto& l : live) all += (all.empty() ? "" : ", ") + l;
           note(all);
           continue;
         }
@@ -129,24 +125,24 @@ class fm_publisher final : public publisher_transport {
     auto& buf = buffers_[static_cast<std::size_t>(chosen)];
     // A reader whose lease expired while it may still run on this host (frozen past
     // lease_timeout_ms) may still serve views of these files: they are left to it, and this
-    // update goes to new files renamed over them (its mapping keeps the old ones). The mark
-    // says so to a publisher that restarted since the lease went.
+    // update goes to new files renamed over them (its mapping keeps the old ones). The buffer's
+    // FRESH mark names such readers, for this publisher or one that restarted since.
     const auto mark = fresh_files_path(cfg_.dir, static_cast<std::uint64_t>(chosen));
-    const bool fresh = !buf.readers_left.empty() || ::access(mark.c_str(), F_OK) == 0;
-    if (fresh) {
+    const auto readers = file_read(mark);
+    if (readers) {
       std::string all;
-      for (const auto& r : buf.readers_left) all += (all.empty() ? "" : ", ") + r;
-      log_warn(
-          "file-mmap: buffer-" + std::to_string(chosen) + " may still be mapped by " +
-          (all.empty() ? std::string("a reader whose lease an earlier publisher removed") : all) +
-          ", whose lease expired while it may run on this host: its files are left to it, "
-          "the update goes to new files (update_id=" +
-          id + ")");
+      std::istringstream lines(*readers);
+      for (std::string r; std::getline(lines, r);) all += (all.empty() ? "" : ", ") + r;
+      log_warn("file-mmap: buffer-" + std::to_string(chosen) + " may still be mapped by " +
+               (all.empty() ? std::string("a reader whose lease expired") : all) +
+               ", whose lease expired while it may run on this host: its files are left to it, "
+               "the update goes to new files (update_id=" +
+               id + ")");
     }
-    if (auto ok = buffer_size(static_cast<std::uint64_t>(chosen), buf, sizes, fresh); !ok) {
+    if (auto ok = buffer_size(static_cast<std::uint64_t>(chosen), buf, sizes, readers.has_value());
+        !ok) {
       return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
     }
-    buf.readers_left.clear();
     ::unlink(mark.c_str());
     buf.holder = id;
     buf.used = sizes.size();
