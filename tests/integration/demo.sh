@@ -49,4 +49,16 @@ for sig in TERM KILL; do
   # day): the test does, so that runs of the suite leave nothing.
   if [ "$sig" = KILL ]; then rm -rf "${TMPDIR:-/tmp}/wsync-cluster-$demo-"*; fi
 done
+
+# A /dev/shm too small for the update (a container's is 64 MiB unless --shm-size says more): the
+# publish fails in words that say so and how to fix it, not with SIGBUS or a bare errno. Needs a
+# private mount namespace (root).
+if unshare -m true 2>/dev/null; then
+  unshare -m bash -c 'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$0" demo --layout synthetic:33554432:8 --versions 1' \
+    "$wsync" >"$out" 2>&1 && fail "small /dev/shm: the demo passed"
+  grep -q 'no room for [0-9]* MiB in /dev/shm ([0-9]* MiB free of 8 MiB); give /dev/shm more room' "$out" ||
+    fail "small /dev/shm: the publisher did not say /dev/shm was full"
+else
+  echo "demo: no private mount namespace here (needs root): the small /dev/shm check did not run"
+fi
 echo "demo: pass"

@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -85,6 +86,23 @@ bool slot_collapse(int fd, void* base, std::uint64_t bytes) {
   return false;
 }
 
+// Why allocating a slot's pages failed, in words a user can act on: a full /dev/shm (a
+// container's default is 64 MiB) makes the fault that allocates a page fail, which
+// MADV_POPULATE_WRITE reports as EFAULT and posix_fallocate as ENOSPC.
+std::string allocation_failure_text(int err, std::uint64_t bytes) {
+  if (err != EFAULT && err != ENOSPC && err != ENOMEM) return errno_text(err);
+  constexpr std::uint64_t mib = 1 << 20;
+  std::string text = errno_text(err) + ": no room for " + std::to_string((bytes + mib - 1) / mib) +
+                     " MiB in /dev/shm";
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) == 0) {
+    text += " (" + std::to_string(std::uint64_t{fs.f_bavail} * fs.f_frsize / mib) +
+            " MiB free of " + std::to_string(std::uint64_t{fs.f_blocks} * fs.f_frsize / mib) +
+            " MiB)";
+  }
+  return text + "; give /dev/shm more room (a container's --shm-size) or publish less";
+}
+
 // Reads one byte of every 4 KiB page through a read-only mapping like a consumer's, so that the
 // shadow entries consumers will use exist before the first of them maps the slot (see above).
 void slot_warm_read_only(int fd, std::uint64_t bytes) {
@@ -121,13 +139,16 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
     s.name.clear();
     return make_error(errc::io_error, "shared-memory: shm_open failed: " + errno_text(err));
   }
-  auto fail = [&](const char* what) -> result<void> {
+  // `allocating`: the call gave the slot its pages, and failed for want of room.
+  auto fail = [&](const char* what, bool allocating = false) -> result<void> {
     int err = errno;
     ::close(fd);
     slot_destroy(s);
-    return make_error(errc::io_error, std::string("shared-memory: ") + what +
-                                          " failed for a slot of " + std::to_string(capacity) +
-                                          " bytes: " + errno_text(err));
+    return make_error(
+        errc::io_error,
+        std::string("shared-memory: ") + what + " failed for a slot of " +
+            std::to_string(capacity) + " bytes: " +
+            (allocating ? allocation_failure_text(err, s.map_bytes) : errno_text(err)));
   };
   if (::fchmod(fd, 0600) != 0) return fail("fchmod");
   if (::ftruncate(fd, static_cast<off_t>(s.map_bytes)) != 0) return fail("ftruncate");
@@ -142,7 +163,7 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   // magic goes in last, so a sweep never reads a header without its owner.
   if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(header_bytes)); rc != 0) {
     errno = rc;
-    return fail("fallocate");
+    return fail("fallocate", true);
   }
   auto* h = new (s.base) slot_header{};
   h->layout = 1;
@@ -158,10 +179,10 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   // Allocate every page now (after a collapse, only what it left small); tmpfs reports a full
   // /dev/shm here rather than with SIGBUS later. Both ways keep what the pages hold.
   if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
-    if (errno != EINVAL) return fail("madvise(MADV_POPULATE_WRITE)");
+    if (errno != EINVAL) return fail("madvise(MADV_POPULATE_WRITE)", true);
     if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(s.map_bytes)); rc != 0) {
       errno = rc;  // posix_fallocate returns its error instead of setting errno
-      return fail("fallocate");
+      return fail("fallocate", true);
     }
     auto* bytes = static_cast<volatile std::byte*>(p);
     for (std::uint64_t off = 0; off < s.map_bytes; off += page) bytes[off] = bytes[off];
