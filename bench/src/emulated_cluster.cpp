@@ -122,9 +122,15 @@ result<void> emulated_cluster::probe() {
   // Invalid argument). Try it on a scratch namespace, so the cause reads as blocked, not as a
   // failure of the cluster.
   const std::string scratch = ns_prefix + std::to_string(::getpid()) + "-probe";
+  // The kinds of link the cluster is made of come too: a kernel or container without veth,
+  // bridges or tbf is as blocked as one without namespaces.
   const std::vector<std::vector<std::string>> steps = {
       {"ip", "netns", "add", scratch},
       {"ip", "-n", scratch, "link", "set", "lo", "up"},
+      {"ip", "-n", scratch, "link", "add", "v0", "type", "veth", "peer", "name", "v1"},
+      {"ip", "-n", scratch, "link", "add", "br0", "type", "bridge"},
+      {"tc", "-n", scratch, "qdisc", "add", "dev", "v0", "root", "tbf", "rate", "1mbit", "burst",
+       "64kb", "latency", "100ms"},
   };
   std::string why;
   for (const auto& step : steps) {
@@ -137,8 +143,11 @@ result<void> emulated_cluster::probe() {
   run({"ip", "netns", "del", scratch});
   if (why.empty()) return {};
   while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
-  return make_error(errc::blocked,
-                    "blocked: network namespaces cannot be used on this machine: " + why);
+  return make_error(
+      errc::blocked,
+      "blocked: emulated nodes (network namespaces, veth, bridge, tbf) cannot be made on "
+      "this machine: " +
+          why);
 }
 
 emulated_cluster::~emulated_cluster() {

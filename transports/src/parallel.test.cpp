@@ -51,6 +51,9 @@ TEST(parallel, a_thread_the_system_refuses_is_not_the_end_of_the_process) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  // A root in a user namespace may have no uid 65534 to become, or no say over limits.
+  if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "this root cannot become uid 65534 (setuid failed)";
+  if (WEXITSTATUS(status) == 4) GTEST_SKIP() << "this root cannot set RLIMIT_NPROC";
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
