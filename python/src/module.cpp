@@ -144,15 +144,15 @@ class consumer_half {
     for (const auto& m : shards) {
       if (begin) {
         installing_.insert(m.update_id);
-      } else {
-        installing_.erase(m.update_id);
+      } else if (auto it = installing_.find(m.update_id); it != installing_.end()) {
+        installing_.erase(it);  // one mark: two installs of one update may overlap
       }
     }
   }
 
  private:
   std::mutex ops_;
-  std::set<update_id> installing_;  // under ops_
+  std::multiset<update_id> installing_;  // under ops_
   weight_consumer consumer_;
 };
 

@@ -163,6 +163,9 @@ def test_errors_carry_the_core_texts():
         wsync.make_weight_bridge("no-such")
     with pytest.raises(wsync.InvalidArgumentError, match="tensor c: field dtype"):
         pub.publish({"c": torch.ones(2, dtype=torch.complex64)}, weight_version=6)
+    with pytest.raises(wsync.InvalidArgumentError,
+                       match="tensor s: field layout: torch.sparse_coo"):
+        pub.publish({"s": torch.eye(2).to_sparse()}, weight_version=6)
     with pytest.raises(wsync.InvalidManifestError):
         wsync.Manifest.from_json('{"update_id": 3}')
     pub.release(m.update_id)

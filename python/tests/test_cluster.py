@@ -114,6 +114,11 @@ def test_a_refused_publish_raises_the_class_of_its_error_code(coordinator):
         rollout.close()
         with pytest.raises(wsync.IllegalTransitionError, match="RolloutRank rank 0: closed"):
             rollout.status()
+        with pytest.raises(wsync.IllegalTransitionError, match="RolloutRank rank 0: closed"):
+            with rollout.generating():
+                pass
+        with pytest.raises(wsync.IllegalTransitionError, match="RolloutRank rank 0: closed"):
+            rollout.wait_for_version(2, timeout=30)  # at once, not after the timeout
         assert rollout.active_weight_version == 0
 
 

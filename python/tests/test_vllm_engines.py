@@ -189,6 +189,25 @@ def test_three_versions_reach_the_rollout_model():
     assert shm_entries([os.getpid()]) == segments_before
 
 
+def test_a_transport_alias_reaches_the_worker_by_its_registry_name():
+    # Manifests name the registry's transport: a worker that kept the alias refused them all.
+    trainer_model, rollout_model = TinyModel(seed=21), TinyModel(seed=22)
+    worker = make_worker(rollout_model)
+    client = InProcessClient(worker, copy_loader(rollout_model, []))
+    engine = wv.WsyncTrainerEngine.trainer_init(
+        SimpleNamespace(backend="wsync"), {"rank": 0, "transport": "shm"}, client=client,
+        source=ModuleSourceLike(trainer_model))
+    try:
+        assert worker.transport == "shared-memory"
+        worker.init_transfer_engine({"transport": "shm"})  # the alias again: the same transport
+        assert engine.send_weights().weight_version == 1
+        assert worker.weight_version == 1
+        assert_same(rollout_model, trainer_model)
+    finally:
+        engine.shutdown()
+        worker.shutdown()
+
+
 def test_newest_vllm_path_loads_through_the_models_load_weights():
     trainer_model, rollout_model = TinyModel(seed=3), LoadableModel(seed=4)
     worker = make_worker(rollout_model)
@@ -480,6 +499,30 @@ def test_a_list_of_shards_outside_a_start_is_one_update():
         with pytest.raises(ChecksumMismatchError):
             worker.update_weights([{"manifest": shards[0].to_json()}, {"manifest": bad}])
         assert worker.weight_version == 1 and not worker._started
+        for bridge, m in zip(halves, shards):
+            bridge.release(m.update_id)
+    finally:
+        worker.shutdown()
+        for bridge in halves:
+            bridge.close()
+
+
+def test_a_tensor_in_two_shards_is_refused_before_anything_loads():
+    # One tensor in two shards: only one would load, and both would be acknowledged.
+    trainer_model, rollout_model = TinyModel(seed=23), TinyModel(seed=24)
+    pairs = list(trainer_model.named_parameters())
+    halves = [wsync.make_weight_bridge(TRANSPORT, source_worker="trainer", source_rank=r,
+                                       model_id="tiny") for r in (0, 1)]
+    worker = make_worker(rollout_model)
+    try:
+        worker.init_transfer_engine({"transport": TRANSPORT})
+        shards = [halves[0].publish(pairs[:3], 1), halves[1].publish(pairs[2:], 1)]
+        with pytest.raises(InvalidArgumentError,
+                           match=r"update_info.manifest\[1\].tensors\[0\].name: .* earlier "
+                                 r"shard of this update too \(update_id=.* rank=0\)"):
+            worker.update_weights({"manifest": [m.to_json() for m in shards]})
+        assert worker.weight_version == 0
+        assert_same(rollout_model, TinyModel(seed=24))
         for bridge, m in zip(halves, shards):
             bridge.release(m.update_id)
     finally:

@@ -288,8 +288,12 @@ class _Gate:
         holds, key = self._holds(), id(self)
         hold = holds.get(key)
         if hold is None:
+            handle = self._handle
+            if handle is None:
+                raise IllegalTransitionError(
+                    f"{type(self).__name__} rank {getattr(self, 'rank', '?')}: closed")
             # Leaves the gate when dropped, even on Ctrl-C here.
-            hold = holds[key] = [0, self._handle.gate_enter()]
+            hold = holds[key] = [0, handle.gate_enter()]
             waited = hold[1].waited
         else:
             waited = 0.0
@@ -350,10 +354,14 @@ class RolloutExecutor(_Gate):
         """Releases the imports the active weights still hold (at shutdown); returns their
         ids."""
         self._not_generating("release_weights")
+        # The release waits for the steps in flight (it takes the gate), which may still read
+        # `active`: emptied after it. The views it holds only delay the memory's release until
+        # they are dropped here.
+        with _torch.device_kept():
+            released = self._handle.release_active()
         if isinstance(self.installer, ViewInstaller):
             self.installer.active = {}
-        with _torch.device_kept():
-            return self._handle.release_active()
+        return released
 
     def longest_wait(self) -> float:
         """The longest a generation step waited at the gate so far (seconds)."""

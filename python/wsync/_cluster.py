@@ -380,7 +380,8 @@ class RolloutRank(_Gate):
     @property
     def active_weight_version(self) -> int:
         """The version readers see now; 0 before the first install."""
-        return self._handle.active_version() if self._handle is not None else 0
+        handle = self._handle  # once: close() on another thread may clear it meanwhile
+        return handle.active_version() if handle is not None else 0
 
     def status(self) -> dict:
         """What the rank did: active_weight_version, joined, updates / installed / rejected
@@ -395,6 +396,7 @@ class RolloutRank(_Gate):
         self._not_generating("RolloutRank.wait_for_version")
         deadline = time.monotonic() + timeout
         while self.active_weight_version < version:
+            _open_handle(self._handle, "RolloutRank", self.rank)  # closed: no version will come
             if time.monotonic() > deadline:
                 raise WeightSyncTimeoutError(
                     f"rank {self.rank}: version {version} not active within {timeout} s "

@@ -83,28 +83,46 @@ def publish_sources(pairs: List[Tuple[str, torch.Tensor]]) -> Tuple[list, list]:
     """The extension's tensor tuples and the tensors that back them (keep those alive).
 
     Non-contiguous tensors are made contiguous (one copy each). CUDA tensors travel as device
-    pointers with their device and the current stream of that device: the publisher's copies
-    (device-to-device into a CUDA transport's slots, device-to-host into a host transport's
-    segments) wait for the work queued on that stream, and the publish returns once they are
-    done. Other devices (mps, xla, meta) are refused.
+    pointers with their device and a stream that waits for the work queued on that device's
+    current stream by now (this call): the publisher's copies (device-to-device into a CUDA
+    transport's slots, device-to-host into a host transport's segments) wait for that stream,
+    and the publish returns once they are done. Work the caller queues after this call is not
+    waited for, so a publish that runs later (publish_async) overlaps the next step. Other
+    devices (mps, xla, meta) are refused.
     """
     tuples = []
-    keep = []
+    keep: list = []
+    marks = {}  # device -> a stream standing for "the current stream's work as of now"
     for name, t in pairs:
         if t.device.type not in ("cpu", "cuda"):
             raise InvalidArgumentError(
                 f"tensor {name}: field device: {t.device}: wsync publishes CPU and CUDA tensors; "
                 "move it to one of those first"
             )
+        if t.layout != torch.strided:
+            raise InvalidArgumentError(
+                f"tensor {name}: field layout: {t.layout}: wsync publishes dense tensors; "
+                "call .to_dense() first")
         wire = wire_dtype(name, t)
-        t = t.detach()
-        if not t.is_contiguous():
-            t = t.contiguous()  # on a CUDA tensor: queued on the current stream, waited for below
+        try:
+            t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()  # on a CUDA tensor: queued on the current stream (see below)
+            pointer = t.data_ptr()
+        except RuntimeError as e:  # no storage of its own: a DTensor shard, a functional tensor
+            raise InvalidArgumentError(
+                f"tensor {name}: field data: {e} (a distributed tensor is published by the rank "
+                "holding it, as a local tensor: .to_local() or .full_tensor())") from e
         keep.append(t)
-        fields = (name, wire, list(t.shape), t.data_ptr(), t.numel() * t.element_size())
+        fields = (name, wire, list(t.shape), pointer, t.numel() * t.element_size())
         if t.device.type == "cuda":
             device = cuda_index(t)
-            fields += (device, torch.cuda.current_stream(device).cuda_stream)
+            if device not in marks:
+                mark = torch.cuda.Stream(device)
+                mark.wait_stream(torch.cuda.current_stream(device))
+                marks[device] = mark
+                keep.append(mark)  # the stream lives as long as the publish that waits on it
+            fields += (device, marks[device].cuda_stream)
         tuples.append(fields)
     return tuples, keep
 

@@ -82,7 +82,8 @@ class WsyncTrainerEngine:
             engine.bridge = _make_bridge(info.transport, source_worker="trainer",
                                          source_rank=info.rank, model_id=info.model_id,
                                          options=options)
-            worker_info: Dict[str, Any] = {"transport": info.transport}
+            # The bridge's name, not an alias: manifests carry it, and workers compare with it.
+            worker_info: Dict[str, Any] = {"transport": engine.bridge.transport}
             if options:
                 worker_info["transport_options"] = options
             init = getattr(client, "init_weight_transfer_engine", None)

@@ -1,6 +1,7 @@
 """vLLM's worker-side engine over wsync (see wsync.vllm)."""
 
 import contextlib
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -8,9 +9,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from wsync._errors import (IllegalTransitionError, InstallFailedError, InvalidArgumentError,
                            VersionNotMonotonicError, WeightSyncError)
 from wsync._text import options_text
-from wsync._vllm_common import (WsyncInitInfo, WsyncUpdateInfo, _detached, _from_dict,
-                                _make_bridge, _parse_manifest, _tensor_field, _update_info_of,
-                                _wire_dtype)
+from wsync._vllm_common import (WsyncInitInfo, WsyncUpdateInfo, _canonical_transport, _detached,
+                                _from_dict, _make_bridge, _parse_manifest, _tensor_field,
+                                _update_info_of, _wire_dtype)
 
 
 @dataclass
@@ -106,7 +107,7 @@ class WsyncWeightTransferEngine:
             raise InvalidArgumentError("init_info.transport: must be a non-empty string")
         options = options_text(info.transport_options, "init_info.transport_options")
         if self.bridge is not None:
-            if info.transport != self.transport:
+            if _canonical_transport(info.transport) != self.transport:
                 raise InvalidArgumentError(
                     f"init_info.transport: \"{info.transport}\" differs from \"{self.transport}\","
                     " which this worker was initialised with")
@@ -117,7 +118,8 @@ class WsyncWeightTransferEngine:
         rank = int(getattr(self.parallel_config, "rank", 0) or 0)
         self.bridge = _make_bridge(info.transport, source_worker=f"vllm-worker-{rank}",
                                    source_rank=rank, options=options)
-        self.transport = info.transport
+        # As manifests name it: an alias ("shm") would make every manifest differ.
+        self.transport = self.bridge.transport
         self.transport_options = options
 
     def start_weight_update(self, is_checkpoint_format: bool = True) -> None:
@@ -240,6 +242,7 @@ class WsyncWeightTransferEngine:
         finally:
             if self._layerwise:
                 self._layerwise = False
+                failing = sys.exc_info()[1]  # the failure being raised, if any: it stays the one
                 try:
                     _layerwise_reload("finalize", self.model, self.model_config, self.device)
                 except BaseException as e:
@@ -247,14 +250,28 @@ class WsyncWeightTransferEngine:
                     # memory stays taken with nobody left to answer for it.
                     if self._pending:
                         self._fail(f"finish_weight_update: vLLM's layerwise reload failed: {e}")
-                    raise
-        version = self._pending[0].manifest.weight_version
+                    if failing is None:
+                        raise
+                    warnings.warn(f"wsync: vLLM's layerwise reload failed too, after the update "
+                                  f"had failed: {e}")
+        # The tensors are in the model by now, whatever the acknowledgements below do.
+        self.weight_version = self._pending[0].manifest.weight_version
+        acknowledged = 0
         try:
             for entry in self._pending:
                 self.bridge.acknowledge(entry.manifest.update_id)
+                acknowledged += 1
+        except BaseException as e:
+            # The shards not acknowledged are answered all the same, before their release.
+            for entry in self._pending[acknowledged:]:
+                try:
+                    self.bridge.reject(entry.manifest.update_id,
+                                       f"finish_weight_update: acknowledging failed: {e}")
+                except WeightSyncError:
+                    pass  # the failing shard's own state may not allow it
+            raise
         finally:
             self._release_pending()
-        self.weight_version = version
 
     def shutdown(self) -> None:
         """Rejects and releases an unfinished update and drops the bridge."""
@@ -384,6 +401,15 @@ class WsyncWeightTransferEngine:
                     f"{where}.weight_version: {m.model_id}@{m.weight_version} is not the update "
                     f"{first.model_id}@{first.weight_version} the shards before it belong to "
                     f"({context})")
+        # One tensor in two shards: the chunk would load one of them and both would count as
+        # loaded (the C++ executor refuses it the same way).
+        seen = {_tensor_field(t, "name") for first in known for t in first.tensors}
+        for i, t in enumerate(m.tensors):
+            name = _tensor_field(t, "name")
+            if name in seen:
+                raise InvalidArgumentError(
+                    f"{where}.tensors[{i}].name: \"{name}\" is in an earlier shard of this "
+                    f"update too ({context})")
 
     @staticmethod
     def _chunk_names(info: WsyncUpdateInfo, known: Sequence[Any],
