@@ -176,7 +176,9 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
       auto u = updates_.find(key);
       if (u == updates_.end() || u->second.publishers_released) continue;
       auto p = u->second.consumers.find(info.rank);
-      if (p != u->second.consumers.end()) set_may_hold(u->second, p->second, true);
+      if (p == u->second.consumers.end()) continue;
+      if (rejoined_mid_update(u->second, p->second, info, now, out)) continue;
+      set_may_hold(u->second, p->second, true);
     }
     // Catch-up: the newest committed version, as a fresh entry in that update's table, unless
     // the rank serves it (or newer) already: it would refuse it, and show as rejected.
@@ -186,6 +188,28 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
     }
   }
   return out;
+}
+
+// The same process back while `u` still distributes, which its leave failed it in (its link
+// went, then came back: a rank that restarted holds nothing, so it names no key). The entry is
+// its again: importing, or acknowledged when it serves the version already (its answer went
+// into the dead link, which loses it). Without this the version would commit without it, and its
+// catch-up of the same version would be refused as a repeat (the rank shown as rejected).
+bool coordinator_book::rejoined_mid_update(update_record& u, rank_progress& p,
+                                           const rank_info& info, coord_clock::time_point now,
+                                           effects& out) {
+  if (u.phase != update_phase::distributing || !p.left || p.state != rank_state::failed) {
+    return false;
+  }
+  p.left = false;
+  p.reason.clear();
+  set_may_hold(u, p, false);  // the state says it holds the memory
+  set_state(u, p,
+            info.active_weight_version >= u.weight_version ? rank_state::acknowledged
+                                                           : rank_state::importing,
+            now);
+  check_finished(u, now, out);
+  return true;
 }
 
 std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role role,

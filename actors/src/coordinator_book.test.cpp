@@ -569,6 +569,47 @@ TEST_F(book_test, a_rank_that_restarts_mid_update_gets_that_update_once_it_commi
   ASSERT_TRUE(book_.acknowledged("m@2", 13, now_));
 }
 
+// A link that went and came back while an update distributes: the same process, still
+// importing it (it names it as held) or serving it already (its answer was lost with the link).
+TEST_F(book_test, a_rank_whose_link_comes_back_mid_update_keeps_its_entry) {
+  publish_both(1);
+  ack_all("m@1");
+  publish_both(2);
+  for (int r : {10, 11}) ASSERT_TRUE(book_.importing("m@2", r, "publisher:0", now_));
+  (void)book_.leave(10, rank_role::consumer, "down: remote_link_unreachable", now_);
+  (void)book_.leave(11, rank_role::consumer, "down: remote_link_unreachable", now_);
+  EXPECT_EQ(book_.find("m@2")->consumers.at(10).state, rank_state::failed);
+  auto importing = info(10, rank_role::consumer);
+  importing.active_weight_version = 1;
+  importing.held = {"m@1", "m@2"};
+  auto served = info(11, rank_role::consumer);
+  served.active_weight_version = 2;
+  served.held = {"m@2"};
+  ASSERT_TRUE(book_.join(importing, now_));
+  ASSERT_TRUE(book_.join(served, now_));
+  const auto& table = book_.find("m@2")->consumers;
+  EXPECT_EQ(table.at(10).state, rank_state::importing);
+  EXPECT_TRUE(table.at(10).reason.empty());
+  EXPECT_EQ(table.at(11).state, rank_state::acknowledged);
+  // Rank 10's answer comes after its re-join and counts; the commit sends no catch-up of m@2 to
+  // either (each would refuse it as a repeat, and show as rejected).
+  ASSERT_TRUE(book_.acknowledged("m@2", 10, now_));
+  ASSERT_TRUE(book_.acknowledged("m@2", 12, now_));
+  auto last = book_.acknowledged("m@2", 13, now_);
+  ASSERT_TRUE(last);
+  for (const auto& e : *last) EXPECT_NE(e.what, kind::distribute) << "a catch-up of " << e.key;
+  EXPECT_EQ(book_.find("m@2")->phase, update_phase::committed);
+  EXPECT_EQ(book_.find("m@2")->counts.acknowledged, 4u);
+  // Their releases give the memory back as anyone's do.
+  publish_both(3);
+  ack_all("m@3");
+  for (int r : {10, 11, 12}) ASSERT_TRUE(book_.released("m@2", r, now_));
+  auto rel = book_.released("m@2", 13, now_);
+  ASSERT_TRUE(rel);
+  ASSERT_EQ(rel->size(), 1u);
+  EXPECT_EQ((*rel)[0].what, kind::release_publisher);
+}
+
 TEST_F(book_test, other_models_are_independent) {
   ASSERT_TRUE(book_.join(info(20, rank_role::publisher, "other"), now_));
   weight_update_manifest m = shard(20, 1);

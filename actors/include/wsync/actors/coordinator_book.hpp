@@ -201,6 +201,8 @@ class coordinator_book {
   /// Every change of a consumer's progress goes through these two, which keep `counts` true.
   void set_state(update_record& u, rank_progress& p, rank_state s, coord_clock::time_point now);
   void set_may_hold(update_record& u, rank_progress& p, bool may_hold);
+  bool rejoined_mid_update(update_record& u, rank_progress& p, const rank_info& info,
+                           coord_clock::time_point now, std::vector<book_effect>& out);
   void distribute(update_record& u, coord_clock::time_point now, effects& out);
   void check_finished(update_record& u, coord_clock::time_point now, effects& out);
   void catch_up_joined_meanwhile(update_record& u, coord_clock::time_point now, effects& out);
