@@ -205,13 +205,18 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           return {st.token, refusal_text(why, code)};
         };
         const auto* m = sender_member(self);
-        if (given != st.token || !m || m->role != rank_role::publisher) {
-          log_warn(
-              "coordinator: refused a publish from a peer that did not join as a publisher"
-              " with the cluster token");
-          return {std::string(), json{{"error", "publish refused: token: not a joined publisher"},
+        if (given != st.token) {
+          log_warn("coordinator: refused a publish from a peer without the cluster token");
+          return {std::string(), json{{"error", "publish refused: token: not the cluster's"},
                                       {"code", "invalid_argument"}}
                                      .dump(-1, ' ', false, json::error_handler_t::replace)};
+        }
+        if (!m || m->role != rank_role::publisher) {
+          // The token is right: the peer's membership is what is gone.
+          log_warn("coordinator: refused a publish from an endpoint not joined as a publisher");
+          return refuse(
+              "publish refused: this endpoint is not joined as a publisher (its link went and "
+              "it did not join again, or another process joined as its rank)");
         }
         auto manifest = manifest_from_json(manifest_json);
         if (!manifest) return refuse(manifest.error().message, manifest.error().code);

@@ -173,12 +173,14 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
             .then(
                 [=](const std::string& reply_token, const std::string& outcome) mutable {
                   pending->erase(n);
-                  rp.deliver(
-                      reply_token == hello.token
-                          ? outcome
-                          : json{{"error", "the coordinator refused the cluster token: " + outcome},
-                                 {"code", "invalid_argument"}}
-                                .dump(-1, ' ', false, json::error_handler_t::replace));
+                  if (reply_token == hello.token) {
+                    rp.deliver(outcome);
+                    return;
+                  }
+                  rp.deliver(json{{"error", "the coordinator refused the cluster token: " +
+                                                outcome + " (" + context + ")"},
+                                  {"code", "invalid_argument"}}
+                                 .dump(-1, ' ', false, json::error_handler_t::replace));
                 },
                 [=](caf::error& err) mutable {
                   pending->erase(n);
@@ -409,6 +411,9 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
             const bool parsed = json::sax_parse(outcome, &head) && head.object;
             if (!parsed || head.fields.count("error")) {
               out.error = parsed ? head.value("error", outcome) : outcome;
+              if (out.error.find("update_id=") == std::string::npos) {
+                out.error += " (" + update_context(m->update_id, o.rank) + ")";
+              }
               out.error_code = parsed ? head.value("code", "io_error") : "io_error";
               refused = parsed && head.fields.count("code");  // refusals carry their code
               return;
@@ -428,11 +433,15 @@ publish_outcome trainer_rank::publish(std::span<const tensor_source> tensors,
                                  outcome.substr(open);
             }
             out.committed = head.value("phase", "") == "committed";
-            if (!out.committed)
-              out.error = "update " + key + " aborted: " + head.value("reason", "");
+            if (!out.committed) {
+              out.error = "update " + key + " aborted: " + head.value("reason", "") + " (" +
+                          update_context(m->update_id, o.rank) + ")";
+            }
           },
           [&](caf::error& err) {
-            out.fail(make_error(errc::io_error, impl_->sys.get().render(err)));
+            out.fail(make_error(errc::io_error, "no outcome from this rank's endpoint: " +
+                                                    impl_->sys.get().render(err) + " (" +
+                                                    update_context(m->update_id, o.rank) + ")"));
           });
   // Lent tensors: the caller may change them once this returns, so wait for the transport to
   // stop reading them (by the outcome it has; an abort may come first).
