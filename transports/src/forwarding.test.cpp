@@ -132,5 +132,33 @@ TEST(forwarding_publisher, a_failed_expose_names_the_update_and_the_rank) {
   EXPECT_TRUE(p.held_updates().empty());
 }
 
+// A handle consumers would refuse as too large (ucx lists a checksum per chunk): the publish
+// fails, naming the field and what to change, instead of every consumer rejecting it.
+class huge_handle final : public forwarding_publisher {
+ public:
+  using forwarding_publisher::forwarding_publisher;
+  result<std::string> expose(const update_id&) override { return std::string(1u << 20, 'x'); }
+};
+
+TEST(forwarding_publisher, a_handle_consumers_would_refuse_fails_the_publish) {
+  auto t = make_transport("local-clone", {});
+  ASSERT_TRUE(t) << t.error().message;
+  auto inner = (*t)->make_publisher();
+  ASSERT_TRUE(inner) << inner.error().message;
+  publisher_config cfg;
+  cfg.model_id = "m";
+  cfg.source_rank = 3;
+  weight_publisher p(std::make_unique<huge_handle>(std::move(*inner)), "local-clone", cfg);
+  std::vector<std::byte> bytes(64, std::byte{1});
+  std::vector<tensor_source> sources = {{"w", dtype::u8, {64}, {}, bytes.data(), bytes.size()}};
+  auto m = p.publish(sources, 1, {});
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error().code, errc::invalid_argument);
+  EXPECT_EQ(m.error().message.rfind("publish failed: transport_handle: 1048576 bytes", 0), 0u)
+      << m.error().message;
+  EXPECT_NE(m.error().message.find(" rank=3"), std::string::npos) << m.error().message;
+  EXPECT_TRUE(p.held_updates().empty());
+}
+
 }  // namespace
 }  // namespace wsync

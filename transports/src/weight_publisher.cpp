@@ -371,6 +371,21 @@ result<weight_update_manifest> weight_publisher::publish(
                       "publish failed: " + handle.error().message + " (" + update_context(m) + ")");
   }
   m.transport_handle = std::move(*handle);
+  // Consumers refuse a handle past the manifest limit, and relays (ucx) add their addresses to
+  // it on the way: one that would not reach them fails here, where the trainer sees why, not
+  // at every consumer after the publish said it went out.
+  if (const auto room = manifest_limits{}.max_handle_bytes / 8 * 7;
+      m.transport_handle.size() > room) {
+    transport_->release(m.update_id);
+    return make_error(
+        errc::invalid_argument,
+        "publish failed: transport_handle: " + std::to_string(m.transport_handle.size()) +
+            " bytes, above the " + std::to_string(room) +
+            " that leave relays room within what consumers accept (" +
+            std::to_string(manifest_limits{}.max_handle_bytes) +
+            "); over ucx, a larger chunk_bytes lists fewer chunk checksums (" + update_context(m) +
+            ")");
+  }
 
   std::lock_guard lock(mutex_);
   // A concurrent publish may have raced past the check above; the later one loses.
