@@ -27,11 +27,20 @@ result<slot*> slot_pool::acquire(const update_id& id, std::uint64_t need,
     }
     if (!fit && (slots_.size() < max_slots_ || small)) {
       if (!small) small = slots_.emplace_back(std::make_unique<slot>()).get();
+      // Made with the lock let go: faulting a large slot in takes seconds, and the node's
+      // thread takes this lock to serve every chunk (it would stall every transfer meanwhile).
+      // The holder keeps the slot this caller's until then.
+      small->holder = id;
+      lock.unlock();
       destroy(*small);
-      if (auto ok = create(*small, align_up(need + need / 8, slot_quantum)); !ok) {
+      auto ok = create(*small, align_up(need + need / 8, slot_quantum));
+      lock.lock();
+      if (!ok) {
+        small->holder.clear();
+        cv_.notify_all();
         return make_error(ok.error().code, ok.error().message + " (update_id=" + id + ")");
       }
-      fit = small;
+      return small;
     }
     if (fit) {
       fit->holder = id;
