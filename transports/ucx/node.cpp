@@ -196,6 +196,14 @@ void node::shutdown() {
 void node::close_endpoint(ucp_ep_h ep, bool force) {
   sends_done_at_.erase(ep);
   publishers_.erase(ep);
+  // A lane of a job that failed (or waits for receives UCX may never end) keeps no handle of
+  // it: UCX hands the freed handle out again, and a later cancel of the lane would close the
+  // unrelated endpoint that got it.
+  for (const auto& job : jobs_) {
+    for (auto& lane : job->lanes) {
+      if (lane.ep == ep) lane.ep = nullptr;
+    }
+  }
   forget_rkeys(ep);
   forget_requests_of(ep);
   ucp_request_param_t p{};
