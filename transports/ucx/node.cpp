@@ -97,7 +97,10 @@ result<void> node::init() {
     hp.flags = UCP_AM_FLAG_WHOLE_MSG;
     WSYNC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &hp), side_);
   }
-  pool_ = std::make_unique<slot_pool>(ctx_, side_, cfg_.slots);
+  // Pinned: still busy two import deadlines after its release (a given-up receive is
+  // normally ended by the source's failure or the next source's bytes well before).
+  pool_ = std::make_unique<slot_pool>(ctx_, side_, cfg_.slots,
+                                      std::chrono::milliseconds(2 * cfg_.timeout_ms));
   return {};
 }
 

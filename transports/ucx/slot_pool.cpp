@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ucx/ucx_common.hpp"
+#include "wsync/manifest/log.hpp"
 
 namespace wsync::ucx_detail {
 
@@ -25,7 +26,9 @@ result<slot*> slot_pool::acquire(const update_id& id, std::uint64_t need,
       if (s->capacity >= need && (!fit || s->capacity < fit->capacity)) fit = s.get();
       if (s->capacity < need) small = s.get();
     }
-    if (!fit && (slots_.size() < max_slots_ || small)) {
+    auto next_pinned = deadline;
+    const auto room = room_locked(clock_type::now(), next_pinned);
+    if (!fit && (slots_.size() < room || small)) {
       if (!small) small = slots_.emplace_back(std::make_unique<slot>()).get();
       // Made with the lock let go: faulting a large slot in takes seconds, and the node's
       // thread takes this lock to serve every chunk (it would stall every transfer meanwhile).
@@ -46,7 +49,9 @@ result<slot*> slot_pool::acquire(const update_id& id, std::uint64_t need,
       fit->holder = id;
       return fit;
     }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    // Woken by a release, or when a busy slot would count as pinned.
+    if (cv_.wait_until(lock, std::min(deadline, next_pinned)) == std::cv_status::timeout &&
+        clock_type::now() >= deadline) {
       return make_error(errc::timeout, "ucx: no free " + side_ + " slot for update_id=" + id +
                                            " after " + std::to_string(wait.count()) + " ms: all " +
                                            std::to_string(slots_.size()) +
@@ -57,22 +62,61 @@ result<slot*> slot_pool::acquire(const update_id& id, std::uint64_t need,
   }
 }
 
+std::uint64_t slot_pool::room_locked(clock_type::time_point now, clock_type::time_point& next) {
+  std::uint64_t pinned = 0;
+  for (auto& s : slots_) {
+    if (!s->holder.empty() || s->busy == 0) continue;
+    if (now - s->free_busy_since < pinned_after_) {
+      next = std::min(next, s->free_busy_since + pinned_after_);
+      continue;
+    }
+    ++pinned;
+    if (s->set_aside) continue;
+    s->set_aside = true;
+    log_warn("ucx: " + side_ + " slot of " + std::to_string(s->capacity) +
+             " bytes (last held by update_id=" + s->last_holder + ") is still used by " +
+             std::to_string(s->busy) + " transfer(s) " +
+             std::to_string(
+                 std::chrono::duration_cast<std::chrono::milliseconds>(now - s->free_busy_since)
+                     .count()) +
+             " ms after its release, which UCX has not ended; it is set aside, and a new slot "
+             "may be made in its place (at most " +
+             std::to_string(max_slots_) + " more than option slots)");
+  }
+  return max_slots_ + std::min(pinned, max_slots_);
+}
+
 void slot_pool::release(const update_id& id) {
   std::lock_guard lock(mutex_);
   for (auto& s : slots_) {
-    if (s->holder == id) s->holder.clear();
+    if (s->holder == id) {
+      s->holder.clear();
+      s->last_holder = id;
+      s->free_busy_since = clock_type::now();  // counts only while busy
+    }
   }
   cv_.notify_all();
 }
 
 void slot_pool::busy_begin(slot* s) {
   std::lock_guard lock(mutex_);
-  ++s->busy;
+  if (s->busy++ == 0 && s->holder.empty()) s->free_busy_since = clock_type::now();
 }
 
 void slot_pool::busy_end(slot* s) {
   std::lock_guard lock(mutex_);
-  if (--s->busy == 0) cv_.notify_all();
+  if (--s->busy != 0) return;
+  if (s->set_aside) {
+    s->set_aside = false;
+    log_info("ucx: " + side_ + " slot set aside is free again (its last transfer ended)");
+    // One made in its place is there now: past the ring's size, this one's memory goes.
+    if (s->holder.empty() && slots_.size() > max_slots_) {
+      destroy(*s);
+      slots_.erase(
+          std::find_if(slots_.begin(), slots_.end(), [&](const auto& p) { return p.get() == s; }));
+    }
+  }
+  cv_.notify_all();
 }
 
 // Allocates, registers and pre-faults one slot: fresh pages cost ~0.3 GB/s to fault in here

@@ -28,12 +28,20 @@ struct slot {
   // Operations still touching it: sends reading it, receives given up on that UCX may yet
   // complete into it. Reused only at 0, so a late write can never land in another update.
   std::uint64_t busy = 0;
+  /// Since when it is free (no holder) yet busy: what counts towards pinned.
+  std::chrono::steady_clock::time_point free_busy_since;
+  update_id last_holder;   ///< for the log, once released
+  bool set_aside = false;  ///< counted as pinned (and logged once)
 };
 
 class slot_pool {
  public:
-  slot_pool(ucp_context_h ctx, std::string side, std::uint64_t max_slots)
-      : ctx_(ctx), side_(std::move(side)), max_slots_(max_slots) {}
+  // A slot released but still busy after `pinned_after` is taken as pinned by an operation UCX
+  // never ends (a receive matched to a source that died): the pool then makes a slot in its
+  // place, up to `max_slots` more, instead of refusing every later update.
+  slot_pool(ucp_context_h ctx, std::string side, std::uint64_t max_slots,
+            std::chrono::milliseconds pinned_after)
+      : ctx_(ctx), side_(std::move(side)), max_slots_(max_slots), pinned_after_(pinned_after) {}
   ~slot_pool();
 
   // A free slot of at least `need` bytes for `id`, created or grown on demand, waiting up to
@@ -51,7 +59,13 @@ class slot_pool {
 
   ucp_context_h ctx_;
   std::string side_;
+  // How many slots may exist now: max_slots_ plus one per pinned slot (at most max_slots_
+  // more). Logs a slot the first time it is counted; `next` is when another may become pinned.
+  std::uint64_t room_locked(std::chrono::steady_clock::time_point now,
+                            std::chrono::steady_clock::time_point& next);
+
   std::uint64_t max_slots_;
+  std::chrono::milliseconds pinned_after_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<slot>> slots_;
