@@ -8,7 +8,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/magic.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -292,6 +294,27 @@ TEST_P(file_mmap_test, a_silent_lease_expires_after_the_lease_timeout) {
   ASSERT_TRUE(m3) << m3.error().message;
   EXPECT_EQ(buffer_of(*m3), 0);
   EXPECT_FALSE(fs::exists(lease));
+}
+
+// An expired lease the writer cannot remove (EIO on a soft NFS mount, EACCES, EROFS; here a
+// folder in its place, which unlink refuses): its reader would go on finding it and trusting the
+// bytes, so the buffer stays held, naming why.
+TEST_P(file_mmap_test, an_expired_lease_that_cannot_be_removed_keeps_the_buffer_held) {
+  start_publisher(std::chrono::milliseconds(50), {{"lease_timeout_ms", "1500"}});
+  ASSERT_TRUE(publish(1));
+  ASSERT_TRUE(publish(2));
+  const std::string lease = dir_ + "/leases/buffer-0.1.stuck.lease";
+  fs::create_directories(lease);
+  { std::ofstream(lease + "/x") << "x"; }
+  fs::last_write_time(lease, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  auto refused = publish(3);
+  ASSERT_FALSE(refused) << "buffer-0 was rewritten while a lease of it stayed";
+  EXPECT_TRUE(contains(refused.error().message, "its expired lease cannot be removed"))
+      << refused.error().message;
+  fs::remove_all(lease);
+  auto m3 = publish(3);
+  ASSERT_TRUE(m3) << m3.error().message;
+  EXPECT_EQ(buffer_of(*m3), 0);
 }
 
 TEST_P(file_mmap_test, a_reader_in_another_pid_namespace_is_judged_by_its_heartbeat) {
@@ -667,6 +690,52 @@ TEST(file_mmap_options, a_state_file_naming_no_possible_buffer_is_refused) {
     EXPECT_NE(state.error().message.find("is out of range"), std::string::npos)
         << state.error().message;
   }
+}
+
+// A segment file sized by a publisher that never reserved its blocks (killed after its
+// ftruncate, or its fallocate failed on a full disk): the next publisher reserves them again, so
+// a full filesystem is an error from publish, not a SIGBUS while it copies. On a 1 MiB tmpfs of
+// its own, in a child with a private mount namespace (root).
+TEST(file_mmap_full, a_sized_file_without_blocks_is_reserved_again) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: mounts a small tmpfs";
+  char tmpl[] = "/tmp/wsync-fm-full-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
+  const std::string dir = tmpl;
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(30);
+    if (::unshare(CLONE_NEWNS) != 0) ::_exit(77);
+    if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(77);
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) ::_exit(77);
+    const std::string w = dir + "/w";
+    // Both buffers' first segment: 4 MiB long, no block behind it.
+    for (const char* b : {"/buffer-0", "/buffer-1"}) {
+      if (::mkdir(w.c_str(), 0700) != 0 && errno != EEXIST) ::_exit(2);
+      if (::mkdir((w + b).c_str(), 0700) != 0) ::_exit(2);
+      int fd = ::open((w + b + "/segment-0000").c_str(), O_RDWR | O_CREAT, 0600);
+      if (fd < 0 || ::ftruncate(fd, 4 << 20) != 0) ::_exit(2);
+      ::close(fd);
+    }
+    auto t = make_transport("file-mmap", {{"dir", w}, {"write", "mmap"}});
+    if (!t) ::_exit(3);
+    auto p = (*t)->make_publisher();
+    if (!p) ::_exit(4);
+    std::vector<std::uint64_t> sizes{4 << 20};
+    auto spans = (*p)->acquire("u-full", sizes, std::chrono::milliseconds(100));
+    if (spans) {
+      std::memset((*spans)[0].data(), 1, (*spans)[0].size());  // SIGBUS without the fix
+      ::_exit(5);
+    }
+    ::_exit(contains(spans.error().message, "fallocate") ? 0 : 6);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  fs::remove_all(dir);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no private mount namespace here";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "5: the full tmpfs was not noticed; 6: another error than fallocate's";
 }
 
 TEST(file_mmap_options, no_state_file_means_no_version_yet) {

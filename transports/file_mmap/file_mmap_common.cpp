@@ -266,7 +266,12 @@ std::vector<std::string> leases_live(const std::string& dir, std::uint64_t b,
                        ")");
         continue;
       }
-      if (::unlink((leases + "/" + n).c_str()) != 0) continue;
+      if (::unlink((leases + "/" + n).c_str()) != 0 && errno != ENOENT) {
+        // Still there (EIO on a soft NFS mount, EACCES, EROFS): its reader's heartbeat goes on
+        // finding it and its intact() passes, so the buffer must not be rewritten under it.
+        live.push_back(v.who + " (its expired lease cannot be removed: " + errno_text(errno) + ")");
+        continue;
+      }
       log_warn("file-mmap: buffer-" + std::to_string(b) + " freed from the lease of " + v.who +
                ": " + v.why_dead);
     }

@@ -260,6 +260,9 @@ class fm_publisher final : public publisher_transport {
                                               std::to_string(sizes[i]) +
                                               " bytes): " + errno_text(err));
       };
+      // A file this process did not size itself may have no blocks behind its size (a
+      // publisher killed, or a reservation that failed, after its ftruncate): reserved again.
+      bool unreserved = false;
       if (f.fd < 0) {
         f.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
         if (f.fd < 0) return fail("open");
@@ -272,6 +275,7 @@ class fm_publisher final : public publisher_transport {
           f.mapped = f.ready = false;
           f.base = nullptr;
           f.size = static_cast<std::uint64_t>(st.st_size);
+          unreserved = true;
         }
       }
       const bool replace = sizes[i] < f.size || (fresh && f.size > 0);
@@ -300,13 +304,14 @@ class fm_publisher final : public publisher_transport {
         }
         if (::ftruncate(f.fd, static_cast<off_t>(sizes[i])) != 0) return fail("ftruncate");
         f.size = sizes[i];
-        // Reserve the blocks now: a full disk is an error here, not a SIGBUS while copying.
-        if (sizes[i] > 0) {
-          if (int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(sizes[i]));
-              rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
-            errno = rc;
-            return fail("fallocate");
-          }
+        unreserved = true;
+      }
+      // Reserve the blocks now: a full disk is an error here, not a SIGBUS while copying.
+      if (unreserved && sizes[i] > 0) {
+        if (int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(sizes[i]));
+            rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
+          errno = rc;
+          return fail("fallocate");  // closes it: the next try finds it unreserved again
         }
       }
       if (!f.ready && pwrite_) {
