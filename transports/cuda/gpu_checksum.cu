@@ -85,6 +85,10 @@ cudaError_t load_secret(int device) {
     return cudaSuccess;
   }
   auto e = cudaMemcpyToSymbol(secret_c, checksum_default_secret(), xxh3::secret_bytes);
+  // From pageable memory the copy returns once the bytes are staged, not landed; it runs on
+  // the legacy stream, which the callers' non-blocking streams do not wait for. A kernel
+  // launched next could read part of the secret: wait for it once, here.
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
   if (e == cudaSuccess && device >= 0) {
     if (loaded.size() <= static_cast<std::size_t>(device)) loaded.resize(device + 1);
     loaded[device] = true;
