@@ -129,7 +129,7 @@ class fm_consumer final : public consumer_transport {
   result<std::vector<std::span<const std::byte>>> map_buffer(const weight_update_manifest& m,
                                                              const handle& h, held& entry) {
     std::string bdir = buffer_dir(cfg_.dir, h.buffer);
-    if (auto ok = dir_ensure(cfg_.dir + "/leases"); !ok) {
+    if (auto ok = dir_ensure(cfg_.dir + "/leases", true); !ok) {
       return make_error(ok.error().code, ok.error().message + " (" + ctx(m) + ")");
     }
     nlohmann::json who = {{"host", host_},
@@ -185,7 +185,7 @@ class fm_consumer final : public consumer_transport {
         continue;
       }
       std::string path = segment_path(cfg_.dir, h.buffer, i);
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       if (fd < 0) {
         return make_error(errc::invalid_manifest,
                           "invalid manifest: segments[" + std::to_string(i) + "].nbytes: " + path +

@@ -33,12 +33,11 @@ class file_mmap_transport final : public transport {
   transport_caps caps() const override { return fm_caps; }
 
   result<std::unique_ptr<publisher_transport>> make_publisher() override {
-    for (const auto& d : {cfg_.dir, cfg_.dir + "/leases"}) {
-      if (auto ok = dir_ensure(d); !ok) return ok.error();
-    }
+    if (auto ok = dir_ensure(cfg_.dir, false); !ok) return ok.error();
+    if (auto ok = dir_ensure(cfg_.dir + "/leases", true); !ok) return ok.error();
     // One writer per directory: two would rename CURRENT under each other.
     std::string lock_path = cfg_.dir + "/publisher.lock";
-    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
       return make_error(errc::io_error,
                         "file-mmap: open " + lock_path + ": " + errno_text(errno) + " (field dir)");

@@ -738,6 +738,41 @@ TEST(file_mmap_full, a_sized_file_without_blocks_is_reserved_again) {
       << "5: the full tmpfs was not noticed; 6: another error than fallocate's";
 }
 
+// Another user able to write into the dir could replace CURRENT or a segment (readers trust
+// their manifest), or plant links that send the writes elsewhere: refused, naming the fix.
+TEST(file_mmap_options, a_dir_others_may_write_or_a_planted_link_is_refused) {
+  char tmpl[] = "/tmp/wsync-fm-perm-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
+  const std::string dir = tmpl;
+  auto publisher_of = [&](const std::string& d) {
+    auto t = make_transport("file-mmap", {{"dir", d}});
+    EXPECT_TRUE(t) << t.error().message;
+    return (*t)->make_publisher();
+  };
+  ASSERT_EQ(::chmod(dir.c_str(), 01777), 0);  // like /tmp or /dev/shm themselves
+  auto shared = publisher_of(dir);
+  ASSERT_FALSE(shared);
+  EXPECT_TRUE(contains(shared.error().message, "with mode 1777: another user could replace"))
+      << shared.error().message;
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  const std::string victim = dir + "/victim";
+  fs::create_directories(victim);
+  fs::create_directory_symlink(victim, dir + "/leases");
+  auto linked = publisher_of(dir);
+  ASSERT_FALSE(linked);
+  EXPECT_TRUE(contains(linked.error().message, "leases exists and is not a directory (a link"))
+      << linked.error().message;
+  fs::remove(dir + "/leases");
+  { std::ofstream(victim + "/file") << "keep"; }
+  fs::create_symlink(victim + "/file", dir + "/publisher.lock");
+  auto locked = publisher_of(dir);
+  ASSERT_FALSE(locked);
+  EXPECT_EQ(std::ifstream(victim + "/file").rdbuf()->sgetc(), 'k');  // untouched
+  fs::remove(dir + "/publisher.lock");
+  EXPECT_TRUE(publisher_of(dir));  // the folder as it should be
+  fs::remove_all(dir);
+}
+
 TEST(file_mmap_options, no_state_file_means_no_version_yet) {
   auto none = file_mmap_current("/wsync-surely-missing");
   ASSERT_TRUE(none) << none.error().message;

@@ -44,7 +44,7 @@ std::string segment_path(const std::string& dir, std::uint64_t b, std::size_t i)
 }
 
 std::optional<std::string> file_read(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return std::nullopt;
   std::string out;
   char buf[65536];
@@ -59,7 +59,7 @@ std::optional<std::string> file_read(const std::string& path) {
 }
 
 result<void> fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return make_error(errc::io_error, "open " + path + ": " + errno_text(errno));
   int rc = ::fsync(fd);
   int err = errno;
@@ -88,7 +88,7 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
                                   const std::function<void()>& before_rename, bool* renamed) {
   if (renamed) *renamed = false;
   std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return make_error(errc::io_error, "open " + tmp + ": " + errno_text(errno));
   // On every failure below the half-written file goes too: nothing else would remove it.
   if (int err = write_fully(fd, text.data(), text.size()); err != 0) {
@@ -113,14 +113,34 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
   return fsync_path(path.substr(0, path.rfind('/')));
 }
 
-result<void> dir_ensure(const std::string& path) {
+result<void> dir_ensure(const std::string& path, bool inside) {
   // Weights and manifests are the owner's alone, as in shared memory (0600 files, 0700 dirs).
-  if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return {};
-    return make_error(errc::io_error, "file-mmap: " + path + " exists and is not a directory");
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    return make_error(errc::io_error, "file-mmap: mkdir " + path + ": " + errno_text(errno));
   }
-  return make_error(errc::io_error, "file-mmap: mkdir " + path + ": " + errno_text(errno));
+  // The folder the user named may be a link to where the files live; one of ours is not: a
+  // link put there would send the weights (and CURRENT) wherever it points.
+  struct stat st {};
+  if ((inside ? ::lstat(path.c_str(), &st) : ::stat(path.c_str(), &st)) != 0 ||
+      !S_ISDIR(st.st_mode)) {
+    return make_error(errc::io_error, "file-mmap: " + path + " exists and is not a directory" +
+                                          (inside ? " (a link is refused here)" : ""));
+  }
+  // Whoever else may write into it could replace CURRENT or a segment: readers would trust
+  // their manifest and checksums. This user's folder or root's, writable by its owner alone.
+  if ((st.st_uid != ::geteuid() && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return make_error(
+        errc::io_error,
+        "file-mmap: " + path + " is owned by uid " + std::to_string(st.st_uid) + " with mode " +
+            [&] {
+              char mode[8];
+              std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+              return std::string(mode);
+            }() +
+            ": another user could replace the files in it; use a folder " + "only this user (uid " +
+            std::to_string(::geteuid()) + ") may write (field dir)");
+  }
+  return {};
 }
 
 // --- leases -------------------------------------------------------------------------------
@@ -201,8 +221,8 @@ std::string fresh_files_path(const std::string& dir, std::uint64_t b) {
 }
 
 bool fresh_files_mark(const std::string& dir, std::uint64_t b, const std::string& who) {
-  int fd =
-      ::open(fresh_files_path(dir, b).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  int fd = ::open(fresh_files_path(dir, b).c_str(),
+                  O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return false;
   const std::string line = who + "\n";
   const int err = write_fully(fd, line.data(), line.size());

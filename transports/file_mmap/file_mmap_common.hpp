@@ -77,7 +77,9 @@ int write_fully(int fd, const void* data, std::size_t n, off_t offset = -1);
 result<void> file_replace_durably(const std::string& path, const std::string& text,
                                   const std::function<void()>& before_rename = {},
                                   bool* renamed = nullptr);
-result<void> dir_ensure(const std::string& path);
+/// Makes `path` (0700) or checks it: a directory this user (or root) owns that no one else may
+/// write. `inside`: one of the transport's own folders in the dir, where a link is refused.
+result<void> dir_ensure(const std::string& path, bool inside);
 
 /// "buffer-<b>.": how the leases on buffer b begin.
 std::string lease_prefix(std::uint64_t b);

@@ -170,7 +170,7 @@ class fm_publisher final : public publisher_transport {
         return make_error(errc::io_error,
                           "file-mmap: " + what + " " + path + " (update_id=" + id + ")");
       };
-      int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
       if (fd < 0) return fail("open: " + errno_text(errno) + ":");
       if (int err = pwrite_ ? write_fully(fd, f.staging.data(), f.size, 0) : 0; err != 0) {
         ::close(fd);
@@ -248,7 +248,7 @@ class fm_publisher final : public publisher_transport {
   // place. `fresh`: every file is new instead, renamed over the old (a reader may map it).
   result<void> buffer_size(std::uint64_t b, buffer& buf, std::span<const std::uint64_t> sizes,
                            bool fresh) {
-    if (auto ok = dir_ensure(buffer_dir(cfg_.dir, b)); !ok) return ok;
+    if (auto ok = dir_ensure(buffer_dir(cfg_.dir, b), true); !ok) return ok;
     if (buf.files.size() < sizes.size()) buf.files.resize(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       auto& f = buf.files[i];
@@ -264,7 +264,7 @@ class fm_publisher final : public publisher_transport {
       // publisher killed, or a reservation that failed, after its ftruncate): reserved again.
       bool unreserved = false;
       if (f.fd < 0) {
-        f.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        f.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (f.fd < 0) return fail("open");
         struct stat st {};
         if (::fstat(f.fd, &st) != 0) return fail("fstat");
