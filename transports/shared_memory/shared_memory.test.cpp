@@ -1198,6 +1198,28 @@ TEST_F(shared_memory_test, the_sweep_leaves_other_kinds_of_wsync_objects_alone) 
   EXPECT_EQ(::shm_unlink(("/" + page).c_str()), 0);  // was kept
 }
 
+// A FIFO under the prefix (another user's, or a mistake) held the sweep's open forever, and with
+// it every publisher that starts. The sweep runs in a child whose alarm ends a hang.
+TEST_F(shared_memory_test, a_fifo_under_the_prefix_does_not_hold_the_sweep) {
+  int dead = 4000000;
+  while (::kill(dead, 0) == 0 || errno != ESRCH) --dead;
+  const std::string name = "wsync-" + std::to_string(dead) + "-fifo" + std::to_string(getpid());
+  ASSERT_EQ(::mkfifo(("/dev/shm/" + name).c_str(), 0600), 0) << std::strerror(errno);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(10);
+    (void)shm_sweep_orphans();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const bool kept = ::unlink(("/dev/shm/" + name).c_str()) == 0;
+  ASSERT_TRUE(WIFEXITED(status)) << "the sweep hung on the FIFO (signal " << WTERMSIG(status)
+                                 << ")";
+  EXPECT_TRUE(kept) << "not a slot: not the sweep's to remove";
+}
+
 TEST_F(shared_memory_test, the_sweep_leaves_a_slot_being_created_alone) {
   // A live publisher between shm_open and ftruncate has an empty object: reading its header
   // would raise SIGBUS. The sweep runs in a child so a crash shows as a status, not a dead run.

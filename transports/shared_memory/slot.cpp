@@ -73,8 +73,9 @@ bool slot_collapse(int fd, void* base, std::uint64_t bytes) {
   std::uint64_t whole = bytes / huge_page * huge_page;
   if (whole == 0) return false;
   // MADV_COLLAPSE refuses a range holding no page at all: give each 2 MiB one. pwrite, not a
-  // store through the mapping: a full /dev/shm is then an error here rather than a SIGBUS.
-  for (std::uint64_t off = 0; off < whole; off += huge_page) {
+  // store through the mapping: a full /dev/shm is then an error here rather than a SIGBUS. The
+  // first has the header's page already (and a byte written there would be the header's).
+  for (std::uint64_t off = huge_page; off < whole; off += huge_page) {
     const char zero = 0;
     if (::pwrite(fd, &zero, 1, static_cast<off_t>(off)) != 1) return false;
   }
@@ -137,6 +138,7 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   if (fd < 0) {
     int err = errno;
     s.name.clear();
+    s.capacity = s.map_bytes = 0;  // no slot: not one a later acquire may pick
     return make_error(errc::io_error, "shared-memory: shm_open failed: " + errno_text(err));
   }
   // `allocating`: the call gave the slot its pages, and failed for want of room.
@@ -155,12 +157,11 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   void* p = map_aligned(fd, s.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED);
   if (p == MAP_FAILED) return fail("mmap");
   s.base = static_cast<std::byte*>(p);
-  bool huge = slot_collapse(fd, p, s.map_bytes);
-  // The owner is on record before the long part: populating a large slot takes seconds to
-  // minutes, and a sweep by a process in another PID namespace keeps a slot whose header names
-  // a namespace it cannot check, but removes an old one with no header. The header's page is
-  // allocated first (a full /dev/shm is an error here, not a SIGBUS at the store), and the
-  // magic goes in last, so a sweep never reads a header without its owner.
+  // The owner is on record before the long part: making huge pages and populating a large slot
+  // take seconds to minutes, and a sweep by a process in another PID namespace keeps a slot
+  // whose header names a namespace it cannot check, but removes an old one with no header. The
+  // header's page is allocated first (a full /dev/shm is an error here, not a SIGBUS at the
+  // store), and the magic goes in last, so a sweep never reads a header without its owner.
   if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(header_bytes)); rc != 0) {
     errno = rc;
     return fail("fallocate", true);
@@ -176,6 +177,7 @@ result<void> slot_create(slot& s, std::uint64_t capacity, std::uint64_t owner_st
   std::atomic_thread_fence(std::memory_order_release);
 #endif
   std::memcpy(h->magic, magic, sizeof magic);
+  const bool huge = slot_collapse(fd, p, s.map_bytes);  // keeps what the pages hold
   // Allocate every page now (after a collapse, only what it left small); tmpfs reports a full
   // /dev/shm here rather than with SIGBUS later. Both ways keep what the pages hold.
   if (::madvise(p, s.map_bytes, MADV_POPULATE_WRITE) != 0) {
@@ -265,14 +267,19 @@ std::vector<std::string> shm_sweep_orphans() {
     std::optional<owner> made_by;
     bool foreign = false;  // a header, not a slot's: another kind of wsync object
     bool young = false;    // changed within the last minute
-    if (int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0); fd >= 0) {
+    // Not blocking: a FIFO someone made under the prefix would hold the open forever.
+    if (int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0); fd >= 0) {
       struct stat st {};
       void* p = MAP_FAILED;
-      if (::fstat(fd, &st) == 0) {
-        young = std::time(nullptr) - st.st_mtim.tv_sec < 60;
-        if (static_cast<std::uint64_t>(st.st_size) >= header_bytes) {
-          p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
-        }
+      // Only this user's plain files: another user's (root sweeps them too) is not ours to
+      // judge, and one that user shrinks while it is mapped here would be a SIGBUS.
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+        ::close(fd);
+        continue;
+      }
+      young = std::time(nullptr) - st.st_mtim.tv_sec < 60;
+      if (static_cast<std::uint64_t>(st.st_size) >= header_bytes) {
+        p = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, fd, 0);
       }
       ::close(fd);
       if (p != MAP_FAILED) {

@@ -86,7 +86,14 @@ void serve(int listen_fd, int wake_fd, const std::function<void(int)>& answer) {
     if (fds[1].revents) return;
     if (!(fds[0].revents & POLLIN)) continue;
     int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
+    if (c < 0) {
+      // Out of descriptors: the connection stays queued and poll says so at once; without a
+      // pause this thread would spin a core until one comes free.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        ::poll(fds + 1, 1, 100);
+      }
+      continue;
+    }
     answer(c);
     ::close(c);
   }
