@@ -606,6 +606,51 @@ TEST_P(file_mmap_test, a_reader_frozen_past_its_lease_keeps_the_files_it_maps) {
 
 // The lease goes before the buffer is written: a publisher that restarts in between learns from
 // the buffer's FRESH mark that a reader may still map its files.
+// The frozen reader maps a segment the next update of its buffer does not have (fewer
+// segments): that file goes too, so an update that has it again makes a new one rather than
+// writing into the reader's once the buffer's mark is gone.
+TEST_P(file_mmap_test, a_frozen_readers_files_past_the_next_updates_last_segment_are_left_to_it) {
+  start_publisher(std::chrono::milliseconds(6000), {{"lease_timeout_ms", "1500"}});
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  ASSERT_GE(m1->segments.size(), 2u);
+  ASSERT_TRUE(publish(2));
+  const int b = buffer_of(*m1);
+  const auto last =
+      file_mmap_detail::segment_path(dir_, static_cast<std::uint64_t>(b), m1->segments.size() - 1);
+  const std::size_t n = m1->segments.back().nbytes;
+  int fd = ::open(last.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << last << ": " << std::strerror(errno);
+  void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(p, MAP_FAILED) << std::strerror(errno);
+  std::shared_ptr<void> unmap(p, [n](void* q) { ::munmap(q, n); });
+  const std::vector<std::byte> seen(static_cast<std::byte*>(p), static_cast<std::byte*>(p) + n);
+  const std::string lease = dir_ + "/leases/buffer-" + std::to_string(b) + "." +
+                            std::to_string(::getpid()) + ".frozen.lease";
+  std::ofstream(lease) << nlohmann::json{
+      {"host", file_mmap_detail::host_name()},
+      {"pid", ::getpid()},
+      {"pidns", file_mmap_detail::pid_namespace()},
+      {"start", file_mmap_detail::process_start_time(::getpid())},
+      {"rank", 7}}.dump();
+  struct timespec old[2] = {{std::time(nullptr) - 10, 0}, {std::time(nullptr) - 10, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, lease.c_str(), old, 0), 0) << std::strerror(errno);
+  auto all = bytes_;
+  bytes_.resize(1);  // one segment: the reader's last one is not part of version 3
+  auto m3 = publish(3);
+  ASSERT_TRUE(m3) << m3.error().message;
+  ASSERT_EQ(buffer_of(*m3), b);
+  ASSERT_EQ(m3->segments.size(), 1u);
+  EXPECT_FALSE(fs::exists(last)) << "left in the buffer, where a later update writes in place";
+  bytes_ = all;
+  ASSERT_TRUE(publish(4));
+  auto m5 = publish(5);  // the buffer again, with every segment
+  ASSERT_TRUE(m5) << m5.error().message;
+  ASSERT_EQ(buffer_of(*m5), b);
+  EXPECT_EQ(std::memcmp(p, seen.data(), n), 0) << "the reader's segment was rewritten under it";
+}
+
 TEST_P(file_mmap_test, a_restarted_publisher_still_leaves_a_frozen_readers_files_to_it) {
   start_publisher();
   auto m1 = publish(1);

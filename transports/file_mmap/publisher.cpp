@@ -327,6 +327,15 @@ class fm_publisher final : public publisher_transport {
       ::close(f.fd);  // the mapping (or staging) is what is written; expose opens it again
       f.fd = -1;
     }
+    if (fresh) {
+      // Files past this update's last segment: the reader may map those too. Unlinked (its
+      // mapping keeps them), so that a later update needing them makes new ones rather than
+      // writing into them in place once the mark is gone.
+      for (std::size_t i = sizes.size();; ++i) {
+        if (i < buf.files.size()) seg_close(buf.files[i]);
+        if (::unlink(segment_path(cfg_.dir, b, i).c_str()) != 0 && i >= buf.files.size()) break;
+      }
+    }
     return {};
   }
 
