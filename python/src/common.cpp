@@ -239,7 +239,8 @@ result<void> run_copies(std::span<const imported_update* const> shards,
   std::uint64_t total = 0;
   for (const auto& j : jobs) {
     if (j.shard >= shards.size() || j.segment >= shards[j.shard]->segments.size() ||
-        j.offset + j.nbytes > shards[j.shard]->segments[j.segment].size() || !j.dest) {
+        j.offset > shards[j.shard]->segments[j.segment].size() ||
+        j.nbytes > shards[j.shard]->segments[j.segment].size() - j.offset || !j.dest) {
       return make_error(errc::install_failed,
                         "install: the installer asked for a copy outside the update (shard " +
                             std::to_string(j.shard) + ", segment " + std::to_string(j.segment) +

@@ -56,7 +56,11 @@ result<void> reference_runtime::stage(std::span<const imported_update* const> sh
   set->weights.id = m.update_id;
   set->weights.tensors.resize(views.size());
   set->copied = copy;
-  if (copy) set->storage.resize(views.size());
+  if (copy) {
+    set->storage.resize(views.size());
+  } else {
+    std::vector<std::vector<std::byte>>().swap(set->storage);  // a whole host copy, unused
+  }
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& view = views[i];
     auto& t = set->weights.tensors[i];

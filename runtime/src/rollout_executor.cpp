@@ -97,6 +97,9 @@ result<void> rollout_executor::import_and_stage(std::span<const manifest_ptr> sh
                                                 std::vector<update_id>& imported_ids,
                                                 std::chrono::steady_clock::time_point& t) {
   std::vector<const imported_update*> parts;
+  // Room first: an import must never succeed without being on record (it would stay held).
+  parts.reserve(shards.size());
+  imported_ids.reserve(shards.size());
   for (const auto& m : shards) {
     auto imported = consumer_.import_update(m);
     if (!imported) return imported.error();
@@ -210,39 +213,58 @@ rollout_report rollout_executor::update_weights(std::span<const manifest_ptr> sh
                                                      ")"));
   }
 
+  // From the switch on nothing may throw: readers see the new weights, and the bookkeeping of
+  // what is held must follow them whole. What it needs is allocated before.
+  std::optional<update_id> next_id = report.id;
+  std::vector<update_id> next_held = imported_ids;
   {
     // The version switches with the weights: a reader inside the gate sees both or neither.
     std::unique_lock exclusive(gate_);
     adapter_.activate(report.id);
     std::lock_guard active(active_mutex_);
     active_version_ = report.weight_version;
-    active_id_ = report.id;
+    active_id_.swap(next_id);
   }
   report.timings.install = seconds_since(t);
-
   report.acknowledged = true;
-  for (const auto& id : imported_ids) {
-    if (auto acked = consumer_.acknowledge(id); !acked) {
-      // Only a concurrent caller touching this update can cause this. Readers already see it,
-      // so the report still says acknowledged: a rejection would let the publisher reuse memory
-      // this rank serves.
-      log_error("acknowledge after install failed: " + acked.error().message);
-    }
-  }
-  report.timings.ack = seconds_since(t);
-
   // The previous imports are no longer read by anyone: the gate was held exclusively above.
-  for (const auto& id : held_) {
-    if (auto released = consumer_.release(id); !released) {
-      log_error("release of the previous update failed: " + released.error().message);
+  report.released.swap(held_);
+  const bool keeps = adapter_.references_import();
+  if (keeps) held_.swap(next_held);
+  // Acknowledging and releasing are reports to the transport: one that throws (out of memory
+  // for its error text) is logged, and the rank's state above stands.
+  auto noexcept_log = [](const char* what, auto&& step) noexcept {
+    try {
+      step();
+    } catch (const std::exception& e) {
+      try {
+        log_error(std::string(what) + " raised: " + e.what());
+      } catch (...) {
+      }
     }
-  }
-  report.released = std::move(held_);
-  held_.clear();
-  if (adapter_.references_import()) {
-    held_ = imported_ids;
-  } else {
-    for (const auto& id : imported_ids) (void)consumer_.release(id);
+  };
+  noexcept_log("acknowledge after install", [&] {
+    for (const auto& id : imported_ids) {
+      if (auto acked = consumer_.acknowledge(id); !acked) {
+        // Only a concurrent caller touching this update can cause this. Readers already see
+        // it, so the report still says acknowledged: a rejection would let the publisher reuse
+        // memory this rank serves.
+        log_error("acknowledge after install failed: " + acked.error().message);
+      }
+    }
+  });
+  report.timings.ack = seconds_since(t);
+  noexcept_log("release of the previous update", [&] {
+    for (const auto& id : report.released) {
+      if (auto released = consumer_.release(id); !released) {
+        log_error("release of the previous update failed: " + released.error().message);
+      }
+    }
+  });
+  if (!keeps) {
+    noexcept_log("release after a copying install", [&] {
+      for (const auto& id : imported_ids) (void)consumer_.release(id);
+    });
     report.released_self = true;
   }
   report.timings.release = seconds_since(t);

@@ -14,6 +14,8 @@ namespace wsync::parallel {
 template <class Work>
 void run(unsigned threads, Work&& work) {
   std::vector<std::thread> helpers;
+  // Before any starts: growing the vector later could throw with joinable threads in it.
+  helpers.reserve(threads);
   for (unsigned k = 1; k < threads; ++k) {
     try {
       helpers.emplace_back(work);
