@@ -44,6 +44,10 @@ class publisher final : public publisher_transport {
     stop_server();
     cudaSetDevice(cfg_.device);
     for (auto& s : slots_) free_slot(*s);
+    for (auto [base, event] : retired_) {
+      if (event) cudaEventDestroy(event);
+      cudaFree(base);
+    }
     if (control_) ::munmap(control_, control_bytes);
     if (!control_name_.empty()) ::shm_unlink(("/" + control_name_).c_str());
     if (stream_) cudaStreamDestroy(stream_);
@@ -66,7 +70,7 @@ class publisher final : public publisher_transport {
     }
     auto picked = slot_ring::choose(slots_, need, cfg_.slots, lock, cv_, wait, kind_name(cfg_.kind),
                                     id, [&](slot& s) -> result<void> {
-                                      free_slot(s);
+                                      free_slot(s, true);
                                       if (auto ok = control_open(); !ok) return ok;
                                       return allocate(s, need + need / 8);
                                     });
@@ -249,7 +253,13 @@ class publisher final : public publisher_transport {
     return {};
   }
 
-  void free_slot(slot& s) {
+  // `retire`: a slot re-made for a larger update while the publisher runs. Consumers cache each
+  // slot's cuda-ipc mapping and close it only at their next import of that slot; freeing an
+  // exported allocation before its importers close it is undefined (cudaIpcOpenMemHandle's
+  // documentation), so the old one is kept until the publisher exits, where every slot goes
+  // (a publisher exiting under its importers is the case tested). cuda-vmm allocations are
+  // counted by the driver, and go at once.
+  void free_slot(slot& s, bool retire = false) {
     if (!s.id.empty()) {
       // Gone from here on: a consumer holding a handle of it (one that cached the slot
       // included) is refused, and a reader's intact() fails, instead of reading freed memory.
@@ -257,9 +267,13 @@ class publisher final : public publisher_transport {
       std::lock_guard lock(local_slots::get().mu);
       local_slots::get().by_id.erase(s.id);
     }
-    if (s.event) cudaEventDestroy(s.event);
+    if (cfg_.kind == sharing::ipc && retire && s.base) {
+      retired_.emplace_back(s.base, s.event);
+    } else if (s.event) {
+      cudaEventDestroy(s.event);
+    }
     if (cfg_.kind == sharing::ipc) {
-      if (s.base) cudaFree(s.base);
+      if (s.base && !retire) cudaFree(s.base);
     } else if (auto d = driver()) {
       if (s.base) vmm_unmap(**d, reinterpret_cast<CUdeviceptr>(s.base), s.capacity);
       if (s.vmm) (*d)->release(s.vmm);
@@ -338,7 +352,8 @@ class publisher final : public publisher_transport {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<slot>> slots_;
-  std::string socket_name_;  // cuda-vmm
+  std::vector<std::pair<std::byte*, cudaEvent_t>> retired_;  // cuda-ipc: see free_slot
+  std::string socket_name_;                                  // cuda-vmm
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   std::thread server_;
