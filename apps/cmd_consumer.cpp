@@ -128,7 +128,7 @@ void add_http_flags(CLI::App* cons, consumer_state& s) {
                  "no coordinator: one rank driven only over HTTP, as a vLLM server would be "
                  "(needs --enable-weight-transfer); or, with --transport file-mmap "
                  "--transport-option dir=DIR, one rank that polls DIR/CURRENT and installs each "
-                 "new version it finds there (TorchRL's pull model) until SIGINT/SIGTERM");
+                 "new version it finds there (TorchRL's pull model) until SIGINT/SIGTERM/SIGHUP");
   add_milliseconds(cons, "--poll-ms", s.follow.poll,
                    "with --standalone --transport file-mmap: how often DIR/CURRENT is read");
   cons->add_flag("--enable-weight-transfer", s.enable_http,

@@ -118,7 +118,7 @@ subcommand add_publisher(CLI::App& app) {
       ->envname("WSYNC_COORDINATOR");
   pub->add_flag("--standalone", state->standalone,
                 "no coordinator. Over shared memory: publish the versions, write their "
-                "manifests to --manifest-out and hold them until SIGINT/SIGTERM (feeds an "
+                "manifests to --manifest-out and hold them until SIGINT/SIGTERM/SIGHUP (feeds an "
                 "HTTP-driven consumer). With --transport file-mmap --transport-option dir=DIR: "
                 "publish each version (--interval-ms apart) durably into DIR, where `wsync "
                 "consumer --standalone --transport file-mmap` polls for it, then exit");

@@ -80,17 +80,23 @@ void add_transport(CLI::App* cmd, std::string& transport, std::vector<std::strin
 }
 
 void add_tls(CLI::App* cmd, tls_settings& tls) {
-  cmd->add_option("--tls-cert", tls.certificate,
-                  "PEM certificate: turns on TLS between cluster processes (every process needs "
-                  "one)")
-      ->envname("WSYNC_TLS_CERT")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--tls-key", tls.key, "PEM private key of --tls-cert")
-      ->envname("WSYNC_TLS_KEY")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--tls-ca", tls.ca_file, "PEM CA file that signed every peer's certificate")
-      ->envname("WSYNC_TLS_CA")
-      ->check(CLI::ExistingFile);
+  auto* cert = cmd->add_option("--tls-cert", tls.certificate,
+                               "PEM certificate: turns on TLS between cluster processes (every "
+                               "process needs one; with --tls-key and --tls-ca)")
+                   ->envname("WSYNC_TLS_CERT")
+                   ->check(CLI::ExistingFile);
+  auto* key = cmd->add_option("--tls-key", tls.key, "PEM private key of --tls-cert")
+                  ->envname("WSYNC_TLS_KEY")
+                  ->check(CLI::ExistingFile);
+  auto* ca =
+      cmd->add_option("--tls-ca", tls.ca_file, "PEM CA file that signed every peer's certificate")
+          ->envname("WSYNC_TLS_CA")
+          ->check(CLI::ExistingFile);
+  // All three or none: a key and CA without the certificate would leave TLS off without a
+  // word (a misspelt WSYNC_TLS_CERT), and a certificate alone cannot verify anyone.
+  cert->needs(key)->needs(ca);
+  key->needs(cert);
+  ca->needs(cert);
 }
 
 bool transport_settings_from(const std::vector<std::string>& items, transport_options& out) {

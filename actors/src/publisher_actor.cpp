@@ -490,7 +490,7 @@ int publisher_run(const publisher_options& o) {
   for (std::uint64_t v = o.first_version; v < o.first_version + o.versions; ++v) {
     // Between versions only (a publish in flight runs to its outcome), and not after the last.
     if (stop_requested_within(v == o.first_version ? std::chrono::milliseconds(0) : o.interval)) {
-      log_info(who + ": stopped by SIGINT or SIGTERM before version " + std::to_string(v));
+      log_info(who + ": stopped by SIGINT, SIGTERM or SIGHUP before version " + std::to_string(v));
       return 0;
     }
     if (auto same = shard_unchanged(*shard, o.rank, v, false); !same) {

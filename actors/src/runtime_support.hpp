@@ -45,7 +45,7 @@ void stop_and_wait(caf::actor_system& sys, const std::vector<Handle>& endpoints,
   }
 }
 
-/// Runs until SIGINT/SIGTERM (returns 0) or until one of `endpoints` terminates on its own
+/// Runs until SIGINT/SIGTERM/SIGHUP (returns 0) or until one of `endpoints` terminates on its own
 /// (returns 1: it logged why), then stops them all.
 inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::actor>& endpoints) {
   caf::scoped_actor self{sys};

@@ -50,7 +50,7 @@ int demo_run(const demo_options& o, std::ostream& out) {
       int status = 0;
       if (!failure.empty()) break;
       if (!cluster.await_exit(pid, std::chrono::minutes(10), status)) {
-        failure = cluster.stopped() ? "stopped by SIGINT or SIGTERM"
+        failure = cluster.stopped() ? "stopped by SIGINT, SIGTERM or SIGHUP"
                                     : "publisher pid " + std::to_string(pid) +
                                           " did not finish within 10 minutes";
       } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {

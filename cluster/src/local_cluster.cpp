@@ -117,7 +117,7 @@ std::string local_cluster::start_coordinator(std::chrono::milliseconds update_de
        clock_type::now() < deadline;) {
     if (stop_requested()) {
       stopped_ = true;
-      return "stopped by SIGINT or SIGTERM while waiting for the coordinator to listen";
+      return "stopped by SIGINT, SIGTERM or SIGHUP while waiting for the coordinator to listen";
     }
     std::ifstream in(port_file);
     unsigned port = 0;
@@ -144,7 +144,7 @@ std::string local_cluster::await_consumers(int count, std::chrono::seconds limit
   for (auto deadline = clock_type::now() + limit; clock_type::now() < deadline;) {
     if (stop_requested()) {
       stopped_ = true;
-      return "stopped by SIGINT or SIGTERM while waiting for consumer ranks";
+      return "stopped by SIGINT, SIGTERM or SIGHUP while waiting for consumer ranks";
     }
     std::string err;
     auto s = nlohmann::json::parse(coordinator_status(coordinator_, err), nullptr, false);

@@ -33,7 +33,7 @@ int consumer_follow_run(const follow_options& o) {
   reference_runtime runtime;
   rollout_executor executor(consumer, runtime, runtime.gate(), executor_config{o.verify});
   log_info(who + ": following " + dir + "/CURRENT every " + std::to_string(o.poll.count()) +
-           " ms (file-mmap, no coordinator); SIGINT/SIGTERM stops");
+           " ms (file-mmap, no coordinator); SIGINT/SIGTERM/SIGHUP stops");
   update_id last_tried;
   std::string last_problem;
   while (!stop_requested_within(o.poll)) {

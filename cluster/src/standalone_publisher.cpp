@@ -131,7 +131,7 @@ int publisher_standalone_run(const publisher_options& o, const std::string& mani
   }
   log_info("publisher rank " + std::to_string(o.rank) + ": " + std::to_string(o.versions) +
            " version(s) in shared memory, manifests in " + manifest_out +
-           "; holding them until SIGINT/SIGTERM");
+           "; holding them until SIGINT/SIGTERM/SIGHUP");
   wait_for_signal();
   for (const auto& id : publisher.held_updates()) (void)publisher.release(id);
   return 0;

@@ -26,11 +26,11 @@ if pgrep -f "wsync (coordinator|consumer|publisher)" >/dev/null; then
   pgrep -af "wsync (coordinator|consumer|publisher)" && fail "processes left behind"
 fi
 
-# Stopped mid-run: SIGTERM to the demo alone stops its cluster in order (no /dev/shm left), and a
+# Stopped mid-run: SIGTERM (or SIGHUP) to the demo alone stops its cluster in order (no /dev/shm left), and a
 # demo killed outright takes its processes with it (they get SIGTERM when their parent dies).
 shm_count() { find /dev/shm -maxdepth 1 -name 'wsync-*' 2>/dev/null | wc -l; }
 before=$(shm_count)
-for sig in TERM KILL; do
+for sig in TERM HUP KILL; do
   "$wsync" demo --layout synthetic:16777216:8 --versions 1000 >"$out" 2>&1 &
   demo=$!
   for _ in $(seq 100); do grep -q 'version 3 committed' "$out" && break; sleep 0.1; done
@@ -39,8 +39,8 @@ for sig in TERM KILL; do
   for _ in $(seq 150); do kill -0 "$demo" 2>/dev/null || break; sleep 0.1; done
   kill -0 "$demo" 2>/dev/null && fail "SIG$sig: the demo still runs 15 s later"
   wait "$demo" 2>/dev/null
-  if [ "$sig" = TERM ]; then
-    grep -q "error: stopped by SIGINT or SIGTERM" "$out" || fail "SIGTERM: the demo did not say it was stopped"
+  if [ "$sig" != KILL ]; then  # HUP: the terminal or ssh session that ran it closed
+    grep -q "error: stopped by SIGINT, SIGTERM or SIGHUP" "$out" || fail "SIG$sig: the demo did not say it was stopped"
   fi
   for _ in $(seq 50); do pgrep -f "wsync (coordinator|consumer|publisher)" >/dev/null || break; sleep 0.2; done
   pgrep -af "wsync (coordinator|consumer|publisher)" && fail "SIG$sig: processes left behind"

@@ -1,6 +1,6 @@
 #pragma once
 // Entry points of the cluster processes, free of CAF headers so apps/ stays light. Each runs
-// until its work is done or SIGINT/SIGTERM arrives, and returns a process exit code.
+// until its work is done or SIGINT/SIGTERM/SIGHUP arrives, and returns a process exit code.
 
 #include <chrono>
 #include <cstdint>

@@ -35,10 +35,10 @@ class local_cluster {
   std::string await_consumers(int count, std::chrono::seconds limit);
   /// Waits for `pid` to exit; false if it ran past `limit` (it is then killed, unless
   /// `kill_after` is false: then it runs on and can be awaited again), or is not a process this
-  /// cluster started. Both waits end early when SIGINT or SIGTERM is pending for a caller that
-  /// blocked them (see stopped()).
+  /// cluster started. Both waits end early when SIGINT, SIGTERM or SIGHUP is pending for a caller
+  /// that blocked them (see stopped()).
   bool await_exit(pid_t pid, std::chrono::milliseconds limit, int& status, bool kill_after = true);
-  /// Whether a wait ended because SIGINT or SIGTERM came.
+  /// Whether a wait ended because SIGINT, SIGTERM or SIGHUP came.
   bool stopped() const { return stopped_; }
   /// SIGTERM to every rank still running, then (after up to 2 s) to the coordinator; SIGKILL to
   /// whatever still runs 10 s later.

@@ -23,7 +23,7 @@ struct follow_options {
 /// DIR/CURRENT every `poll`, imports each version it has not seen (zero-copy, holding a lease),
 /// verifies, installs it into the reference runtime and logs "active version V"; the version
 /// rule is WeightConsumer's (a lower or repeated version is rejected and the active one kept).
-/// Runs until SIGINT/SIGTERM; returns the process exit code.
+/// Runs until SIGINT/SIGTERM/SIGHUP; returns the process exit code.
 int consumer_follow_run(const follow_options& options);
 
 }  // namespace wsync

@@ -1,6 +1,6 @@
 #pragma once
 // Entry points of the consumer processes that serve the HTTP surface (gateway.hpp). Each runs
-// until SIGINT/SIGTERM and returns a process exit code.
+// until SIGINT/SIGTERM/SIGHUP and returns a process exit code.
 
 #include "wsync/actors/node.hpp"
 #include "wsync/http/gateway.hpp"
@@ -9,7 +9,7 @@
 namespace wsync {
 
 /// `wsync consumer --standalone`: one consumer rank with no coordinator, driven only over HTTP,
-/// as a vLLM server would be. Runs until SIGINT/SIGTERM; returns the exit code.
+/// as a vLLM server would be. Runs until SIGINT/SIGTERM/SIGHUP; returns the exit code.
 struct standalone_options {
   weight_transfer_config rank;
   http_options http;
