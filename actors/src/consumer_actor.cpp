@@ -310,16 +310,20 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         st->reconnecting = false;
         if (st->joined) return;  // a stray reconnect: the coordinator is there
         st->backoff = std::min(st->backoff * 2, std::chrono::milliseconds(5000));
-        self->request(connector, std::chrono::seconds(5), caf::connect_atom::value, where.host,
-                      where.port)
-            .then(
-                [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-                  if (!ptr) return schedule_reconnect(self, st);
-                  st->coordinator = caf::actor_cast<coordinator_actor>(ptr);
-                  log_info(st->who + ": reconnected to the coordinator");
-                  join_all(self, st);
-                },
-                [=](caf::error&) { schedule_reconnect(self, st); });
+        connect_privately(self, st, where.host, where.port,
+                          [=](caf::strong_actor_ptr ptr, const std::string&) {
+                            if (!ptr) return schedule_reconnect(self, st);
+                            st->coordinator = caf::actor_cast<coordinator_actor>(ptr);
+                            log_info(st->who + ": reconnected to the coordinator");
+                            join_all(self, st);
+                          });
+      },
+      [=](connected_atom, std::uint64_t nonce, caf::strong_actor_ptr& ptr, const std::string& why) {
+        auto it = st->connects.find(nonce);
+        if (it == st->connects.end()) return;  // forged (the nonce is random), or a repeat
+        auto done = std::move(it->second);
+        st->connects.erase(it);
+        done(std::move(ptr), why);
       },
       [=](reconnect_atom, std::int32_t rank, std::uint64_t nonce) {
         // A retry of one rank's join, sent by join_rank; one of an earlier round, or forged

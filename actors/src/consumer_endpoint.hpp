@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,6 +58,8 @@ struct endpoint_state {
   std::map<std::int32_t, std::deque<answers_of_update>> answers;
   static constexpr std::size_t answers_kept = 16;  ///< updates per rank, as `handed`
   caf::io::middleman_actor connector;              ///< opens connections without blocking
+  /// Connects in flight (connect_privately), by the nonce their answer must carry.
+  std::map<std::uint64_t, std::function<void(caf::strong_actor_ptr, const std::string&)>> connects;
 
   // Node leadership (docs/cluster.md, "Node leaders"). An endpoint leads its node, is a member
   // attached to its node's leader, or reports straight to the coordinator.
@@ -90,6 +93,17 @@ struct endpoint_state {
 
 using endpoint_pointer = consumer_actor::pointer;
 using endpoint_state_ptr = std::shared_ptr<endpoint_state>;
+
+/// Connects to host:port from a helper actor of its own and calls `done` on this endpoint with
+/// the actor published there (null, and why, when there is none). CAF 0.17 matches a response
+/// to its request by message id alone, and an actor's ids count up: a peer connected to this
+/// endpoint's node port could answer the endpoint's own connect request with an actor of its
+/// choosing, which would then be sent the cluster token (the join, or the attach to a leader).
+/// The helper is never shown to a peer, so none can address it, and its answer comes back as a
+/// message carrying a nonce only this endpoint knows. (consumer_leadership.cpp)
+void connect_privately(endpoint_pointer self, const endpoint_state_ptr& st, std::string host,
+                       std::uint16_t port,
+                       std::function<void(caf::strong_actor_ptr, const std::string&)> done);
 
 // --- node leadership (consumer_leadership.cpp) ------------------------------------------------
 

@@ -76,28 +76,46 @@ void attach(endpoint_pointer self, const endpoint_state_ptr& st, std::uint16_t p
     log_warn(st->who + ": cannot attach to its node's leader at 127.0.0.1:" + std::to_string(port) +
              " (" + why + "); reporting straight to the coordinator");
   };
-  self->request(st->connector, std::chrono::seconds(5), caf::connect_atom::value,
-                std::string("127.0.0.1"), port)
-      .then(
-          [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-            if (epoch != st->member_epoch) return;
-            if (!ptr) return fail("nothing published there");
-            auto leader = caf::actor_cast<consumer_actor>(ptr);
-            self->request(leader, std::chrono::seconds(5), attach_atom::value,
-                          attach_request{st->token, epoch, own_ranks(st)})
-                .then(
-                    [=](const std::string& token, const std::string& refusal) {
+  connect_privately(self, st, "127.0.0.1", port,
+                    [=](caf::strong_actor_ptr ptr, const std::string& why) {
                       if (epoch != st->member_epoch) return;
-                      if (token != st->token || !refusal.empty()) {
-                        return fail(refusal.empty() ? "wrong token" : refusal);
-                      }
-                      st->leader = leader;
-                      self->monitor(leader);
-                      log_info(st->who + ": reports through its node's leader");
-                    },
-                    [=](caf::error& err) { fail(self->system().render(err)); });
-          },
-          [=](caf::error& err) { fail(self->system().render(err)); });
+                      if (!ptr) return fail(why.empty() ? "nothing published there" : why);
+                      auto leader = caf::actor_cast<consumer_actor>(ptr);
+                      self->request(leader, std::chrono::seconds(5), attach_atom::value,
+                                    attach_request{st->token, epoch, own_ranks(st)})
+                          .then(
+                              [=](const std::string& token, const std::string& refusal) {
+                                if (epoch != st->member_epoch) return;
+                                if (token != st->token || !refusal.empty()) {
+                                  return fail(refusal.empty() ? "wrong token" : refusal);
+                                }
+                                st->leader = leader;
+                                self->monitor(leader);
+                                log_info(st->who + ": reports through its node's leader");
+                              },
+                              [=](caf::error& err) { fail(self->system().render(err)); });
+                    });
+}
+
+void connect_privately(endpoint_pointer self, const endpoint_state_ptr& st, std::string host,
+                       std::uint16_t port,
+                       std::function<void(caf::strong_actor_ptr, const std::string&)> done) {
+  const auto nonce = random_u64();
+  st->connects[nonce] = std::move(done);
+  auto endpoint = caf::actor_cast<consumer_actor>(self);
+  self->system().spawn([=, connector = st->connector](caf::event_based_actor* helper) {
+    helper->request(connector, std::chrono::seconds(5), caf::connect_atom::value, host, port)
+        .then(
+            [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+              helper->send(endpoint, connected_atom::value, nonce, ptr, std::string());
+              helper->quit();
+            },
+            [=](caf::error& err) {
+              helper->send(endpoint, connected_atom::value, nonce, caf::strong_actor_ptr(),
+                           helper->system().render(err));
+              helper->quit();
+            });
+  });
 }
 
 // Takes a member endpoint's ranks on, for the leadership this endpoint holds: (token, refusal).

@@ -174,6 +174,7 @@ using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using carry_atom = caf::atom_constant<caf::atom("carry")>;
 using flushed_atom = caf::atom_constant<caf::atom("flushed")>;
 using members_atom = caf::atom_constant<caf::atom("members")>;
+using connected_atom = caf::atom_constant<caf::atom("connected")>;
 
 // Authentication: CAF 0.17 lets a connected peer write a routed message's sender itself, so
 // the sender proves nothing. Every message that changes state, and every reply to one, carries
@@ -210,21 +211,23 @@ using coordinator_actor = caf::typed_actor<
 /// leader's relay (docs/cluster.md, "Node leaders"): the coordinator names each node's leader
 /// with a random epoch, the other endpoints of the node attach to it, and it carries their
 /// updates and reports.
-using consumer_actor =
-    caf::typed_actor<caf::reacts_to<update_atom, update_available>,
-                     caf::reacts_to<drop_atom, std::string, std::string>,
-                     caf::reacts_to<reconnect_atom>,
-                     caf::reacts_to<reconnect_atom, std::int32_t, std::uint64_t>,
-                     caf::reacts_to<flush_atom>, caf::reacts_to<join_atom>,
-                     // Coordinator -> endpoint (token, port, epoch): the node's leader takes
-                     // endpoints on 127.0.0.1:port; port 0: this endpoint leads.
-                     caf::reacts_to<lead_atom, std::string, std::uint16_t, std::uint64_t>,
-                     // Member -> leader -> (token, refusal or "").
-                     caf::replies_to<attach_atom, attach_request>::with<std::string, std::string>,
-                     // Member -> leader: its ranks' reports, numbered (seq); leader -> member
-                     // (token, seq): every batch up to that number went on to the coordinator.
-                     caf::reacts_to<report_atom, report_batch>,
-                     caf::reacts_to<flushed_atom, std::string, std::uint64_t>>;
+using consumer_actor = caf::typed_actor<
+    caf::reacts_to<update_atom, update_available>,
+    caf::reacts_to<drop_atom, std::string, std::string>, caf::reacts_to<reconnect_atom>,
+    caf::reacts_to<reconnect_atom, std::int32_t, std::uint64_t>, caf::reacts_to<flush_atom>,
+    caf::reacts_to<join_atom>,
+    // Coordinator -> endpoint (token, port, epoch): the node's leader takes
+    // endpoints on 127.0.0.1:port; port 0: this endpoint leads.
+    caf::reacts_to<lead_atom, std::string, std::uint16_t, std::uint64_t>,
+    // Member -> leader -> (token, refusal or "").
+    caf::replies_to<attach_atom, attach_request>::with<std::string, std::string>,
+    // Member -> leader: its ranks' reports, numbered (seq); leader -> member
+    // (token, seq): every batch up to that number went on to the coordinator.
+    caf::reacts_to<report_atom, report_batch>,
+    caf::reacts_to<flushed_atom, std::string, std::uint64_t>,
+    // Its own connect helper -> (nonce, the actor published there or null,
+    // why not): see connect_privately in consumer_endpoint.hpp.
+    caf::reacts_to<connected_atom, std::uint64_t, caf::strong_actor_ptr, std::string>>;
 
 /// A publisher rank's endpoint: the trainer thread asks it to publish; the coordinator tells it
 /// when an update's memory may be reused.
