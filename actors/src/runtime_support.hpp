@@ -89,9 +89,18 @@ class cluster_system {
 
   /// Connects to the coordinator (blocking: never call from inside an actor).
   caf::expected<proto::coordinator_actor> connect(const endpoint& where) {
-    if (tls_)
-      return caf::openssl::remote_actor<proto::coordinator_actor>(*sys_, where.host, where.port);
-    return sys_->middleman().remote_actor<proto::coordinator_actor>(where.host, where.port);
+    // CAF 0.17's heartbeat tick drops a connection whose handshake has not come back by then
+    // (its last-seen time starts at zero): rare on loopback, less so with TLS across hosts. That
+    // failure reads connection_timeout, and is worth another try or two.
+    for (int attempt = 1;; ++attempt) {
+      auto c =
+          tls_ ? caf::openssl::remote_actor<proto::coordinator_actor>(*sys_, where.host, where.port)
+               : sys_->middleman().remote_actor<proto::coordinator_actor>(where.host, where.port);
+      if (c || attempt == 3 || c.error().category() != caf::atom("system") ||
+          c.error().code() != static_cast<std::uint8_t>(caf::sec::connection_timeout)) {
+        return c;
+      }
+    }
   }
 
   /// Publishes `actor` (the coordinator, or a consumer endpoint for its node) on `where` (TLS
