@@ -17,6 +17,7 @@
 #include "runtime_support.hpp"
 #include "wsync/manifest/codec.hpp"
 #include "wsync/manifest/log.hpp"
+#include "wsync/manifest/port_file.hpp"
 
 namespace wsync {
 namespace {
@@ -423,6 +424,7 @@ int coordinator_run(const coordinator_options& options) {
   config.history_per_model = options.history_per_model;
   config.rejoin_grace = options.rejoin_grace;
   auto coordinator = coordinator_spawn(sys.get(), options.listen.token, config, options.router);
+  port_file_clear(options.port_file);
   auto port = sys.publish(coordinator, options.listen);
   if (!port) {
     log_error("coordinator: cannot listen on " + options.listen.host + ":" +
@@ -433,12 +435,15 @@ int coordinator_run(const coordinator_options& options) {
   log_info("coordinator: listening on " + options.listen.host + ":" + std::to_string(*port) +
            (sys.tls() ? " (TLS)" : ""));
   if (!options.port_file.empty()) {
-    // Written to a temporary name and renamed, so a launcher never reads half a number.
-    std::string tmp = options.port_file + ".tmp";
-    std::ofstream(tmp) << *port << "\n";
-    std::rename(tmp.c_str(), options.port_file.c_str());
+    if (auto why = port_file_write(options.port_file, *port); !why.empty()) {
+      log_error("coordinator: --port-file: " + why);
+      stop_guarded(coordinator, caf::exit_reason::kill);
+      return 1;
+    }
   }
-  return run_until_stopped(sys.get(), {caf::actor_cast<caf::actor>(coordinator)});
+  const int rc = run_until_stopped(sys.get(), {caf::actor_cast<caf::actor>(coordinator)});
+  port_file_clear(options.port_file);  // the port is no one's now
+  return rc;
 }
 
 }  // namespace wsync

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "wsync/manifest/log.hpp"
+#include "wsync/manifest/port_file.hpp"
 
 namespace wsync {
 
@@ -312,6 +313,7 @@ result<std::uint16_t> http_gateway::start() {
                           ": at least 2, so that a control call such as /resume always finds one "
                           "a generation does not hold");
   }
+  port_file_clear(o.port_file);
   int port = o.port == 0 ? impl_->server.bind_to_any_port(o.host)
                          : (impl_->server.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port <= 0) {
@@ -334,9 +336,10 @@ result<std::uint16_t> http_gateway::start() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (!o.port_file.empty()) {
-    std::string tmp = o.port_file + ".tmp";
-    std::ofstream(tmp) << port << "\n";
-    std::rename(tmp.c_str(), o.port_file.c_str());
+    if (auto why = port_file_write(o.port_file, static_cast<unsigned>(port)); !why.empty()) {
+      stop();
+      return make_error(errc::io_error, "http: --http-port-file: " + why);
+    }
   }
   return static_cast<std::uint16_t>(port);
 }
@@ -345,6 +348,7 @@ void http_gateway::stop() {
   if (!impl_->thread.joinable()) return;
   impl_->server.stop();
   impl_->thread.join();
+  port_file_clear(impl_->options.port_file);  // the port is no one's now
 }
 
 }  // namespace wsync

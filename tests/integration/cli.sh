@@ -171,4 +171,21 @@ grep -q "nccl: consumers=" <<<"$help" || fail "consumer --help does not explain 
 out=$(WSYNC_TOKEN=t "$wsync" consumer --coordinator 127.0.0.1:1 --model m --transport nccl \
   --count 2 2>&1) && fail "consumer took two nccl ranks in one process"
 grep -q "one rank per process" <<<"$out" || fail "two nccl ranks not explained: $out"
+# A port file it cannot write: the launcher would wait for it for good, so the coordinator stops.
+out=$(timeout 20 "$wsync" coordinator --token t --port-file /nonexistent-wsync/port 2>&1) &&
+  fail "coordinator ran without the port file it was asked for"
+grep -q -- "--port-file: cannot write /nonexistent-wsync/port.tmp" <<<"$out" ||
+  fail "unwritable port file not explained: $out"
+# A port file a dead run left is replaced at start and removed at the end.
+work=$(mktemp -d)
+echo 1 >"$work/port"
+"$wsync" coordinator --token t --port-file "$work/port" >"$work/log" 2>&1 &
+coord=$!
+for _ in $(seq 100); do [ "$(cat "$work/port" 2>/dev/null)" != 1 ] && [ -s "$work/port" ] && break; sleep 0.05; done
+port=$(cat "$work/port" 2>/dev/null)
+kill -TERM "$coord"
+wait "$coord"
+[ -n "$port" ] && [ "$port" != 1 ] || fail "the stale port file was not replaced (read '$port')"
+[ ! -e "$work/port" ] || fail "the port file outlived its coordinator"
+rm -rf "$work"
 echo "cli: pass"
