@@ -5,12 +5,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -22,11 +24,6 @@ namespace wsync {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-std::string random_token() {
-  auto t = random_hex(16);
-  return t.empty() ? std::string("wsync-local-") + std::to_string(::getpid()) : t;
-}
 
 // The private folders of clusters whose launcher died (SIGKILL, a crash) before its destructor
 // ran: wsync-cluster-<pid>-<token> of a pid that no longer exists, untouched for a day (a
@@ -53,7 +50,13 @@ void sweep_dead_clusters(const std::filesystem::path& base) {
 }  // namespace
 
 local_cluster::local_cluster(std::string self_exe) : exe_(std::move(self_exe)) {
-  coordinator_.token = random_token();
+  // The token keeps other local users out of the loopback cluster: never a guessable one.
+  coordinator_.token = random_hex(16);
+  if (coordinator_.token.empty()) {
+    dir_error_ =
+        "no random cluster token (getrandom failed: " + std::string(std::strerror(errno)) + ")";
+    return;
+  }
   // No exception out of here: an unusable TMPDIR is the first step's error, not an abort.
   std::error_code ec;
   const auto base = std::filesystem::temp_directory_path(ec);
@@ -64,8 +67,10 @@ local_cluster::local_cluster(std::string self_exe) : exe_(std::move(self_exe)) {
   sweep_dead_clusters(base);
   dir_ = base /
          ("wsync-cluster-" + std::to_string(::getpid()) + "-" + coordinator_.token.substr(0, 8));
-  if (std::filesystem::create_directories(dir_, ec); ec) {
-    dir_error_ = "cannot create " + dir_.string() + ": " + ec.message();
+  // Its own, new and private (it holds the port files the launcher trusts): an existing one
+  // may be someone else's.
+  if (::mkdir(dir_.c_str(), 0700) != 0) {
+    dir_error_ = "cannot create " + dir_.string() + ": " + std::strerror(errno);
     dir_.clear();
   }
 }
