@@ -118,7 +118,7 @@ std::string misplaced_option(const bench_state& s) {
 int bench_mode(bench_state& s, std::ostream& out) {
   const bench_options& p = s.point;
   if (p.mode == "cluster") {
-    s.cluster.repeat = p.smoke ? 3 : p.repeat;
+    s.cluster.repeat = p.smoke ? std::min(p.repeat, 3u) : p.repeat;
     if (!p.layout.empty()) s.cluster.layout = p.layout;
     return cluster_bench_run(s.cluster, out);
   }

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include <cstdlib>
+#include <limits>
 
 #include "common.hpp"
 #include "subcommand.hpp"
@@ -61,6 +62,13 @@ int consumer_start(consumer_state& s) {
   }
   if (auto why = misplaced_option(s); !why.empty()) {
     std::cerr << "wsync: consumer: " << why << "\n";
+    return 2;
+  }
+  // Ranks rank .. rank + count - 1 must all be ranks (and not wrap past INT32_MAX).
+  if (opt.rank < 0 || opt.rank > std::numeric_limits<std::int32_t>::max() - (opt.count - 1)) {
+    std::cerr << "wsync: --rank " << opt.rank << ": must be from 0 to "
+              << std::numeric_limits<std::int32_t>::max() - (opt.count - 1) << " with --count "
+              << opt.count << "\n";
     return 2;
   }
   if (s.standalone && opt.count != 1) {

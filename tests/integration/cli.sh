@@ -171,6 +171,9 @@ grep -q "nccl: consumers=" <<<"$help" || fail "consumer --help does not explain 
 out=$(WSYNC_TOKEN=t "$wsync" consumer --coordinator 127.0.0.1:1 --model m --transport nccl \
   --count 2 2>&1) && fail "consumer took two nccl ranks in one process"
 grep -q "one rank per process" <<<"$out" || fail "two nccl ranks not explained: $out"
+out=$("$wsync" consumer --standalone --rank -3 --transport file-mmap --transport-option dir=/tmp 2>&1) &&
+  fail "consumer took a negative rank"
+grep -q -- "--rank -3: must be from 0" <<<"$out" || fail "negative consumer rank not explained: $out"
 # A port file it cannot write: the launcher would wait for it for good, so the coordinator stops.
 out=$(timeout 20 "$wsync" coordinator --token t --port-file /nonexistent-wsync/port 2>&1) &&
   fail "coordinator ran without the port file it was asked for"
