@@ -236,6 +236,10 @@ std::optional<run_stop> layout_choose(point_run& r) {
     if (opt.ucx_chunk_bytes) r.topts["chunk_bytes"] = std::to_string(opt.ucx_chunk_bytes);
     r.row["ucx_tls"] = opt.ucx_tls;
     r.row["op"] = ucx_auto_op(opt.ucx_tls);
+    // How our consumer moves the bytes, beside the baseline's one message per segment.
+    r.row["pull"] = {
+        {"chunk_bytes", opt.ucx_chunk_bytes ? opt.ucx_chunk_bytes : ucx_default_chunk_bytes},
+        {"window", ucx_default_window}};
   }
   return std::nullopt;
 }
@@ -542,14 +546,21 @@ bool run_shutdown(point_run& r, bool ok) {
 }
 
 // Point to point: our import against ucx_perftest moving messages of our largest segment with
-// the same transports and the operation our consumer used, measured now. The memcpy baseline
-// moves to "memcpy_baseline". False with rr.error set when perftest could not measure.
+// the same transports and the operation our consumer used, measured now: one large message
+// per operation, UCX's best case, where our consumer pulls chunks (the row's "pull"). The
+// memcpy baseline moves to "memcpy_baseline". False with rr.error set when perftest could not
+// measure: the row then has no baseline and no ratio, not the memcpy one under a ucx name.
 bool ucx_baseline_add(point_run& r) {
   auto& row = r.row;
   std::string test = row["op"] == "get" ? "ucp_get" : "tag_bw";
   std::string why;
   auto base = perftest_gbps(r.opt.ucx_tls, test, r.largest_segment, &why, &interrupted);
-  if (!base) return r.rr.error = why, false;
+  if (!base) {
+    row["memcpy_baseline"] = row["baseline"];
+    row["baseline"] = nullptr;
+    row["ratio_to_baseline"] = nullptr;
+    return r.rr.error = why, false;
+  }
   double ours = gbps(r.bytes, median(r.s.import));
   row["import_gbps"] = ours;
   row["memcpy_baseline"] = row["baseline"];

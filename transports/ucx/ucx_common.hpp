@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "wsync/manifest/result.hpp"
+#include "wsync/transports/ucx.hpp"
 
 namespace wsync::ucx_detail {
 
@@ -36,9 +37,9 @@ struct ucx_settings {
   std::string devices;      // UCX_NET_DEVICES
   std::string rndv_thresh;  // UCX_RNDV_THRESH
   std::string op = "auto";  // auto | tag | get: how consumers pull from a publisher
-  std::uint64_t chunk_bytes = std::uint64_t{4} << 20;
-  std::uint64_t window = 8;  // chunks in flight per lane (one lane per stripe of an import)
-  std::uint64_t slots = 2;   // ring size, on each side
+  std::uint64_t chunk_bytes = ucx_default_chunk_bytes;
+  std::uint64_t window = ucx_default_window;  // chunks in flight per lane (one per stripe)
+  std::uint64_t slots = 2;                    // ring size, on each side
   std::uint64_t timeout_ms = 60000;
 };
 

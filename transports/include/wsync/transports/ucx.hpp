@@ -13,6 +13,10 @@ namespace wsync {
 /// from a relay always use "tag".
 std::string ucx_auto_op(std::string_view tls);
 
+/// The options' defaults: bytes per pulled chunk, and chunks in flight per lane.
+inline constexpr unsigned long long ucx_default_chunk_bytes = 4ull << 20;
+inline constexpr unsigned ucx_default_window = 8;
+
 /// True when `tls` (a UCX_TLS list) names only shared-memory transports (posix, sysv, cma, sm,
 /// shm, knem, xpmem, self); empty means UCX's own choice, which may include the network.
 bool ucx_tls_shared_memory_only(std::string_view tls);
