@@ -272,9 +272,10 @@ void add_fanout_flags(CLI::App* bench, fanout_bench_options& fanout) {
   bench
       ->add_option("--plan", fanout.plans,
                    "fanout mode: plans to measure, one row each: tree, chain (degree 1), star "
-                   "(publisher to every node)")
+                   "(publisher to every node's leader), naive (publisher to every rank: measured "
+                   "first, the others' ratio_to_naive)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"tree", "chain", "star"}))
+      ->check(CLI::IsMember({"tree", "chain", "star", "naive"}))
       ->capture_default_str();
   bench->add_option("--degree", fanout.degree, "fanout mode: children per leader in a tree")
       ->check(CLI::Range(1u, 64u))

@@ -76,8 +76,9 @@ result<plan_shape> plan_shape_parse(const std::string& text) {
   if (text == "tree") return plan_shape::tree;
   if (text == "chain") return plan_shape::chain;
   if (text == "star") return plan_shape::star;
+  if (text == "naive") return plan_shape::naive;
   return make_error(errc::invalid_argument,
-                    "plan: \"" + text + "\" is not one of tree, chain, star");
+                    "plan: \"" + text + "\" is not one of tree, chain, star, naive");
 }
 
 const char* plan_shape_name(plan_shape shape) {
@@ -88,6 +89,8 @@ const char* plan_shape_name(plan_shape shape) {
       return "chain";
     case plan_shape::star:
       return "star";
+    case plan_shape::naive:
+      return "naive";
   }
   return "?";
 }
@@ -157,6 +160,17 @@ result<fanout_plan> plan_fanout(const plan_request& request) {
     if (!publisher_nodes.count(node)) order.push_back(node);
   }
 
+  if (request.shape == plan_shape::naive) {
+    // Every rank straight from the publishers; the lowest rank of a node is still named its
+    // leader (it leads nothing).
+    for (const auto& node : order) {
+      for (auto rank : by_node[node]) {
+        plan.hops[rank] = {true, -1, publishers_remote(request, node), 1, rank == by_node[node][0]};
+      }
+      plan.leader_of[node] = by_node[node].front();
+    }
+    return plan;
+  }
   const std::uint32_t degree = request.shape == plan_shape::chain ? 1 : request.degree;
   std::vector<std::int32_t> leaders;
   for (std::size_t k = 0; k < order.size(); ++k) {

@@ -232,6 +232,19 @@ TEST(fanout_plan, shapes_of_a_small_cluster) {
   EXPECT_EQ(chain->received_from(12), "rank:8 (network)");
   EXPECT_EQ(chain->received_from(13), "rank:12 (shared memory)");
   EXPECT_EQ(chain->received_from(0), "publisher:0");
+  auto naive = plan_fanout([&] {
+    auto s = r;
+    s.shape = plan_shape::naive;
+    return s;
+  }());
+  ASSERT_TRUE(naive);
+  for (int rank = 0; rank < 16; ++rank) {  // nobody relays: 16 copies leave the trainer's node
+    EXPECT_TRUE(naive->hops.at(rank).from_publishers) << rank;
+    EXPECT_TRUE(naive->hops.at(rank).network) << rank;
+    EXPECT_EQ(naive->received_from(rank), "publisher:0") << rank;
+  }
+  EXPECT_TRUE(naive->children.empty());
+  EXPECT_TRUE(naive->stripes.empty());
   auto tree = plan_fanout(r);  // degree 2: n0, n1 under the publisher; n2, n3 under n0
   ASSERT_TRUE(tree);
   EXPECT_EQ(tree->hops.at(8).from, 0);

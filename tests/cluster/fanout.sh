@@ -13,7 +13,7 @@ fi
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 fail() { echo "fanout: $*"; cut -c1-2000 "$out"; exit 1; }
-timeout 240 "$wsync" bench --mode fanout --smoke --nodes 3 --ranks-per-node 2 --plan chain,tree,star \
+timeout 240 "$wsync" bench --mode fanout --smoke --nodes 3 --ranks-per-node 2 --plan chain,tree,star,naive \
   --rate-mbit 200 --kill-leader >"$out" 2>&1
 rc=$?
 # A machine that cannot make network namespaces (a container's or a chroot's root) is not a
@@ -34,7 +34,13 @@ for plan in chain tree star; do
     case "$row" in *"$field"*) ;; *) fail "$plan row: missing $field" ;; esac
   done
   [ "$(grep -o '"state":"acknowledged"' <<<"$row" | wc -l)" -eq 6 ] || fail "$plan: not 6 ranks acknowledged"
+  case "$row" in *'"ratio_to_naive":'*) ;; *) fail "$plan row: no ratio to the naive plan" ;; esac
 done
+# The naive plan: every rank straight from the publisher, measured first, the others' baseline.
+naive=$(grep '"mode":"fanout"' "$out" | grep '"plan":"naive"') || fail "no row for naive"
+case "$naive" in *'"status":"pass"'*) ;; *) fail "naive plan did not pass" ;; esac
+[ "$(grep -o '"received_from":"publisher:0"' <<<"$naive" | wc -l)" -eq 6 ] ||
+  fail "naive: not every rank took the update from the publisher"
 kill=$(grep '"event":"kill_leader"' "$out") || fail "no kill_leader row"
 case "$kill" in *'"status":"pass"'*) ;; *) fail "kill_leader did not pass" ;; esac
 victim=$(sed -E 's/.*"victim":([0-9]+).*/\1/' <<<"$kill")

@@ -15,9 +15,10 @@ namespace wsync {
 struct fanout_bench_options {
   unsigned nodes = 4;  ///< consumer nodes; the publisher has a node of its own
   unsigned ranks_per_node = 4;
-  std::vector<std::string> plans = {"tree", "chain", "star"};  ///< one row each
-  unsigned degree = 2;                                         ///< children per leader (tree)
-  std::uint64_t bytes = std::uint64_t{16} << 20;               ///< update size
+  /// One row each; naive (every rank from the publisher) first, as the others' baseline.
+  std::vector<std::string> plans = {"tree", "chain", "star", "naive"};
+  unsigned degree = 2;                            ///< children per leader (tree)
+  std::uint64_t bytes = std::uint64_t{16} << 20;  ///< update size
   unsigned repeat = 3;
   /// Each node's link, each way. 200 Mbit/s keeps the network the bottleneck with 4 x 4 ranks on
   /// two cores; at 1 Gbit/s the ranks' own TCP copies there take the cores first.

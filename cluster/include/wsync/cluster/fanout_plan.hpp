@@ -21,8 +21,10 @@
 
 namespace wsync {
 
-enum class plan_shape { tree, chain, star };
-/// "tree" | "chain" | "star"
+/// naive: no relay at all, every rank pulls every shard from its publisher (ranks x bytes
+/// leave the publisher's node): the baseline the other shapes are measured against.
+enum class plan_shape { tree, chain, star, naive };
+/// "tree" | "chain" | "star" | "naive"
 result<plan_shape> plan_shape_parse(const std::string& text);
 const char* plan_shape_name(plan_shape shape);
 
