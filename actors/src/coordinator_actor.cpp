@@ -261,8 +261,6 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       },
       [=](report_atom, const rank_report& r) {
         const auto* m = sender_member(self);
-        ++self->state.messages.report_messages;
-        ++self->state.messages.reports;
         if (r.token != self->state.token || !m || m->role != rank_role::consumer ||
             !m->ranks.count(r.rank)) {
           log_warn("coordinator: refused a report (" + r.state + " of " + r.key +
@@ -271,18 +269,21 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                    " from a peer that did not join as that consumer with the cluster token");
           return;
         }
+        // Counted once the peer is known to be a rank: the status's figures are the cluster's.
+        ++self->state.messages.report_messages;
+        ++self->state.messages.reports;
         take_report(self, r);
       },
       [=](report_atom, const report_batch& batch) {
         const auto* m = sender_member(self);
         const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
-        ++self->state.messages.report_messages;
-        self->state.messages.reports += batch.reports.size();
         if (batch.token != self->state.token || !m || m->role != rank_role::consumer) {
           log_warn("coordinator: refused a batch of " + std::to_string(batch.reports.size()) +
                    " reports from a peer that did not join as a consumer with the cluster token");
           return;
         }
+        ++self->state.messages.report_messages;
+        self->state.messages.reports += batch.reports.size();
         for (const auto& r : batch.reports) {
           // Checked again per report: the batch may name only the endpoint's own ranks, or
           // those of the node it leads.
