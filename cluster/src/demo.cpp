@@ -51,11 +51,10 @@ int demo_run(const demo_options& o, std::ostream& out) {
       if (!failure.empty()) break;
       if (!cluster.await_exit(pid, std::chrono::minutes(10), status)) {
         failure = cluster.stopped() ? "stopped by SIGINT, SIGTERM or SIGHUP"
-                                    : "publisher pid " + std::to_string(pid) +
-                                          " did not finish within 10 minutes";
+                                    : cluster.name_of(pid) + " did not finish within 10 minutes";
       } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        failure = "publisher pid " + std::to_string(pid) + " failed (" + exit_text(status) +
-                  "; its log is above)";
+        failure = cluster.name_of(pid) + " (pid " + std::to_string(pid) + ") failed (" +
+                  exit_text(status) + "; its log is above)";
       }
     }
   }

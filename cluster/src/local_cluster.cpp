@@ -104,8 +104,20 @@ pid_t local_cluster::start(const std::vector<std::string>& args, const std::stri
     ::execv(exe_.c_str(), argv.data());
     ::_exit(127);
   }
-  if (pid > 0) running_.push_back(pid), started_.push_back(pid);
+  if (pid > 0) {
+    running_.push_back(pid), started_.push_back(pid);
+    // Its role and rank, for errors that name what failed rather than a pid.
+    std::string name = args.empty() ? "wsync" : args[0];
+    auto rank = std::find(args.begin(), args.end(), "--rank");
+    if (rank != args.end() && rank + 1 != args.end()) name += " rank " + *(rank + 1);
+    names_[pid] = name == "coordinator" ? "the coordinator" : name;
+  }
   return pid;
+}
+
+std::string local_cluster::name_of(pid_t pid) const {
+  auto it = names_.find(pid);
+  return it != names_.end() ? it->second : "pid " + std::to_string(pid);
 }
 
 std::string exit_text(int status) {
@@ -150,6 +162,15 @@ std::string local_cluster::await_consumers(int count, std::chrono::seconds limit
     if (stop_requested()) {
       stopped_ = true;
       return "stopped by SIGINT, SIGTERM or SIGHUP while waiting for consumer ranks";
+    }
+    // A consumer that exited (a bad option, a transport that cannot run) says so now, with
+    // its status, rather than after the whole wait.
+    for (auto pid : std::vector(running_)) {
+      if (names_[pid].rfind("consumer", 0) != 0) continue;
+      if (int status = 0; await_exit(pid, std::chrono::milliseconds(0), status, false)) {
+        return names_[pid] + " exited before it joined (" + exit_text(status) +
+               "; its log is above)";
+      }
     }
     std::string err;
     auto s = nlohmann::json::parse(coordinator_status(coordinator_, err), nullptr, false);

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ class local_cluster {
   /// /dev/shm entries left by any process this cluster started.
   std::vector<std::string> leftovers() const;
 
+  /// "consumer rank 2", "publisher rank 0", "the coordinator": what a process it started is.
+  std::string name_of(pid_t pid) const;
+
   const endpoint& coordinator() const { return coordinator_; }
   pid_t coordinator_pid() const { return coordinator_pid_; }
   std::string coordinator_address() const;
@@ -60,6 +64,7 @@ class local_cluster {
   pid_t coordinator_pid_ = -1;
   std::vector<pid_t> running_;
   std::vector<pid_t> started_;
+  std::map<pid_t, std::string> names_;  ///< see name_of
 };
 
 }  // namespace wsync
