@@ -102,7 +102,8 @@ result<x509_ptr> certificate(const std::string& common_name, EVP_PKEY* subject, 
   return cert;
 }
 
-// Writes with O_EXCL (never overwrites) and the given mode.
+// Writes with O_EXCL (never overwrites) and the given mode; a file it made and could not fill
+// is removed (a truncated key must not stay).
 result<void> write_pem(const std::string& path, mode_t mode, EVP_PKEY* key, X509* cert) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) {
@@ -113,12 +114,16 @@ result<void> write_pem(const std::string& path, mode_t mode, EVP_PKEY* key, X509
   FILE* f = ::fdopen(fd, "w");
   if (!f) {
     ::close(fd);
+    ::unlink(path.c_str());
     return make_error(errc::io_error, "certs: cannot write " + path);
   }
   bool ok = key ? PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr) == 1
                 : PEM_write_X509(f, cert) == 1;
   ok = (std::fclose(f) == 0) && ok;
-  if (!ok) return make_error(errc::io_error, "certs: cannot write " + path);
+  if (!ok) {
+    ::unlink(path.c_str());
+    return make_error(errc::io_error, "certs: cannot write " + path);
+  }
   return {};
 }
 
@@ -165,19 +170,35 @@ result<std::vector<std::string>> certs_make(const certs_request& r) {
       return make_error(errc::io_error, "certs: " + f + " exists; remove it or pick another --out");
     }
   }
+  // All or nothing: a failure part way (a full disk) removes what this run wrote, so a rerun
+  // does not find a mixed set it refuses to touch.
+  std::vector<std::string> written;
+  auto undo = [&](error e) -> result<std::vector<std::string>> {
+    for (const auto& f : written) std::filesystem::remove(f, ec);
+    return e;
+  };
+  auto write = [&](const std::string& path, mode_t mode, EVP_PKEY* key, X509* cert) {
+    auto ok = write_pem(path, mode, key, cert);
+    if (ok) written.push_back(path);
+    return ok;
+  };
   auto ca_key = rsa_key();
   if (!ca_key) return ca_key.error();
   auto ca = certificate("wsync cluster CA", ca_key->get(), nullptr, ca_key->get(), r.days, true);
   if (!ca) return ca.error();
-  if (auto ok = write_pem(files[1], 0600, ca_key->get(), nullptr); !ok) return ok.error();
-  if (auto ok = write_pem(files[0], 0644, nullptr, ca->get()); !ok) return ok.error();
+  if (auto ok = write(files[1], 0600, ca_key->get(), nullptr); !ok) return undo(ok.error());
+  if (auto ok = write(files[0], 0644, nullptr, ca->get()); !ok) return undo(ok.error());
   for (std::size_t i = 0; i < r.nodes.size(); ++i) {
     auto key = rsa_key();
-    if (!key) return key.error();
+    if (!key) return undo(key.error());
     auto cert = certificate(r.nodes[i], key->get(), ca->get(), ca_key->get(), r.days, false);
-    if (!cert) return cert.error();
-    if (auto ok = write_pem(files[3 + 2 * i], 0600, key->get(), nullptr); !ok) return ok.error();
-    if (auto ok = write_pem(files[2 + 2 * i], 0644, nullptr, cert->get()); !ok) return ok.error();
+    if (!cert) return undo(cert.error());
+    if (auto ok = write(files[3 + 2 * i], 0600, key->get(), nullptr); !ok) {
+      return undo(ok.error());
+    }
+    if (auto ok = write(files[2 + 2 * i], 0644, nullptr, cert->get()); !ok) {
+      return undo(ok.error());
+    }
   }
   return files;
 }

@@ -16,6 +16,22 @@ openssl verify -CAfile "$work/pki/ca.pem" "$work/pki/localhost.pem" "$work/pki/1
   >/dev/null || fail "node certificates do not verify against the CA"
 "$wsync" certs --out "$work/pki" --nodes localhost >/dev/null 2>&1 &&
   fail "wsync certs overwrote an existing set"
+# A disk that fills part way: nothing of the set stays (a rerun would refuse a mixed one). On a
+# 16 KiB tmpfs in a private mount namespace (root); skipped where there is none.
+mkdir "$work/small"
+if unshare -m true 2>/dev/null; then
+  # The tmpfs exists only in that namespace: what stayed in it is counted there.
+  unshare -m bash -c 'mount -t tmpfs -o size=16k tmpfs "$1" || exit 9
+    "$2" certs --out "$1/pki" --nodes "$3" && exit 8
+    echo "left: $(ls -A "$1/pki" | wc -l)"' \
+    _ "$work/small" "$wsync" "$(seq -s, -f 'n%g' 0 30)" >"$work/full.log" 2>&1
+  rc=$?
+  [ $rc -ne 8 ] || fail "wsync certs filled a 16 KiB disk without an error"
+  if [ $rc -ne 9 ]; then
+    grep -q "cannot write" "$work/full.log" || fail "a full disk was not explained: $(cat "$work/full.log")"
+    grep -q "^left: 0$" "$work/full.log" || fail "a partial certificate set stayed: $(cat "$work/full.log")"
+  fi
+fi
 # A second, unrelated CA: its certificates must not get in.
 "$wsync" certs --out "$work/rogue" --nodes localhost >/dev/null 2>&1 || fail "second CA failed"
 
