@@ -90,9 +90,11 @@ class fm_consumer final : public consumer_transport {
                                                   " is not imported from file-mmap (" +
                                                   update_context(id, rank_) + ")");
     }
+    // What the heartbeat found stands: on NFS a stat here may be answered from the attribute
+    // cache after the writer removed the lease.
     struct stat st {};
-    if (::stat(it->second.lease.c_str(), &st) == 0) return {};
-    if (errno == ENOENT) {
+    if (!it->second.lost && ::stat(it->second.lease.c_str(), &st) == 0) return {};
+    if (it->second.lost || errno == ENOENT) {
       return make_error(errc::unknown_update,
                         "unknown update_id: " + id + ": the writer removed this reader's lease " +
                             it->second.lease + " (its heartbeat stalled beyond lease_timeout_ms=" +
@@ -119,6 +121,7 @@ class fm_consumer final : public consumer_transport {
     std::string lease;
     std::vector<std::pair<void*, std::size_t>> maps;
     bool ready = false;  ///< false while import_segments maps it
+    bool lost = false;   ///< the heartbeat found the lease gone: the writer judged it dead
   };
 
   std::string ctx(const weight_update_manifest& m) const {
@@ -248,6 +251,8 @@ class fm_consumer final : public consumer_transport {
         // Not an import whose lease is not written yet, nor one released meanwhile.
         auto it = held_.find(id);
         if (it == held_.end() || !it->second.ready || it->second.lease != lease) continue;
+        if (it->second.lost) continue;  // said once
+        it->second.lost = true;
         log_warn("file-mmap: the lease on update_id " + id +
                  " was removed by the writer (this reader's heartbeat stalled beyond "
                  "lease_timeout_ms=" +

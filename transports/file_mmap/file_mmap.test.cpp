@@ -21,7 +21,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "file_mmap/file_mmap_common.hpp"
 #include "wsync/transports/weight_consumer.hpp"
@@ -506,6 +508,34 @@ TEST_P(file_mmap_test, a_segment_shrinking_under_a_reader_that_lost_its_lease_do
     EXPECT_EQ(std::memcmp(t.data, before[i].data(), before[i].size()), 0) << "tensor " << i;
   }
   EXPECT_FALSE(c->intact(m1->update_id));
+  ASSERT_TRUE(c->release(m1->update_id));
+}
+
+// On NFS a stat may be answered from the attribute cache after the writer removed a lease:
+// what the heartbeat found stands for intact(). Here the lease comes back after the heartbeat
+// saw it gone, as such a cache would still show it.
+TEST_P(file_mmap_test, a_lease_the_heartbeat_found_gone_stays_gone) {
+  start_publisher(std::chrono::milliseconds(150), {{"lease_timeout_ms", "200"}});
+  auto m1 = publish(1);
+  ASSERT_TRUE(m1) << m1.error().message;
+  auto c = consumer(4);
+  ASSERT_TRUE(c->import_update(*m1));
+  EXPECT_TRUE(c->intact(m1->update_id));
+  auto leases = leases_in(dir_);
+  ASSERT_EQ(leases.size(), 1u);
+  const std::string lease = dir_ + "/leases/" + leases.front();
+  std::string text;
+  {
+    std::ifstream in(lease);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  fs::remove(lease);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the heartbeat: every 50 ms
+  std::ofstream(lease) << text;
+  auto whole = c->intact(m1->update_id);
+  ASSERT_FALSE(whole) << "a lease the heartbeat found gone was trusted again";
+  EXPECT_TRUE(contains(whole.error().message, "the writer removed this reader's lease"))
+      << whole.error().message;
   ASSERT_TRUE(c->release(m1->update_id));
 }
 
