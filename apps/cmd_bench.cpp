@@ -119,6 +119,7 @@ int bench_mode(bench_state& s, std::ostream& out) {
   const bench_options& p = s.point;
   if (p.mode == "cluster") {
     s.cluster.repeat = p.smoke ? std::min(p.repeat, 3u) : p.repeat;
+    s.cluster.smoke = p.smoke;
     if (!p.layout.empty()) s.cluster.layout = p.layout;
     return cluster_bench_run(s.cluster, out);
   }
@@ -126,6 +127,7 @@ int bench_mode(bench_state& s, std::ostream& out) {
     if (p.bytes) s.fanout.bytes = p.bytes;
     if (p.ucx_chunk_bytes) s.fanout.chunk_bytes = p.ucx_chunk_bytes;
     s.fanout.repeat = p.smoke ? 1 : p.repeat;
+    s.fanout.smoke = p.smoke;
     if (p.smoke && !p.bytes) s.fanout.bytes = std::uint64_t{8} << 20;
     return fanout_bench_run(s.fanout, out);
   }

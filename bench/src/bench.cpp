@@ -105,7 +105,8 @@ struct point_run {
 
   const bench_options& opt;
   std::ostream& out;
-  json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
+  // "smoke": a quick run of small sizes, whose figures are not the machine's (caches hold them).
+  json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}, {"smoke", opt.smoke}};
   bool ucx = opt.mode == "ucx";
   bool fmm = opt.mode == "file-mmap";
   /// Device tensors, device slots; nccl's consumer on the second GPU (NCCL refuses two ranks on

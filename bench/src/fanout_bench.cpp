@@ -322,6 +322,7 @@ json route_of(const update_outcome& u, const fanout_run& run) {
 
 json base_row(const fanout_bench_options& o) {
   return {{"mode", "fanout"},
+          {"smoke", o.smoke},
           {"nodes", o.nodes},
           {"ranks_per_node", o.ranks_per_node},
           {"bytes", fanout_update_bytes(o)},  // what moves: --bytes rounded to whole tensors

@@ -89,7 +89,7 @@ bool gpu_mode(const std::string& mode) {
 }
 
 int gpu_bench_run(const bench_options& opt, std::ostream& out) {
-  json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}};
+  json row = {{"mode", opt.mode}, {"status", "pass"}, {"blocker", nullptr}, {"smoke", opt.smoke}};
   row["env"] = {{"host", host_name()}, {"cores", std::thread::hardware_concurrency()}};
   if (opt.mode == "gpu-checksum") return checksum_mode(opt, out, row);
   auto t = make_transport(opt.mode);
