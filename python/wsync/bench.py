@@ -5,9 +5,11 @@
 Rows (medians over --repeat, each against a baseline measured in the same run):
 - ``python-publish``: ``bridge.publish(module)`` (the Python API: state_dict walk, dtype and
   contiguity checks, then the C++ publisher) against the C++ publisher given the same tensors'
-  pointers directly; ``ratio`` = python / C++ (goal <= 1.05).
+  pointers directly, the two taking turns at going first; ``ratio`` = python / C++ (goal <=
+  1.05).
 - ``python-import``: ``import_update`` into torch views without verification (goal <= 2 ms for
-  290 tensors), and with checksums verified.
+  290 tensors) against the core's import of the same updates (segments, no views); and with
+  checksums verified.
 - ``python-install``: ``RolloutExecutor(model=...)`` updates of a module of the layout while a
   reader thread runs generation steps at the gate: install time, and the longest any step waited
   at the gate (goal <= 1 ms).
@@ -57,20 +59,31 @@ def bench_publish(model, transport: str, repeat: int) -> Dict:
     tuples, keep = _torch.publish_sources(_torch.named_tensors(model))
     py, cxx = [], []
     version = 0
-    for _ in range(repeat + 1):  # the first round warms the pool and is not counted
-        version += 1
+
+    def python_api() -> float:
         t0 = time.perf_counter()
         m = bridge.publish(model, weight_version=version)
-        t1 = time.perf_counter()
+        dt = time.perf_counter() - t0
         bridge.release(m.update_id)
-        version += 1
-        t2 = time.perf_counter()
+        return dt
+
+    def core() -> float:
+        t0 = time.perf_counter()
         m = pub.publish(tuples, version, [], {})
-        t3 = time.perf_counter()
+        dt = time.perf_counter() - t0
         pub.release(m.update_id)
-        if version > 2:
-            py.append(t1 - t0)
-            cxx.append(t3 - t2)
+        return dt
+
+    for round_ in range(repeat + 1):  # the first round warms the pool and is not counted
+        # Which goes first alternates: a fixed order would give one of them the warmer caches.
+        times = {}
+        for which, call in ((("py", python_api), ("cxx", core)) if round_ % 2 == 0
+                            else (("cxx", core), ("py", python_api))):
+            version += 1
+            times[which] = call()
+        if round_ > 0:
+            py.append(times["py"])
+            cxx.append(times["cxx"])
     del keep
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     return {"mode": "python-publish", "transport": transport, "tensors": len(tuples),
@@ -82,21 +95,43 @@ def bench_publish(model, transport: str, repeat: int) -> Dict:
 def bench_import(model, transport: str, repeat: int) -> Dict:
     pub = wsync.make_weight_bridge(transport, source_worker="bench")
     con = wsync.make_weight_bridge(transport, source_worker="bench")
-    plain, verified, first = [], [], None
-    for v in range(1, repeat + 2):
-        m = pub.publish(model, weight_version=v)
+    # The baseline: the core's import of the same kind of update (segments, no torch views), by
+    # a consumer of its own (a consumer imports an update once), in the same rounds.
+    core = wsync.make_weight_bridge(transport, source_worker="bench")._consumer_half()
+    plain, cxx, verified, first = [], [], [], None
+    version = 0
+
+    def python_api(m) -> float:
         t0 = time.perf_counter()
         views = con.import_update(m, verify=False)
         dt = time.perf_counter() - t0
         assert len(views) == len(m.tensors)
         del views
         con.release(m.update_id)
+        return dt
+
+    def core_import(m) -> float:
+        t0 = time.perf_counter()
+        segments = core.import_update(m)
+        dt = time.perf_counter() - t0
+        del segments
+        core.release(m.update_id)
+        return dt
+
+    for round_ in range(repeat + 1):  # the first round's own figure is reported apart
+        times = {}
+        for which, call in ((("py", python_api), ("cxx", core_import)) if round_ % 2 == 0
+                            else (("cxx", core_import), ("py", python_api))):
+            version += 1
+            m = pub.publish(model, weight_version=version)
+            times[which] = call(m)
+            pub.release(m.update_id)
         if first is None:
-            first = dt
+            first = times["py"]
         else:
-            plain.append(dt)
-        pub.release(m.update_id)
-    for v in range(repeat + 2, 2 * repeat + 2):
+            plain.append(times["py"])
+            cxx.append(times["cxx"])
+    for v in range(version + 1, version + 1 + repeat):
         m = pub.publish(model, weight_version=v)
         t0 = time.perf_counter()
         views = con.import_update(m, verify=True)
@@ -108,6 +143,9 @@ def bench_import(model, transport: str, repeat: int) -> Dict:
     return {"mode": "python-import", "transport": transport, "tensors": n, "repeat": repeat,
             "import_s": median(plain), "first_import_s": first,
             "per_tensor_us": median(plain) / n * 1e6, "verified_import_s": median(verified),
+            "baseline": {"name": "cxx-import (segments, no torch views)",
+                         "seconds": median(cxx)},
+            "ratio": median(plain) / median(cxx) if median(cxx) > 0 else None,
             "goal_import_s": 0.002, "goal_met": median(plain) <= 0.002, "status": "pass"}
 
 
