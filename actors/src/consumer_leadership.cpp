@@ -97,25 +97,31 @@ void attach(endpoint_pointer self, const endpoint_state_ptr& st, std::uint16_t p
                     });
 }
 
+// connect_privately's helper. Its state comes as spawn arguments: CAF 0.17 dereferences an
+// empty argument tuple when a function actor takes none (UBSan reports it).
+void connect_helper(caf::event_based_actor* helper, caf::io::middleman_actor connector,
+                    std::string host, std::uint16_t port, consumer_actor endpoint,
+                    std::uint64_t nonce) {
+  helper->request(connector, std::chrono::seconds(5), caf::connect_atom::value, host, port)
+      .then(
+          [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            helper->send(endpoint, connected_atom::value, nonce, ptr, std::string());
+            helper->quit();
+          },
+          [=](caf::error& err) {
+            helper->send(endpoint, connected_atom::value, nonce, caf::strong_actor_ptr(),
+                         helper->system().render(err));
+            helper->quit();
+          });
+}
+
 void connect_privately(endpoint_pointer self, const endpoint_state_ptr& st, std::string host,
                        std::uint16_t port,
                        std::function<void(caf::strong_actor_ptr, const std::string&)> done) {
   const auto nonce = random_u64();
   st->connects[nonce] = std::move(done);
-  auto endpoint = caf::actor_cast<consumer_actor>(self);
-  self->system().spawn([=, connector = st->connector](caf::event_based_actor* helper) {
-    helper->request(connector, std::chrono::seconds(5), caf::connect_atom::value, host, port)
-        .then(
-            [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-              helper->send(endpoint, connected_atom::value, nonce, ptr, std::string());
-              helper->quit();
-            },
-            [=](caf::error& err) {
-              helper->send(endpoint, connected_atom::value, nonce, caf::strong_actor_ptr(),
-                           helper->system().render(err));
-              helper->quit();
-            });
-  });
+  self->system().spawn(connect_helper, st->connector, std::move(host), port,
+                       caf::actor_cast<consumer_actor>(self), nonce);
 }
 
 // Takes a member endpoint's ranks on, for the leadership this endpoint holds: (token, refusal).
