@@ -141,6 +141,21 @@ class file_mmap_test : public ::testing::TestWithParam<const char*> {
     return std::make_unique<weight_consumer>(std::move(*c), consumer_config{rank, 1});
   }
 
+  // The lease of a reader frozen on this host: this process, by its pid, rank 7, its heartbeat
+  // stopped 10 s ago. Its path, or empty (errno says why).
+  std::string frozen_lease(int b) {
+    const std::string lease = dir_ + "/leases/buffer-" + std::to_string(b) + "." +
+                              std::to_string(::getpid()) + ".frozen.lease";
+    std::ofstream(lease) << nlohmann::json{
+        {"host", file_mmap_detail::host_name()},
+        {"pid", ::getpid()},
+        {"pidns", file_mmap_detail::pid_namespace()},
+        {"start", file_mmap_detail::process_start_time(::getpid())},
+        {"rank", 7}}.dump();
+    struct timespec old[2] = {{std::time(nullptr) - 10, 0}, {std::time(nullptr) - 10, 0}};
+    return ::utimensat(AT_FDCWD, lease.c_str(), old, 0) == 0 ? lease : std::string();
+  }
+
   int buffer_of(const weight_update_manifest& m) {
     return nlohmann::json::parse(m.transport_handle).at("buffer").get<int>();
   }
@@ -600,16 +615,8 @@ TEST_P(file_mmap_test, a_reader_frozen_past_its_lease_keeps_the_files_it_maps) {
     const auto* at = static_cast<const std::byte*>(p);
     v1.emplace_back(at, at + n);
   }
-  const std::string lease = dir_ + "/leases/buffer-" + std::to_string(b) + "." +
-                            std::to_string(::getpid()) + ".frozen.lease";
-  std::ofstream(lease) << nlohmann::json{
-      {"host", file_mmap_detail::host_name()},
-      {"pid", ::getpid()},
-      {"pidns", file_mmap_detail::pid_namespace()},
-      {"start", file_mmap_detail::process_start_time(::getpid())},
-      {"rank", 7}}.dump();
-  struct timespec old[2] = {{std::time(nullptr) - 10, 0}, {std::time(nullptr) - 10, 0}};
-  ASSERT_EQ(::utimensat(AT_FDCWD, lease.c_str(), old, 0), 0) << std::strerror(errno);
+  const std::string lease = frozen_lease(b);
+  ASSERT_FALSE(lease.empty()) << std::strerror(errno);
   auto m3 = publish(3);
   ASSERT_TRUE(m3) << m3.error().message;
   EXPECT_EQ(buffer_of(*m3), b);
@@ -656,16 +663,8 @@ TEST_P(file_mmap_test, a_frozen_readers_files_past_the_next_updates_last_segment
   ASSERT_NE(p, MAP_FAILED) << std::strerror(errno);
   std::shared_ptr<void> unmap(p, [n](void* q) { ::munmap(q, n); });
   const std::vector<std::byte> seen(static_cast<std::byte*>(p), static_cast<std::byte*>(p) + n);
-  const std::string lease = dir_ + "/leases/buffer-" + std::to_string(b) + "." +
-                            std::to_string(::getpid()) + ".frozen.lease";
-  std::ofstream(lease) << nlohmann::json{
-      {"host", file_mmap_detail::host_name()},
-      {"pid", ::getpid()},
-      {"pidns", file_mmap_detail::pid_namespace()},
-      {"start", file_mmap_detail::process_start_time(::getpid())},
-      {"rank", 7}}.dump();
-  struct timespec old[2] = {{std::time(nullptr) - 10, 0}, {std::time(nullptr) - 10, 0}};
-  ASSERT_EQ(::utimensat(AT_FDCWD, lease.c_str(), old, 0), 0) << std::strerror(errno);
+  const std::string lease = frozen_lease(b);
+  ASSERT_FALSE(lease.empty()) << std::strerror(errno);
   auto all = bytes_;
   bytes_.resize(1);  // one segment: the reader's last one is not part of version 3
   auto m3 = publish(3);

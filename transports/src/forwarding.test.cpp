@@ -112,24 +112,32 @@ class failing_expose final : public forwarding_publisher {
   }
 };
 
-TEST(forwarding_publisher, a_failed_expose_names_the_update_and_the_rank) {
+// Publishes one 64-byte tensor as publisher rank 3 of local-clone through `Wrapper`: the
+// publish's outcome, and whether the publisher holds nothing afterwards.
+template <class Wrapper>
+std::pair<result<weight_update_manifest>, bool> publish_through() {
   auto t = make_transport("local-clone", {});
-  ASSERT_TRUE(t) << t.error().message;
+  if (!t) return {t.error(), false};
   auto inner = (*t)->make_publisher();
-  ASSERT_TRUE(inner) << inner.error().message;
+  if (!inner) return {inner.error(), false};
   publisher_config cfg;
   cfg.model_id = "m";
   cfg.source_rank = 3;
   cfg.slot_wait = std::chrono::milliseconds(100);
-  weight_publisher p(std::make_unique<failing_expose>(std::move(*inner)), "local-clone", cfg);
+  weight_publisher p(std::make_unique<Wrapper>(std::move(*inner)), "local-clone", cfg);
   std::vector<std::byte> bytes(64, std::byte{1});
   std::vector<tensor_source> sources = {{"w", dtype::u8, {64}, {}, bytes.data(), bytes.size()}};
   auto m = p.publish(sources, 1, {});
+  return {std::move(m), p.held_updates().empty()};
+}
+
+TEST(forwarding_publisher, a_failed_expose_names_the_update_and_the_rank) {
+  auto [m, nothing_held] = publish_through<failing_expose>();
   ASSERT_FALSE(m);
   EXPECT_EQ(m.error().code, errc::io_error);
   EXPECT_NE(m.error().message.find("disk gone while exposing"), std::string::npos);
   EXPECT_NE(m.error().message.find(" rank=3"), std::string::npos) << m.error().message;
-  EXPECT_TRUE(p.held_updates().empty());
+  EXPECT_TRUE(nothing_held);
 }
 
 // A handle consumers would refuse as too large (ucx lists a checksum per chunk): the publish
@@ -141,23 +149,13 @@ class huge_handle final : public forwarding_publisher {
 };
 
 TEST(forwarding_publisher, a_handle_consumers_would_refuse_fails_the_publish) {
-  auto t = make_transport("local-clone", {});
-  ASSERT_TRUE(t) << t.error().message;
-  auto inner = (*t)->make_publisher();
-  ASSERT_TRUE(inner) << inner.error().message;
-  publisher_config cfg;
-  cfg.model_id = "m";
-  cfg.source_rank = 3;
-  weight_publisher p(std::make_unique<huge_handle>(std::move(*inner)), "local-clone", cfg);
-  std::vector<std::byte> bytes(64, std::byte{1});
-  std::vector<tensor_source> sources = {{"w", dtype::u8, {64}, {}, bytes.data(), bytes.size()}};
-  auto m = p.publish(sources, 1, {});
+  auto [m, nothing_held] = publish_through<huge_handle>();
   ASSERT_FALSE(m);
   EXPECT_EQ(m.error().code, errc::invalid_argument);
   EXPECT_EQ(m.error().message.rfind("publish failed: transport_handle: 1048576 bytes", 0), 0u)
       << m.error().message;
   EXPECT_NE(m.error().message.find(" rank=3"), std::string::npos) << m.error().message;
-  EXPECT_TRUE(p.held_updates().empty());
+  EXPECT_TRUE(nothing_held);
 }
 
 }  // namespace
