@@ -294,28 +294,39 @@ class fanout_run {
   std::uint64_t version_ = 0;
 };
 
-// Per-rank and per-depth figures of one update.
-json route_of(const update_outcome& u, const fanout_run& run) {
+// Per-rank and per-depth figures of the timed updates of one plan (its route is the same in
+// each): a rank's state is the last update's, its import_s the median over the updates, and a
+// depth's import_s the median over every import at that depth.
+json route_of(const std::vector<update_outcome>& updates, const fanout_run& run) {
   json ranks = json::array();
+  if (updates.empty()) return {{"ranks", ranks}, {"per_hop", json::array()}};
+  const auto& last = updates.back();
   std::map<std::uint32_t, std::vector<double>> by_depth;
-  for (const auto& [rank, hop] : u.plan.hops) {
+  for (const auto& [rank, hop] : last.plan.hops) {
     json row = {{"rank", rank},
                 {"node", run.node_name(static_cast<std::size_t>(rank))},
-                {"received_from", u.plan.received_from(rank)},
+                {"received_from", last.plan.received_from(rank)},
                 {"depth", hop.depth}};
-    if (auto it = u.reports.find(rank); it != u.reports.end()) {
-      double import = it->second["timings"].value("import", 0.0);
+    std::vector<double> imports;
+    for (const auto& u : updates) {
+      if (auto it = u.reports.find(rank); it != u.reports.end()) {
+        imports.push_back(it->second["timings"].value("import", 0.0));
+      }
+    }
+    if (auto it = last.reports.find(rank); it != last.reports.end()) {
       row["state"] = it->second.value("acknowledged", false) ? "acknowledged" : "rejected";
-      row["import_s"] = import;
-      by_depth[hop.depth].push_back(import);
     } else {
       row["state"] = "failed";
     }
+    if (!imports.empty()) row["import_s"] = median(imports);
+    by_depth[hop.depth].insert(by_depth[hop.depth].end(), imports.begin(), imports.end());
     ranks.push_back(row);
   }
+  std::map<std::uint32_t, std::size_t> at_depth;
+  for (const auto& [rank, hop] : last.plan.hops) ++at_depth[hop.depth];
   json hops = json::array();
   for (const auto& [depth, imports] : by_depth) {
-    hops.push_back({{"depth", depth}, {"ranks", imports.size()}, {"import_s", median(imports)}});
+    hops.push_back({{"depth", depth}, {"ranks", at_depth[depth]}, {"import_s", median(imports)}});
   }
   return {{"ranks", ranks}, {"per_hop", hops}};
 }
@@ -403,7 +414,7 @@ json plan_row(fanout_run& run, const fanout_bench_options& o, json row, plan_sha
               const std::vector<std::int32_t>& everyone, double baseline, bool warm,
               std::string& error) {
   std::vector<double> commit, publish;
-  std::optional<update_outcome> last;
+  std::vector<update_outcome> timed;
   // A plan not warmed up yet opens its endpoints between other peers: not in the timings.
   if (!warm) {
     if (auto u = update_all(run, everyone, shape); !u) error = u.error().message;
@@ -416,13 +427,13 @@ json plan_row(fanout_run& run, const fanout_bench_options& o, json row, plan_sha
     }
     commit.push_back(u->commit_s);
     publish.push_back(u->publish_s);
-    last = std::move(*u);
+    timed.push_back(std::move(*u));
   }
   row["plan"] = plan_shape_name(shape);
-  row["weight_version"] = last ? last->version : 0;
+  row["weight_version"] = timed.empty() ? 0 : timed.back().version;
   row["timings_s"] = {{"commit", median(commit)}, {"publish", median(publish)}};
   row = with_baseline(std::move(row), median(commit), baseline);
-  if (last) row.update(route_of(*last, run));
+  if (!timed.empty()) row.update(route_of(timed, run));
   row["env"] = {{"host", host_name()},
                 {"cores", std::thread::hardware_concurrency()},
                 {"checksum_isa", std::string(checksum_isa())},
@@ -472,7 +483,7 @@ json kill_leader_row(fanout_run& run, const fanout_bench_options& o, json row, p
   row["acknowledged"] = std::count_if(u->reports.begin(), u->reports.end(), [&](const auto& r) {
     return acked_current(r.second, u->version);
   });
-  row.update(route_of(*u, run));
+  row.update(route_of({*u}, run));
   if (u->failed != std::vector<std::int32_t>{victim}) {
     error = "expected only rank " + std::to_string(victim) + " to fail";
   } else if (!all_acked(*u, everyone.size() - 1)) {
