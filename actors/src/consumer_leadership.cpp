@@ -60,6 +60,10 @@ void member_gone(endpoint_pointer self, const endpoint_state_ptr& st, const caf:
 
 // Stops leading the node: every member is let go.
 void stop_leading(endpoint_pointer self, const endpoint_state_ptr& st, bool tell) {
+  if (st->lead_epoch != 0) {
+    log_info(st->who + ": no longer leads its node (" + std::to_string(st->members.size()) +
+             " member endpoint(s) let go)");
+  }
   while (!st->members.empty()) member_gone(self, st, st->members.begin()->first, tell);
   st->lead_epoch = 0;
 }
