@@ -2,17 +2,8 @@
 // What every cluster process needs around CAF: one actor system configured the same way
 // (message types, networking, heartbeats on at both ends), and running until a stop signal.
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include <caf/openssl/all.hpp>
@@ -68,45 +59,6 @@ inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::acto
   return ended ? 1 : 0;
 }
 
-/// Whether host:port takes a TCP connection within `limit`: empty, or why not. CAF 0.17 connects
-/// with a blocking connect(), which a host that drops packets holds for about two minutes (the
-/// kernel's SYN retries); this probe says so in `limit` instead.
-inline std::string tcp_reachable(const std::string& host, std::uint16_t port,
-                                 std::chrono::milliseconds limit) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc) {
-    return std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
-  }
-  std::string why = "no address";
-  for (auto* a = found; a; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    int err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
-    bool silent = false;  // no answer at all within the limit
-    if (err == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(limit.count()));
-      socklen_t len = sizeof err;
-      if (ready == 0) {
-        silent = true;
-      } else if (ready < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
-        err = errno;
-      }
-    }
-    ::close(fd);
-    if (!silent && err == 0) {
-      why.clear();
-      break;
-    }
-    why = silent ? "no answer within " + std::to_string(limit.count()) + " ms"
-                 : std::string(std::strerror(err));
-  }
-  ::freeaddrinfo(found);
-  return why;
-}
-
 /// The actor system of a cluster process. CAF 0.17 detects a frozen peer only with heartbeats
 /// on at both ends, so every process turns them on (notes/caf-0.17.md).
 class cluster_system {
@@ -137,9 +89,6 @@ class cluster_system {
 
   /// Connects to the coordinator (blocking: never call from inside an actor).
   caf::expected<proto::coordinator_actor> connect(const endpoint& where) {
-    if (auto why = tcp_reachable(where.host, where.port, std::chrono::seconds(10)); !why.empty()) {
-      return caf::make_error(caf::sec::cannot_connect_to_node, why, where.host, where.port);
-    }
     // CAF 0.17's heartbeat tick drops a connection whose handshake has not come back by then
     // (its last-seen time starts at zero): rare on loopback, less so with TLS across hosts. That
     // failure reads connection_timeout, and is worth another try or two.
