@@ -113,6 +113,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
                        hello.active_weight_version,
                        hello.held};
         auto sender = self->current_sender();
+        // A join is answered to, and monitored as, its sender: one without (an anonymous
+        // message, or one whose proxy CAF could not make) cannot be a rank.
+        if (!sender) return {st.token, "join refused: the join has no sender to answer"};
         const auto sender_addr = caf::actor_cast<caf::actor_addr>(sender);
         // Everything is checked before anything changes: a refused join leaves no trace.
         if (auto m = st.members.find(sender_addr); m != st.members.end()) {
