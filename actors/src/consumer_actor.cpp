@@ -180,6 +180,9 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
     st->box->endpoint = caf::actor_cast<caf::actor_addr>(self);
   }
   for (auto& [rank, slot] : st->ranks) self->monitor(slot.worker);
+  // Connects in flight hold callbacks that hold the state: let go however the actor ends (an
+  // answer that comes after is dropped with the mailbox).
+  self->attach_functor([st] { st->connects.clear(); });
   // Leaving in order (only this process can stop it: guard.hpp): the answers it still holds —
   // its ranks' reports not sent yet, a leader's members' reports, what a member's leader had
   // not confirmed — go straight to the coordinator first, ahead of the down message that ends

@@ -203,9 +203,15 @@ rollout_report rollout_executor::update_weights(std::span<const manifest_ptr> sh
 
   // Nothing below may leave by an exception (an adapter out of memory, say) with the shards
   // still imported: it becomes a rejection like any other failure.
+  // From the switch on nothing may throw: readers see the new weights, and the bookkeeping of
+  // what is held must follow them whole. What it needs is allocated here, in the try.
+  std::optional<update_id> next_id;
+  std::vector<update_id> next_held;
   try {
     if (auto ok = shards_check(shards, consumer_.rank()); !ok) return fail(ok.error());
     if (auto ok = import_and_stage(shards, report, imported_ids, t); !ok) return fail(ok.error());
+    next_id = report.id;
+    next_held = imported_ids;
   } catch (const std::exception& e) {
     adapter_.discard(report.id);
     return fail(make_error(errc::install_failed, std::string("install failed: ") + e.what() + " (" +
@@ -213,10 +219,6 @@ rollout_report rollout_executor::update_weights(std::span<const manifest_ptr> sh
                                                      ")"));
   }
 
-  // From the switch on nothing may throw: readers see the new weights, and the bookkeeping of
-  // what is held must follow them whole. What it needs is allocated before.
-  std::optional<update_id> next_id = report.id;
-  std::vector<update_id> next_held = imported_ids;
   {
     // The version switches with the weights: a reader inside the gate sees both or neither.
     std::unique_lock exclusive(gate_);

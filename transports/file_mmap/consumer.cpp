@@ -132,7 +132,7 @@ class fm_consumer final : public consumer_transport {
   result<std::vector<std::span<const std::byte>>> map_buffer(const weight_update_manifest& m,
                                                              const handle& h, held& entry) {
     std::string bdir = buffer_dir(cfg_.dir, h.buffer);
-    if (auto ok = dir_ensure(cfg_.dir + "/leases", true); !ok) {
+    if (auto ok = dir_ensure(cfg_.dir + "/leases", true, false); !ok) {
       return make_error(ok.error().code, ok.error().message + " (" + ctx(m) + ")");
     }
     nlohmann::json who = {{"host", host_},

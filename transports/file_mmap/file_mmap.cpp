@@ -33,8 +33,8 @@ class file_mmap_transport final : public transport {
   transport_caps caps() const override { return fm_caps; }
 
   result<std::unique_ptr<publisher_transport>> make_publisher() override {
-    if (auto ok = dir_ensure(cfg_.dir, false); !ok) return ok.error();
-    if (auto ok = dir_ensure(cfg_.dir + "/leases", true); !ok) return ok.error();
+    if (auto ok = dir_ensure(cfg_.dir, false, true); !ok) return ok.error();
+    if (auto ok = dir_ensure(cfg_.dir + "/leases", true, true); !ok) return ok.error();
     // One writer per directory: two would rename CURRENT under each other.
     std::string lock_path = cfg_.dir + "/publisher.lock";
     int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);

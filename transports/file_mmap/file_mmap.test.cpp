@@ -828,6 +828,10 @@ TEST(file_mmap_options, a_dir_others_may_write_or_a_planted_link_is_refused) {
   ASSERT_FALSE(shared);
   EXPECT_TRUE(contains(shared.error().message, "with mode 1777: another user could replace"))
       << shared.error().message;
+  ASSERT_EQ(::chmod(dir.c_str(), 0775), 0);  // what a umask of 002 makes: the group's to write
+  EXPECT_TRUE(publisher_of(dir));
+  fs::remove_all(dir + "/leases");  // what that publisher made, for the links planted below
+  fs::remove(dir + "/publisher.lock");
   ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
   const std::string victim = dir + "/victim";
   fs::create_directories(victim);

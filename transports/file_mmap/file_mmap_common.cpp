@@ -113,7 +113,7 @@ result<void> file_replace_durably(const std::string& path, const std::string& te
   return fsync_path(path.substr(0, path.rfind('/')));
 }
 
-result<void> dir_ensure(const std::string& path, bool inside) {
+result<void> dir_ensure(const std::string& path, bool inside, bool writer) {
   // Weights and manifests are the owner's alone, as in shared memory (0600 files, 0700 dirs).
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     return make_error(errc::io_error, "file-mmap: mkdir " + path + ": " + errno_text(errno));
@@ -127,8 +127,10 @@ result<void> dir_ensure(const std::string& path, bool inside) {
                                           (inside ? " (a link is refused here)" : ""));
   }
   // Whoever else may write into it could replace CURRENT or a segment: readers would trust
-  // their manifest and checksums. This user's folder or root's, writable by its owner alone.
-  if ((st.st_uid != ::geteuid() && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+  // their manifest and checksums. Never one anybody may write; for the writer, its user's
+  // folder or root's. (Group write is let be: a umask of 002 gives it to folders a user makes,
+  // for the user's own group. A reader follows its writer's folder, whoever owns it.)
+  if ((writer && st.st_uid != ::geteuid() && st.st_uid != 0) || (st.st_mode & S_IWOTH) != 0) {
     return make_error(
         errc::io_error,
         "file-mmap: " + path + " is owned by uid " + std::to_string(st.st_uid) + " with mode " +
@@ -137,8 +139,8 @@ result<void> dir_ensure(const std::string& path, bool inside) {
               std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
               return std::string(mode);
             }() +
-            ": another user could replace the files in it; use a folder " + "only this user (uid " +
-            std::to_string(::geteuid()) + ") may write (field dir)");
+            ": another user could replace the files in it; use a folder only this user (uid " +
+            std::to_string(::geteuid()) + ") and its group may write (field dir)");
   }
   return {};
 }

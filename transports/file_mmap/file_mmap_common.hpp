@@ -77,9 +77,10 @@ int write_fully(int fd, const void* data, std::size_t n, off_t offset = -1);
 result<void> file_replace_durably(const std::string& path, const std::string& text,
                                   const std::function<void()>& before_rename = {},
                                   bool* renamed = nullptr);
-/// Makes `path` (0700) or checks it: a directory this user (or root) owns that no one else may
-/// write. `inside`: one of the transport's own folders in the dir, where a link is refused.
-result<void> dir_ensure(const std::string& path, bool inside);
+/// Makes `path` (0700) or checks it: a directory others may not write, owned by this user (or
+/// root) when `writer`. `inside`: one of the transport's own folders in the dir, where a link is
+/// refused.
+result<void> dir_ensure(const std::string& path, bool inside, bool writer);
 
 /// "buffer-<b>.": how the leases on buffer b begin.
 std::string lease_prefix(std::uint64_t b);

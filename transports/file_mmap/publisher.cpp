@@ -248,7 +248,7 @@ class fm_publisher final : public publisher_transport {
   // place. `fresh`: every file is new instead, renamed over the old (a reader may map it).
   result<void> buffer_size(std::uint64_t b, buffer& buf, std::span<const std::uint64_t> sizes,
                            bool fresh) {
-    if (auto ok = dir_ensure(buffer_dir(cfg_.dir, b), true); !ok) return ok;
+    if (auto ok = dir_ensure(buffer_dir(cfg_.dir, b), true, true); !ok) return ok;
     if (buf.files.size() < sizes.size()) buf.files.resize(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       auto& f = buf.files[i];
