@@ -478,14 +478,27 @@ def test_a_refused_round_releases_the_new_version():
         assert_same(t.rollout, t.trainer)
 
 
-def test_a_list_of_shards_outside_a_start_is_one_update():
-    trainer_model, rollout_model = TinyModel(seed=17), TinyModel(seed=18)
+@contextmanager
+def two_trainer_ranks(seed: int):
+    """A trainer model split over two publisher ranks, and an initialised worker with a model of
+    its own: (trainer model, rollout model, its (name, parameter) pairs, the two bridges,
+    worker). Everything is shut down and closed afterwards."""
+    trainer_model, rollout_model = TinyModel(seed=seed), TinyModel(seed=seed + 1)
     pairs = list(trainer_model.named_parameters())
     halves = [wsync.make_weight_bridge(TRANSPORT, source_worker="trainer", source_rank=r,
                                        model_id="tiny") for r in (0, 1)]
     worker = make_worker(rollout_model)
     try:
         worker.init_transfer_engine({"transport": TRANSPORT})
+        yield trainer_model, rollout_model, pairs, halves, worker
+    finally:
+        worker.shutdown()
+        for bridge in halves:
+            bridge.close()
+
+
+def test_a_list_of_shards_outside_a_start_is_one_update():
+    with two_trainer_ranks(17) as (trainer_model, rollout_model, pairs, halves, worker):
         shards = [halves[0].publish(pairs[:3], 1), halves[1].publish(pairs[3:], 1)]
         worker.update_weights([{"manifest": m.to_json()} for m in shards])
         assert worker.weight_version == 1
@@ -501,21 +514,11 @@ def test_a_list_of_shards_outside_a_start_is_one_update():
         assert worker.weight_version == 1 and not worker._started
         for bridge, m in zip(halves, shards):
             bridge.release(m.update_id)
-    finally:
-        worker.shutdown()
-        for bridge in halves:
-            bridge.close()
 
 
 def test_a_tensor_in_two_shards_is_refused_before_anything_loads():
     # One tensor in two shards: only one would load, and both would be acknowledged.
-    trainer_model, rollout_model = TinyModel(seed=23), TinyModel(seed=24)
-    pairs = list(trainer_model.named_parameters())
-    halves = [wsync.make_weight_bridge(TRANSPORT, source_worker="trainer", source_rank=r,
-                                       model_id="tiny") for r in (0, 1)]
-    worker = make_worker(rollout_model)
-    try:
-        worker.init_transfer_engine({"transport": TRANSPORT})
+    with two_trainer_ranks(23) as (_, rollout_model, pairs, halves, worker):
         shards = [halves[0].publish(pairs[:3], 1), halves[1].publish(pairs[2:], 1)]
         with pytest.raises(InvalidArgumentError,
                            match=r"update_info.manifest\[1\].tensors\[0\].name: .* earlier "
@@ -525,10 +528,6 @@ def test_a_tensor_in_two_shards_is_refused_before_anything_loads():
         assert_same(rollout_model, TinyModel(seed=24))
         for bridge, m in zip(halves, shards):
             bridge.release(m.update_id)
-    finally:
-        worker.shutdown()
-        for bridge in halves:
-            bridge.close()
 
 
 def test_kernel_format_refuses_another_dtype():

@@ -241,6 +241,11 @@ _ALIASES = {"local": "local-clone", "shm": "shared-memory", "shared_memory": "sh
             "local_clone": "local-clone", "file_mmap": "file-mmap"}
 
 
+def canonical_transport(name: str) -> str:
+    """The registry name of ``name``, which may be an alias (``"shm"``)."""
+    return _ALIASES.get(name, name)
+
+
 def make_weight_bridge(name: str, **kwargs: Any) -> WeightBridge:
     """A bridge over the transport `name` (``"local-clone"``, ``"shared-memory"``,
     ``"file-mmap"``, ``"ucx"``). Unknown names raise UnknownTransportError listing what this
@@ -248,7 +253,7 @@ def make_weight_bridge(name: str, **kwargs: Any) -> WeightBridge:
     raise BlockedError with the cause at the first publish or import where this machine cannot
     run them. CPU and CUDA tensors go to every transport; cuda-ipc and cuda-vmm import as CUDA
     tensors."""
-    return WeightBridge(_ALIASES.get(name, name), **kwargs)
+    return WeightBridge(canonical_transport(name), **kwargs)
 
 
 # Per thread, per gate (by id): [blocks open, the gate ticket they share].

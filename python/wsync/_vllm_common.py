@@ -22,13 +22,6 @@ def _make_bridge(transport: str, **kwargs):
     return wsync.make_weight_bridge(transport, **kwargs)
 
 
-def _canonical_transport(transport: str) -> str:
-    """The registry name of ``transport``, which may be an alias (``"shm"``)."""
-    from wsync._bridge import _ALIASES
-
-    return _ALIASES.get(transport, transport)
-
-
 def _parse_manifest(value: Any, where: str):
     """A wsync Manifest from a Manifest, its JSON text or its JSON object."""
     import wsync

@@ -9,9 +9,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from wsync._errors import (IllegalTransitionError, InstallFailedError, InvalidArgumentError,
                            VersionNotMonotonicError, WeightSyncError)
 from wsync._text import options_text
-from wsync._vllm_common import (WsyncInitInfo, WsyncUpdateInfo, _canonical_transport, _detached,
-                                _from_dict, _make_bridge, _parse_manifest, _tensor_field,
-                                _update_info_of, _wire_dtype)
+from wsync._vllm_common import (WsyncInitInfo, WsyncUpdateInfo, _detached, _from_dict,
+                                _make_bridge, _parse_manifest, _tensor_field, _update_info_of,
+                                _wire_dtype)
 
 
 @dataclass
@@ -107,7 +107,9 @@ class WsyncWeightTransferEngine:
             raise InvalidArgumentError("init_info.transport: must be a non-empty string")
         options = options_text(info.transport_options, "init_info.transport_options")
         if self.bridge is not None:
-            if _canonical_transport(info.transport) != self.transport:
+            from wsync._bridge import canonical_transport  # torch only once it is used
+
+            if canonical_transport(info.transport) != self.transport:
                 raise InvalidArgumentError(
                     f"init_info.transport: \"{info.transport}\" differs from \"{self.transport}\","
                     " which this worker was initialised with")
