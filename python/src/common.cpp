@@ -204,6 +204,7 @@ struct copy_job {
 // included (the caller then frees the spares).
 result<void> run_device_copies(std::span<const imported_update* const> shards,
                                const std::vector<const copy_job*>& jobs) {
+  gpu::device_kept kept;  // torch's current device is the caller's again afterwards
   std::map<int, gpu::stream> streams;
   std::set<std::pair<int, int>> waited;  // (stream's device, device waited for)
   auto finish = [&](result<void> r) {

@@ -42,7 +42,7 @@ class consumer final : public consumer_transport {
   consumer(sharing kind, int device) : kind_(kind), device_(device) {}
 
   ~consumer() override {
-    cudaSetDevice(device_);
+    device_scope on(device_);
     for (auto& [key, m] : maps_) close(m);
     for (auto& m : retired_) close(m);
   }
@@ -62,7 +62,7 @@ class consumer final : public consumer_transport {
               update_context(m) + ")");
     }
     std::lock_guard lock(mutex_);
-    cudaSetDevice(device_);
+    device_scope on(device_);
     auto control = control_of(*h, m);
     if (!control) return control.error();
     auto key = h->pool + "/" + std::to_string(h->slot);
@@ -132,7 +132,7 @@ class consumer final : public consumer_transport {
     auto slot_id = it->second.slot_id;
     held_.erase(it);
     // Reads queued on the legacy stream finish before the publisher may rewrite the slot.
-    cudaSetDevice(device_);
+    device_scope on(device_);
     cudaStreamSynchronize(cudaStreamLegacy);
     if (auto m = maps_.find(key); m != maps_.end() && m->second.id == slot_id) {
       --m->second.holds;

@@ -42,7 +42,7 @@ class publisher final : public publisher_transport {
 
   ~publisher() override {
     stop_server();
-    cudaSetDevice(cfg_.device);
+    device_scope on(cfg_.device);
     for (auto& s : slots_) free_slot(*s);
     for (auto [base, event] : retired_) {
       if (event) cudaEventDestroy(event);
@@ -98,7 +98,7 @@ class publisher final : public publisher_transport {
     // asks that: weight_publisher synchronizes its stream when it takes the digests). This
     // record, on a stream of our own, orders nothing more; consumers' streams wait on it as on
     // a marker that the slot was sealed.
-    cudaSetDevice(cfg_.device);
+    device_scope on(cfg_.device);
     if (auto e = cudaEventRecord(s->event, stream_); e != cudaSuccess) {
       return make_error(errc::io_error, std::string(kind_name(cfg_.kind)) +
                                             ": cudaEventRecord failed (" + cuda_text(e) +
@@ -133,7 +133,8 @@ class publisher final : public publisher_transport {
 
   result<void> open() {
     const std::string who = kind_name(cfg_.kind);
-    if (auto e = cudaSetDevice(cfg_.device); e != cudaSuccess) {
+    device_scope on(cfg_.device);
+    if (auto e = on.status(); e != cudaSuccess) {
       return make_error(errc::blocked, "blocked: " + who + ": device " +
                                            std::to_string(cfg_.device) + " (" + cuda_text(e) + ")");
     }
@@ -191,7 +192,7 @@ class publisher final : public publisher_transport {
   // Allocates `bytes` (rounded up) of device memory for `s` and exports it once.
   result<void> allocate(slot& s, std::uint64_t bytes) {
     const std::string who = kind_name(cfg_.kind);
-    cudaSetDevice(cfg_.device);
+    device_scope on(cfg_.device);
     auto fail = [&](const std::string& what) -> result<void> {
       free_slot(s);
       return make_error(errc::io_error, who + ": " + what + " for a slot of " +

@@ -131,6 +131,14 @@ result<int> set_device(int device) {
   return was;
 }
 
+device_kept::device_kept() {
+  if (cudaGetDevice(&was_) != cudaSuccess) was_ = -1;
+}
+
+device_kept::~device_kept() {
+  if (was_ >= 0) (void)cudaSetDevice(was_);
+}
+
 result<int> device_of(const void* p) {
   cudaPointerAttributes a{};
   if (auto e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
@@ -303,6 +311,9 @@ result<std::vector<std::uint64_t>> copy_with_checksums(std::span<const device_co
 result<int> set_device(int) {
   return not_built();
 }
+
+device_kept::device_kept() = default;
+device_kept::~device_kept() = default;
 
 result<int> device_of(const void*) {
   return not_built();

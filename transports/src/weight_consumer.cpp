@@ -136,12 +136,8 @@ result<std::vector<std::uint64_t>> weight_consumer::checksums_of(const imported_
   if (!u.memory.host()) {
     // On the update's device, whichever this thread had current (an HTTP pool thread, say),
     // and that one current again afterwards.
-    auto was = gpu::set_device(u.memory.cuda_device);
-    if (!was) return was.error();
-    struct restore {
-      int device;
-      ~restore() { (void)gpu::set_device(device); }
-    } back{*was};
+    gpu::device_kept kept;
+    if (auto was = gpu::set_device(u.memory.cuda_device); !was) return was.error();
     std::vector<gpu::device_range> ranges(tensors);
     for (std::size_t i = 0; i < tensors; ++i) {
       ranges[i] = {u.tensors[i].data, u.tensors[i].descriptor->nbytes};

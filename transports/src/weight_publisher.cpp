@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "src/parallel.hpp"
@@ -328,6 +329,12 @@ result<weight_update_manifest> weight_publisher::publish(
   // Validate before touching memory: the manifest's rules are the input rules.
   if (auto ok = manifest_validate(m, transport_known); !ok) return ok.error();
 
+  // The streams below make their devices current; the caller's is put back on every return.
+  std::optional<gpu::device_kept> kept;
+  if (!memory.host() || std::any_of(tensors.begin(), tensors.end(),
+                                    [](const tensor_source& t) { return t.cuda_device >= 0; })) {
+    kept.emplace();
+  }
   std::vector<std::uint64_t> sizes;
   for (const auto& s : m.segments) sizes.push_back(s.nbytes);
   const bool lent = config_.lend_sources && transport_->can_lend();

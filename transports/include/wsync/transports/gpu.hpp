@@ -85,6 +85,20 @@ class stream {
 /// run there); returns the device that was current, for the caller to put back.
 result<int> set_device(int device);
 
+/// Puts back, when it goes, the device that was current on this thread when it was made. The
+/// calls that switch devices run on threads that are not wsync's (a trainer's, an HTTP pool's),
+/// whose current device belongs to the code around them. Does nothing without CUDA.
+class device_kept {
+ public:
+  device_kept();
+  ~device_kept();
+  device_kept(const device_kept&) = delete;
+  device_kept& operator=(const device_kept&) = delete;
+
+ private:
+  int was_ = -1;
+};
+
 /// The CUDA device of `p` (a device pointer, or host memory CUDA mapped for a device), or -1 for
 /// host memory CUDA does not know.
 result<int> device_of(const void* p);
