@@ -607,11 +607,15 @@ std::optional<weight_update_manifest> manifest_from_plain_json(std::string_view 
 
 result<weight_update_manifest> manifest_from_json_document(std::string_view text) {
   bool too_deep = false;
-  json j = json_parse_bounded(text, &too_deep);
+  std::string twice;
+  json j = json_parse_bounded(text, &too_deep, &twice);
   if (!j.is_discarded()) return manifest_from_json_value(j);
+  // A key given twice is refused, not read as its last value: a proxy or an auditor whose
+  // parser keeps the first would see another id or checksum than the one installed.
   const std::string err =
-      too_deep ? "manifest: nested deeper than " + std::to_string(json_max_depth) + " levels"
-               : "manifest: not valid JSON";
+      too_deep        ? "manifest: nested deeper than " + std::to_string(json_max_depth) + " levels"
+      : twice.empty() ? std::string("manifest: not valid JSON")
+                      : "manifest: key \"" + twice.substr(0, 64) + "\" given twice in one object";
   return make_error(errc::invalid_manifest,
                     "invalid manifest: " + err + " (update_id=<none> rank=<none>)");
 }
@@ -626,9 +630,8 @@ result<weight_update_manifest> manifest_from_json_value(const json& j) {
   // that failed, and 0 would name a rank the manifest never said.
   const auto rank = j.is_object() ? j.find("source_rank") : j.end();
   const bool named = rank != j.end() && rank->is_number_integer();
-  const std::string context =
-      "update_id=" + (m.update_id.empty() ? std::string("<none>") : m.update_id) +
-      " rank=" + (named ? rank->dump() : std::string("<none>"));
+  const std::string context = "update_id=" + update_id_shown(m.update_id) +
+                              " rank=" + (named ? rank->dump() : std::string("<none>"));
   return make_error(errc::invalid_manifest, "invalid manifest: " + err + " (" + context + ")");
 }
 

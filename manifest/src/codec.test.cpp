@@ -572,11 +572,27 @@ TEST(codec, the_plain_lexer_reads_plain_json_and_leaves_the_rest) {
   }
 }
 
+TEST(codec, a_key_given_twice_is_refused_not_read_as_its_last_value) {
+  const auto text = manifest_to_json(full_manifest());
+  // At the top (the id another parser would read as the first) and inside a tensor.
+  for (const auto& [variant, key] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"update_id\":\"u-other\"," + text.substr(1), "update_id"},
+           {edited("\"segment\":0", "\"segment\":0,\"segment\":0"), "segment"},
+       }) {
+    auto got = manifest_from_json(variant);
+    ASSERT_FALSE(got) << variant.substr(0, 80);
+    EXPECT_EQ(got.error().code, errc::invalid_manifest);
+    EXPECT_NE(got.error().message.find("key \"" + key + "\" given twice in one object"),
+              std::string::npos)
+        << got.error().message;
+  }
+}
+
 TEST(codec, both_decoder_paths_agree_on_fields_out_of_order_repeated_or_unknown) {
   const auto text = manifest_to_json(full_manifest());
   for (const auto& variant : std::vector<std::string>{
            text,
-           // A key repeated: the document keeps the last one.
+           // A key repeated: refused by both.
            "{\"model_id\":\"first\"," + text.substr(1),
            // Fields out of order.
            "{\"wsync_manifest\":1," + text.substr(1, text.rfind(",\"wsync_manifest\"") - 1) + "}",
