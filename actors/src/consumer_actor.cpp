@@ -108,8 +108,8 @@ void answered(const endpoint_state_ptr& st, const rank_report& r) {
     list += (list.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank) + ": " + why;
   }
   log_warn(st->who + ": update " + r.key +
-           (r.update_id.empty() ? "" : " (update_id=" + r.update_id + ")") + " not installed by " +
-           list);
+           (r.update_id.empty() ? "" : " (update_id=" + update_id_shown(r.update_id) + ")") +
+           " not installed by " + list);
 }
 
 // A report joins the pending batch.

@@ -267,8 +267,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         if (r.token != self->state.token || !m || m->role != rank_role::consumer ||
             !m->ranks.count(r.rank)) {
           log_warn("coordinator: refused a report (" + r.state + " of " + r.key +
-                   (r.update_id.empty() ? "" : ", update_id=" + r.update_id) + ") for rank " +
-                   std::to_string(r.rank) +
+                   (r.update_id.empty() ? "" : ", update_id=" + update_id_shown(r.update_id)) +
+                   ") for rank " + std::to_string(r.rank) +
                    " from a peer that did not join as that consumer with the cluster token");
           return;
         }

@@ -488,9 +488,10 @@ void take_report(coordinator_pointer self, const rank_report& r) {
       orphan_release(self, r.key, r.rank);
       return;
     }
-    log_warn("coordinator: report refused: " + r.state + " of update_id=" + r.update_id +
-             " rank=" + std::to_string(r.rank) + " is of an earlier attempt of " + r.key +
-             " (now attempt " + std::to_string(tracked->attempt) + ")");
+    log_warn("coordinator: report refused: " + r.state +
+             " of update_id=" + update_id_shown(r.update_id) + " rank=" + std::to_string(r.rank) +
+             " is of an earlier attempt of " + r.key + " (now attempt " +
+             std::to_string(tracked->attempt) + ")");
     return;
   }
   result<std::vector<book_effect>> effects = std::vector<book_effect>{};

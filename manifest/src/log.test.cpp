@@ -25,5 +25,17 @@ TEST(log, control_bytes_are_escaped_and_long_lines_cut) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2);
 }
 
+// A C1 control (U+009B is ESC [ for a terminal) and bytes that are not UTF-8 are escaped;
+// text in other scripts is not.
+TEST(log, c1_controls_and_bytes_that_are_not_utf8_are_escaped) {
+  testing::internal::CaptureStderr();
+  log_warn(
+      "name \xc2\x9b"
+      "2J, caf\xc3\xa9 \xe6\x9d\x83\xe9\x87\x8d, cut \xc3, lone \x9b\xff");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(),
+            "wsync warn: name \\xc2\\x9b2J, caf\xc3\xa9 \xe6\x9d\x83\xe9\x87\x8d, cut \\xc3, lone "
+            "\\x9b\\xff\n");
+}
+
 }  // namespace
 }  // namespace wsync

@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -44,8 +45,31 @@ update_id update_id_generate() {
   return std::string(buf, static_cast<std::size_t>(len)) + secret;
 }
 
+// An id as errors show it: a valid one as it is; one that is not (errors about it come before
+// or instead of its check) cut to 64 bytes, bytes outside the id alphabet as \xNN, and its
+// length said, so a peer's 50 MB or escape-laden id does not travel into every report.
+std::string update_id_shown(const update_id& id) {
+  auto plain = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.' || c == ':' || c == '/' || c == '@';
+  };
+  if (id.empty()) return "<none>";
+  if (id.size() <= 128 && std::all_of(id.begin(), id.end(), plain)) return id;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < id.size() && i < 64; ++i) {
+    const auto c = static_cast<unsigned char>(id[i]);
+    if (plain(id[i])) {
+      out += id[i];
+    } else {
+      out += {'\\', 'x', hex[c >> 4], hex[c & 15]};
+    }
+  }
+  return out + (id.size() > 64 ? "...(" + std::to_string(id.size()) + " bytes)" : "");
+}
+
 std::string update_context(const update_id& id, std::int32_t rank) {
-  return "update_id=" + (id.empty() ? std::string("<none>") : id) + " rank=" + std::to_string(rank);
+  return "update_id=" + update_id_shown(id) + " rank=" + std::to_string(rank);
 }
 
 std::string update_context(const weight_update_manifest& m) {

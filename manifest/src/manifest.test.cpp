@@ -25,6 +25,18 @@ TEST(manifest, update_ids_are_unique_and_shaped) {
 
 TEST(manifest, update_context_names_id_and_rank) {
   EXPECT_EQ(update_context("u-1", 7), "update_id=u-1 rank=7");
+  EXPECT_EQ(update_context("", 7), "update_id=<none> rank=7");
+}
+
+// Errors about an id come before, or instead of, its check: a peer's id that is not one is cut
+// and escaped there, not carried whole into every report and log.
+TEST(manifest, update_context_cuts_and_escapes_an_id_that_is_not_one) {
+  EXPECT_EQ(update_context("u-\n\x1b[2J", 1), "update_id=u-\\x0a\\x1b\\x5b2J rank=1");
+  const std::string huge(50000, 'a');
+  EXPECT_EQ(update_context(huge, 1),
+            "update_id=" + std::string(64, 'a') + "...(50000 bytes) rank=1");
+  const std::string longest(128, 'b');  // the longest valid id is shown whole
+  EXPECT_EQ(update_context(longest, 1), "update_id=" + longest + " rank=1");
 }
 
 }  // namespace

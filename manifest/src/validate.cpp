@@ -27,20 +27,26 @@ bool printable_id(std::string_view s) {
 // JSON carries text: a name that is not UTF-8 (or holds control characters) cannot round-trip.
 // Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, nothing past U+10FFFF (the JSON
 // writer replaces those, which would rename the tensor on the way, or make two names one); and
-// no C0 control characters.
+// no control characters (C0, DEL, C1: a terminal acts on them when a log or an error shows the
+// name).
 bool valid_text(std::string_view s) {
   std::size_t i = 0;
   // Plain ASCII without control characters, eight bytes at a time (tensor names are): no byte
-  // with its high bit set, and none below 0x20 (the borrow test of "has a byte less than n").
+  // with its high bit set, none below 0x20 and none 0x7f (DEL) (the borrow test of "has a byte
+  // less than n", on the bytes and on their complement to 0x7f).
   constexpr std::uint64_t ones = 0x0101010101010101, highs = 0x8080808080808080;
   for (std::uint64_t w; i + 8 <= s.size(); i += 8) {
     std::memcpy(&w, s.data() + i, 8);
-    if ((w & highs) != 0 || ((w - 0x20 * ones) & ~w & highs) != 0) break;
+    const std::uint64_t del = w ^ (0x7f * ones);  // a zero byte where w had DEL
+    if ((w & highs) != 0 || ((w - 0x20 * ones) & ~w & highs) != 0 ||
+        ((del - ones) & ~del & highs) != 0) {
+      break;
+    }
   }
   while (i < s.size()) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
-      if (c < 0x20) return false;
+      if (c < 0x20 || c == 0x7f) return false;
       ++i;
       continue;
     }
@@ -60,6 +66,7 @@ bool valid_text(std::string_view s) {
     } else {
       return false;  // a continuation byte, an overlong lead (C0, C1) or F5..FF
     }
+    if (c == 0xc2) lo = 0xa0;  // U+0080..U+009F: the C1 controls
     if (i + len > s.size()) return false;
     const auto second = static_cast<unsigned char>(s[i + 1]);
     if (second < lo || second > hi) return false;
@@ -112,7 +119,12 @@ bool tensor_element_count(const tensor_descriptor& t, std::uint64_t& out) {
   // A zero anywhere makes the tensor empty, whatever the other dimensions multiply to: the
   // answer must not depend on their order (safetensors reads such shapes the same way).
   if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) {
-    if (std::any_of(t.shape.begin(), t.shape.end(), [](auto d) { return d < 0; })) return false;
+    // The other dimensions still multiply to a signed 64-bit count: engines (torch among them)
+    // multiply every dimension in order and refuse an overflow, even one a later zero cancels.
+    std::int64_t others = 1;
+    for (auto d : t.shape) {
+      if (d < 0 || (d != 0 && __builtin_mul_overflow(others, d, &others))) return false;
+    }
     return out = 0, true;
   }
   std::uint64_t n = 1;
@@ -200,7 +212,15 @@ result<void> manifest_validate(const weight_update_manifest& m,
   if (m.source_rank < 0 || static_cast<std::uint64_t>(m.source_rank) > limits.max_rank) {
     return c.fail("source_rank", "out of range: " + std::to_string(m.source_rank));
   }
+  // Carried as text on every hop: bytes JSON cannot hold would change on the way.
+  if (m.source_worker.size() > limits.max_name_bytes || !valid_text(m.source_worker)) {
+    return c.fail("source_worker", "must be at most " + std::to_string(limits.max_name_bytes) +
+                                       " bytes of UTF-8 text without control characters");
+  }
   if (m.transport.empty()) return c.fail("transport", "empty");
+  if (m.transport.size() > 64 || !valid_text(m.transport)) {
+    return c.fail("transport", "must be at most 64 bytes of UTF-8 text without control characters");
+  }
   if (known_transport && !known_transport(m.transport)) {
     return c.fail("transport", "unknown transport \"" + m.transport + "\"");
   }
@@ -313,6 +333,10 @@ result<void> manifest_validate(const weight_update_manifest& m,
       std::uint64_t span = 0;
       if (!tensor_span_bytes(t, span)) {
         return c.fail(tensor_field(i, "strides"), "reach overflows 64 bits");
+      }
+      if (span == 0 && t.nbytes != 0) {
+        return c.fail(tensor_field(i, "nbytes"),
+                      std::to_string(t.nbytes) + " for a tensor without elements");
       }
       if (span > t.nbytes) {
         return c.fail(

@@ -146,9 +146,15 @@ TEST(validate, refuses_names_that_are_not_text) {
     m.tensors[0].name = bad;
     expect_refused(m, "tensors[0].name");
   }
-  // The edges that are text: U+0080, DEL, U+D7FF, U+E000, U+10FFFF, U+0800, U+10000.
-  for (const char* good : {"w\xc2\x80", "w\x7f", "w\xed\x9f\xbf", "w\xee\x80\x80",
-                           "w\xf4\x8f\xbf\xbf", "w\xe0\xa0\x80", "w\xf0\x90\x80\x80"}) {
+  // Control characters a terminal acts on when a log shows the name: DEL and the C1 range
+  // (U+0080..U+009F; U+009B opens an escape sequence like ESC [ does).
+  for (const char* bad : {"w\x7f", "w\xc2\x80", "w\xc2\x9b", "w\xc2\x9f"}) {
+    m.tensors[0].name = bad;
+    expect_refused(m, "tensors[0].name");
+  }
+  // The edges that are text: U+00A0, U+D7FF, U+E000, U+10FFFF, U+0800, U+10000.
+  for (const char* good : {"w\xc2\xa0", "w~", "w\xed\x9f\xbf", "w\xee\x80\x80", "w\xf4\x8f\xbf\xbf",
+                           "w\xe0\xa0\x80", "w\xf0\x90\x80\x80"}) {
     m.tensors[0].name = good;
     expect_accepted(m);
     auto back = manifest_from_json(manifest_to_json(m));  // and it round-trips exactly
@@ -164,11 +170,11 @@ TEST(validate, judges_text_the_same_at_every_position) {
   for (std::size_t at = 0; at < 20; ++at) {
     const std::string head = "n" + std::string(at, 'a');
     const std::string tail(19 - at, 'z');
-    for (const std::string bad : {"\x1f", "\x01", "\xff", "\x80", "\xc3"}) {
+    for (const std::string bad : {"\x1f", "\x01", "\x7f", "\xff", "\x80", "\xc3", "\xc2\x9b"}) {
       m.tensors[0].name = head + bad + tail;
       expect_refused(m, "tensors[0].name");
     }
-    for (const std::string good : {" ", "\x7f", "\xc3\xa9", "~", "\xf0\x90\x80\x80"}) {
+    for (const std::string good : {" ", "\xc2\xa0", "\xc3\xa9", "~", "\xf0\x90\x80\x80"}) {
       m.tensors[0].name = head + good + tail;
       expect_accepted(m);
     }
@@ -255,14 +261,50 @@ TEST(validate, refuses_strides_whose_reach_overflows) {
 // follow the zero (signed overflow is undefined; UBSan aborts on it in the asan preset).
 TEST(validate, empty_tensor_with_huge_dimensions_and_strides_does_not_overflow) {
   auto m = valid_manifest();
-  m.tensors[0].shape = {0, std::int64_t{1} << 40, std::int64_t{1} << 40};
-  m.tensors[0].strides = {std::int64_t{1} << 62, std::int64_t{1} << 40, 1};
+  m.tensors[0].shape = {0, std::int64_t{1} << 31, std::int64_t{1} << 31};
+  m.tensors[0].strides = {std::int64_t{1} << 62, std::int64_t{1} << 31, 1};
   m.tensors[0].nbytes = 0;
   expect_accepted(m);
   // The same dimensions with the zero last: empty all the same.
-  m.tensors[0].shape = {std::int64_t{1} << 40, std::int64_t{1} << 40, 0};
+  m.tensors[0].shape = {std::int64_t{1} << 31, std::int64_t{1} << 31, 0};
   m.tensors[0].strides.clear();
   expect_accepted(m);
+}
+
+// Engines multiply every dimension in order and refuse an overflow a later zero would cancel
+// (torch's storage-size check does): an empty tensor whose other dimensions pass 64 bits could
+// not be made there.
+TEST(validate, refuses_an_empty_tensor_whose_other_dimensions_overflow) {
+  auto m = valid_manifest();
+  m.tensors[0].nbytes = 0;
+  for (const auto& shape : {
+           std::vector<std::int64_t>{std::int64_t{1} << 40, std::int64_t{1} << 40, 0},
+           std::vector<std::int64_t>{0, std::int64_t{1} << 32, std::int64_t{1} << 31},
+       }) {
+    m.tensors[0].shape = shape;
+    expect_refused(m, "tensors[0].shape");
+  }
+}
+
+TEST(validate, refuses_bytes_for_a_strided_tensor_without_elements) {
+  auto m = valid_manifest();
+  m.tensors[0].shape = {0, 16};
+  m.tensors[0].strides = {1, 16};  // not row-major: the span rules apply
+  m.tensors[0].nbytes = 1024;
+  expect_refused(m, "tensors[0].nbytes");
+  m.tensors[0].nbytes = 0;
+  expect_accepted(m);
+}
+
+TEST(validate, refuses_a_source_worker_or_transport_that_is_not_text) {
+  auto m = valid_manifest();
+  m.source_worker = "trainer\xff";
+  expect_refused(m, "source_worker");
+  m.source_worker = std::string(2000, 'w');
+  expect_refused(m, "source_worker");
+  m = valid_manifest();
+  m.transport = "shm\x1b[2J";
+  expect_refused(m, "transport");
 }
 
 TEST(validate, refuses_offset_not_256_aligned) {

@@ -77,7 +77,12 @@ std::string random_hex(std::size_t bytes);
 /// The key of one update of a model across its shards and ranks: "<model_id>@<weight_version>".
 std::string update_key(const std::string& model_id, std::uint64_t weight_version);
 
-/// Text naming an update and a rank in errors: "update_id=<id> rank=<r>".
+/// An id as errors show it: "<none>" for an empty one, a valid one as it is, any other cut to
+/// 64 bytes with bytes outside [A-Za-z0-9._:/@-] as \xNN and its length said.
+std::string update_id_shown(const update_id& id);
+
+/// Text naming an update and a rank in errors: "update_id=<id> rank=<r>" (the id as
+/// update_id_shown gives it).
 std::string update_context(const weight_update_manifest& m);
 std::string update_context(const update_id& id, std::int32_t rank);
 
