@@ -100,6 +100,14 @@ void reference_runtime::discard(const update_id& id) noexcept {
   if (staged_ && staged_->weights.id == id) spare_ = std::move(staged_);
 }
 
+void reference_runtime::deactivate() noexcept {
+  std::lock_guard lock(stage_mutex_);
+  if (active_->copied) return;  // the runtime's own buffers: still valid
+  active_->weights.tensors.clear();
+  active_->weights.id.clear();
+  active_->weights.weight_version = 0;
+}
+
 std::uint64_t reference_runtime::active_version() {
   return generate([](const runtime_weights& w) { return w.weight_version; });
 }

@@ -27,7 +27,11 @@ rollout_executor::rollout_executor(weight_consumer& consumer, install_adapter& a
     : consumer_(consumer), adapter_(adapter), gate_(gate), config_(config) {}
 
 rollout_executor::~rollout_executor() {
-  release_active();
+  try {
+    release_active();
+  } catch (...) {  // out of memory in a transport's release: a destructor must not throw
+    log_error("rollout executor: releasing the active imports failed at shutdown");
+  }
 }
 
 namespace {
@@ -289,6 +293,13 @@ std::vector<update_id> rollout_executor::release_active() {
   // Generations in flight may read the held imports (views of them are the active weights):
   // they finish first, as they do before an install switches.
   std::unique_lock exclusive(gate_);
+  if (!held_.empty() && adapter_.references_import()) {
+    // Readers after this one must find no weights, not views of memory given back.
+    adapter_.deactivate();
+    std::lock_guard active(active_mutex_);
+    active_version_.reset();
+    active_id_.reset();
+  }
   for (const auto& id : held_) (void)consumer_.release(id);
   return std::exchange(held_, {});
 }

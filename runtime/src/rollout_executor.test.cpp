@@ -69,6 +69,7 @@ class flaky_adapter final : public install_adapter {
   void activate(const update_id& id) noexcept override { rt_.activate(id); }
   void discard(const update_id& id) noexcept override { rt_.discard(id); }
   bool references_import() const override { return rt_.references_import(); }
+  void deactivate() noexcept override { rt_.deactivate(); }
   bool fail_ = false;
   bool throw_ = false;
 
@@ -186,6 +187,33 @@ TEST_F(executor_test, release_active_waits_for_the_generations_in_flight) {
   rt.gate().unlock_shared();
   EXPECT_EQ(released.get(), std::vector<update_id>{m1.update_id});
   EXPECT_EQ(*consumer.state(m1.update_id), update_state::released);
+}
+
+// After the imports are released (shutdown), a reader in view mode finds no weights, not views
+// of memory given back; in copy mode the runtime's own copy stays readable.
+TEST_F(executor_test, release_active_leaves_no_view_of_released_memory) {
+  for (auto mode : {reference_runtime::install_mode::view, reference_runtime::install_mode::copy}) {
+    const bool view = mode == reference_runtime::install_mode::view;
+    SCOPED_TRACE(view ? "view" : "copy");
+    auto consumer = make_consumer();
+    reference_runtime rt(mode);
+    rollout_executor ex(consumer, rt, rt.gate());
+    const std::uint64_t v = publisher_->last_version() + 1;
+    auto r = ex.update_weights(publish(v));
+    ASSERT_TRUE(r.acknowledged);
+    report(r);
+    (void)ex.release_active();
+    if (view) {
+      EXPECT_EQ(rt.active_version(), 0u);
+      EXPECT_EQ(rt.generate([](const runtime_weights& w) { return w.tensors.size(); }), 0u);
+      EXPECT_FALSE(ex.active_weight_version());
+      EXPECT_TRUE(publisher_->on_released(r.id, 0));
+    } else {
+      EXPECT_EQ(rt.active_version(), v);
+      EXPECT_EQ(torn(rt), 0u);
+      EXPECT_EQ(ex.active_weight_version(), v);
+    }
+  }
 }
 
 // An install that fails (an error, or an exception out of the adapter: out of memory, say) is a

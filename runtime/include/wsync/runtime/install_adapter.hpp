@@ -31,6 +31,12 @@ class install_adapter {
   /// True when the active weights point into the imported memory, so the import must be held
   /// until the next activation; false when stage() copied everything.
   virtual bool references_import() const = 0;
+
+  /// Forgets active weights that point into imported memory: the imports are about to be
+  /// released (at shutdown), and a reader that comes later must find no weights rather than
+  /// memory given back. Runs under the exclusive side of the gate, only when
+  /// references_import() is true; an adapter that copies never needs it.
+  virtual void deactivate() noexcept {}
 };
 
 }  // namespace wsync

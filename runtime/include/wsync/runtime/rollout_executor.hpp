@@ -62,8 +62,8 @@ class rollout_executor {
 
   /// Releases the imports still held for the active weights (at shutdown) and returns their
   /// ids, for the caller to report. Waits for the generations in flight, like an install's
-  /// switch, so never call it from inside one. Readers that come later must not read the
-  /// adapter's weights if they viewed those imports.
+  /// switch, so never call it from inside one. An adapter whose weights view those imports
+  /// is deactivated first (readers then find none) and the active version is cleared.
   std::vector<update_id> release_active();
 
  private:
