@@ -1,6 +1,7 @@
 #include "wsync/http/gateway.hpp"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <strings.h>
@@ -8,7 +9,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -35,6 +38,7 @@ struct http_gateway::impl {
   std::set<std::string> sglang_paths;  // SGLang's routes: errors as {"success": false, ...}
   std::atomic<int> generating{0};      // /generate calls being served
   std::atomic<bool> listen_ended{false};
+  std::uint16_t port = 0;  // once listening
 };
 
 namespace {
@@ -80,6 +84,38 @@ bool loopback_only(int fd) {
   if (std::memcmp(b, in6addr_loopback.s6_addr, 16) == 0) return true;
   constexpr unsigned char v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   return std::memcmp(b, v4_mapped, 12) == 0 && b[12] == 127;
+}
+
+// Shuts down this process's sockets accepted on TCP `port` (not the listening one): httplib
+// gives a client 5 s per read, however many reads it takes, so one that sends a byte every few
+// seconds would keep a pool thread, and stop() waiting on it, for good. /proc/self/fd lists
+// them; shutdown() ends the read that holds the thread.
+void shut_accepted_sockets(std::uint16_t port) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return;
+  while (const dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    const int s = static_cast<int>(fd);
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t n = sizeof local, m = sizeof peer;
+    if (::getsockname(s, reinterpret_cast<sockaddr*>(&local), &n) != 0 ||
+        ::getpeername(s, reinterpret_cast<sockaddr*>(&peer), &m) != 0) {
+      continue;
+    }
+    std::uint16_t at = 0;
+    if (local.ss_family == AF_INET) {
+      at = ntohs(reinterpret_cast<const sockaddr_in*>(&local)->sin_port);
+    } else if (local.ss_family == AF_INET6) {
+      at = ntohs(reinterpret_cast<const sockaddr_in6*>(&local)->sin6_port);
+    }
+    if (at == port) ::shutdown(s, SHUT_RDWR);
+  }
+  ::closedir(dir);
 }
 
 // Whether httplib reads the body as chunked: it compares the header without regard to case.
@@ -255,6 +291,10 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
     return new httplib::ThreadPool(threads);
   };
   server.set_payload_max_length(max_body_bytes);
+  // One request per connection: a reply sent before its body was read (401, 411, 413, 415)
+  // leaves the rest of that body unread, and a kept-alive connection would read it as the next
+  // request. A control surface loses nothing by closing.
+  server.set_keep_alive_max_count(1);
   // Debian's libcpp-httplib listens with a backlog of 5: bursts of clients (vLLM ranks polling
   // /metrics, a test's 32 threads) overflow it and see reset connections. Keep the socket so
   // start() can raise the backlog (listen() again on a listening socket only changes it).
@@ -273,13 +313,33 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
                     "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (chunked(q) && !(q.method == "POST" && impl_->post_paths.count(q.path) != 0)) {
-      r.status = 411;
-      r.set_content(error_body(*impl_, q.path,
-                               "request: a chunked body is read only by the POST routes; " +
-                                   q.method + " " + q.path + " takes none"),
-                    "application/json");
+    auto refuse = [&](int status, const std::string& why) {
+      r.status = status;
+      r.set_content(error_body(*impl_, q.path, why), "application/json");
       return httplib::Server::HandlerResponse::Handled;
+    };
+    // httplib would inflate a compressed body with no limit but the compressed length, and
+    // reads "gzip, chunked" as no body at all, leaving it to be read as the next request.
+    if (const auto coding = q.get_header_value("Content-Encoding");
+        !coding.empty() && ::strcasecmp(coding.c_str(), "identity") != 0) {
+      return refuse(415, "request: Content-Encoding \"" + coding.substr(0, 64) +
+                             "\" is not accepted; send the body uncompressed");
+    }
+    if (const auto transfer = q.get_header_value("Transfer-Encoding");
+        !transfer.empty() && !chunked(q)) {
+      return refuse(501, "request: Transfer-Encoding \"" + transfer.substr(0, 64) +
+                             "\" is not supported; send Content-Length or chunked");
+    }
+    const bool post_route = q.method == "POST" && impl_->post_paths.count(q.path) != 0;
+    if (chunked(q) && !post_route) {
+      return refuse(411, "request: a chunked body is read only by the POST routes; " + q.method +
+                             " " + q.path + " takes none");
+    }
+    // A body for no route that reads one is refused before httplib reads it (GET and HEAD
+    // bodies it never reads).
+    if (!post_route && q.method != "GET" && q.method != "HEAD" && q.has_header("Content-Length") &&
+        q.get_header_value("Content-Length") != "0") {
+      return refuse(404, "path: no route " + q.path);
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
@@ -326,6 +386,7 @@ result<std::uint16_t> http_gateway::start() {
              " without a token: whoever reaches it can replace this rank's weights; set "
              "--http-token (or WSYNC_HTTP_TOKEN)");
   }
+  impl_->port = static_cast<std::uint16_t>(port);
   impl_->thread = std::thread([this] {
     impl_->server.listen_after_bind();
     impl_->listen_ended = true;
@@ -347,6 +408,16 @@ result<std::uint16_t> http_gateway::start() {
 void http_gateway::stop() {
   if (!impl_->thread.joinable()) return;
   impl_->server.stop();
+  // Requests in flight get two seconds to be answered; then the connections still open are
+  // shut down, so that a client sending a byte now and then cannot hold the stop.
+  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!impl_->listen_ended && std::chrono::steady_clock::now() < grace) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  while (!impl_->listen_ended) {
+    shut_accepted_sockets(impl_->port);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   impl_->thread.join();
   port_file_clear(impl_->options.port_file);  // the port is no one's now
 }

@@ -4,10 +4,15 @@
 
 #include "wsync/http/gateway.hpp"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -404,6 +409,17 @@ TEST_F(http_gateway_test, bodies_past_the_limit_and_odd_paths_get_json_errors_an
   EXPECT_EQ(nested->status, 400);
   EXPECT_NE(nested->body.find("nested deeper than 64 levels"), std::string::npos);
 
+  // A key given twice is refused, not read as its last value (another parser keeps the first).
+  auto twice = c.Post("/update_weights", R"({"update_info": {}, "update_info": {"names": []}})",
+                      "application/json");
+  ASSERT_TRUE(twice);
+  EXPECT_EQ(twice->status, 400);
+  EXPECT_NE(json::parse(twice->body)
+                .value("error", "")
+                .find("body: \"update_info\" given twice in one object (rank=0)"),
+            std::string::npos)
+      << twice->body;
+
   for (const char* path : {"/%22", "/%ff", "/a\\b"}) {
     auto n = client().Get(path);
     ASSERT_TRUE(n) << path;
@@ -518,6 +534,100 @@ TEST_F(http_gateway_test, stopping_ends_generations_a_pause_holds) {
   EXPECT_EQ(waiting.get()["status"], "aborted");
   auto stopped = std::async(std::launch::async, [&] { gateway_.stop(); });
   EXPECT_EQ(stopped.wait_for(10s), std::future_status::ready);
+}
+
+// A raw connection to the gateway, for what httplib's client will not send.
+class raw_connection {
+ public:
+  explicit raw_connection(std::uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+    timeval t{20, 0};  // a reply that never comes fails the test, not the run
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
+  }
+  ~raw_connection() { ::close(fd_); }
+  bool connected() const { return connected_; }
+  bool send(std::string_view bytes) {
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  // Everything the server sends until it closes the connection (or 20 s pass).
+  std::string read_all() {
+    std::string got;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd_, buf, sizeof buf, 0)) > 0;) got.append(buf, n);
+    return got;
+  }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Bodies no route reads are refused before they are read: a compressed one (httplib would
+// inflate it with no limit but the compressed length) and one sent to a path no POST route
+// serves. The connection then closes: what was not read is never taken for the next request.
+TEST_F(http_gateway_test, a_body_no_route_reads_is_refused_unread_and_the_connection_closes) {
+  httplib::Headers gzip = {{"Content-Encoding", "gzip"}};
+  auto compressed =
+      client().Post("/update_weights", gzip, std::string(64, 'z'), "application/json");
+  ASSERT_TRUE(compressed);
+  EXPECT_EQ(compressed->status, 415);
+  EXPECT_NE(json::parse(compressed->body).value("error", "").find("Content-Encoding \"gzip\""),
+            std::string::npos)
+      << compressed->body;
+  auto put = client().Put("/update_weights", "{}", "application/json");
+  ASSERT_TRUE(put);
+  EXPECT_EQ(put->status, 404);
+
+  // A gigabyte announced, none of it sent: the refusal comes at once.
+  raw_connection big(port_);
+  ASSERT_TRUE(big.connected());
+  ASSERT_TRUE(big.send("POST /nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n"));
+  const auto answer = big.read_all();
+  EXPECT_EQ(answer.rfind("HTTP/1.1 404", 0), 0u) << answer;
+
+  // Two requests on one connection: one answer, then the close. The second would have been a
+  // body's bytes after a reply that did not read them.
+  raw_connection two(port_);
+  ASSERT_TRUE(two.connected());
+  ASSERT_TRUE(
+      two.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const auto both = two.read_all();
+  EXPECT_EQ(count_of(both, "HTTP/1.1 200"), 1u) << both;
+  EXPECT_EQ(get_json("/status")["phase"], "ready");  // nothing changed
+}
+
+// A client that sends its request a byte at a time (httplib gives each read 5 s, however many
+// there are) holds a pool thread; stopping shuts its connection after a grace instead of
+// waiting until it ends.
+TEST_F(http_gateway_test, stopping_does_not_wait_for_a_client_that_trickles_its_request) {
+  std::atomic<bool> done{false};
+  raw_connection slow(port_);
+  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.send("GET /health HTTP/1.1\r\n"));
+  std::thread trickle([&] {
+    for (int i = 0; i < 60 && !done; ++i) {  // a minute of it without the shutdown
+      std::this_thread::sleep_for(500ms);
+      if (!done && !slow.send("X-A: b\r\n")) break;  // refused once shut down
+    }
+  });
+  std::this_thread::sleep_for(1s);  // the request is being read
+  const auto start = std::chrono::steady_clock::now();
+  gateway_.stop();
+  const auto took = std::chrono::steady_clock::now() - start;
+  done = true;
+  trickle.join();
+  EXPECT_LT(took, 30s) << "stop() waited for the trickling client";
 }
 
 }  // namespace
