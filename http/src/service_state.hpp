@@ -47,16 +47,18 @@ inline http_reply fail(int status, const std::string& message) {
   return reply(status, {{"error", message}});
 }
 
-// An error of a call that concerns no update yet (init, start) names the rank it was refused on,
-// as update errors do ("rank=N"). Not a conflict (409): that text says the rank's phase, and
-// the rank with it.
+// An error names the rank it was refused on ("rank=N"), where its text does not already (errors
+// about an update say "update_id=... rank=N"). Not a conflict (409): that text says the rank's
+// phase, and the rank with it. SGLang's shape ({"success": false, "message": ...}) too.
 inline http_reply naming_rank(http_reply r, std::int32_t rank) {
   if (r.status < 400 || r.status == 409) return r;
   auto j = json::parse(r.body, nullptr, false);
-  if (!j.is_object() || !j.contains("error") || !j["error"].is_string()) return r;
-  auto text = j["error"].get<std::string>();
+  if (!j.is_object()) return r;
+  const char* field = j.contains("error") ? "error" : "message";
+  if (!j.contains(field) || !j[field].is_string()) return r;
+  auto text = j[field].get<std::string>();
   if (text.find("rank=") != std::string::npos) return r;
-  j["error"] = text + " (rank=" + std::to_string(rank) + ")";
+  j[field] = text + " (rank=" + std::to_string(rank) + ")";
   return reply(r.status, std::move(j));
 }
 

@@ -119,6 +119,10 @@ http_reply weight_transfer_service::sglang_destroy_group(std::string_view body) 
 }
 
 http_reply weight_transfer_service::sglang_update(std::string_view body) {
+  return naming_rank(sglang_update_answer(body), impl_->config.rank);
+}
+
+http_reply weight_transfer_service::sglang_update_answer(std::string_view body) {
   if (auto why = impl_->following("update_weights_from_distributed")) return failure(*why);
   http_reply error;
   auto j = sglang_body(body, false, error);

@@ -163,9 +163,12 @@ TEST_F(sglang_test, bad_bodies_are_refused_naming_the_field_and_change_nothing) 
   auto no_manifest = update_body(m2);
   no_manifest.erase("manifest");
   refused(no_manifest, "manifest: missing");
+  // Refusals before the update is known name this rank.
+  refused(no_manifest, "(rank=0)");
+  refused(with("flush_cache", "yes"), "flush_cache: must be a boolean (rank=0)");
   refused(update_body(m1), "weight_version must increase monotonically");
   EXPECT_EQ(service_.sglang_update("{\"names\":").status, 400);
-  EXPECT_EQ(body(service_.sglang_update("[]"))["message"], "body: must be a JSON object");
+  EXPECT_EQ(body(service_.sglang_update("[]"))["message"], "body: must be a JSON object (rank=0)");
   EXPECT_EQ(service_.active_version(), 1u);
 
   // torch's spelling of a dtype is accepted; a list of manifests is one update of many shards.

@@ -27,9 +27,14 @@ std::optional<json> http_detail::read_body(std::string_view body, bool empty_ok,
     return std::nullopt;
   }
   bool too_deep = false;
-  auto j = json_parse_bounded(body, &too_deep);
+  std::string twice;
+  auto j = json_parse_bounded(body, &too_deep, &twice);
   if (too_deep) {
     why = "body: nested deeper than " + std::to_string(json_max_depth) + " levels";
+    return std::nullopt;
+  }
+  if (!twice.empty()) {  // refused, not read as its last value (another parser keeps the first)
+    why = "body: \"" + twice.substr(0, 64) + "\" given twice in one object";
     return std::nullopt;
   }
   if (j.is_discarded()) {
@@ -392,6 +397,10 @@ std::string weight_transfer_service::impl::accept_manifest(
 }
 
 http_reply weight_transfer_service::update(std::string_view body) {
+  return naming_rank(update_answer(body), impl_->config.rank);
+}
+
+http_reply weight_transfer_service::update_answer(std::string_view body) {
   if (auto r = impl_->refuse_when_following("update_weights")) return *r;
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
@@ -401,7 +410,10 @@ http_reply weight_transfer_service::update(std::string_view body) {
   // The trainer broadcasts while this call is in flight: a call refused before its receives
   // leaves those broadcasts to be taken by the next one, as the wrong tensors. The group goes.
   s.nccl_drop("update_weights was refused (" + no->message + ")");
-  return fail(no->status, no->message +
+  const auto named = no->message.find("rank=") != std::string::npos
+                         ? no->message
+                         : no->message + " (rank=" + std::to_string(s.config.rank) + ")";
+  return fail(no->status, named +
                               "; the trainer's broadcasts for this call have no receiver, so the "
                               "NCCL group is aborted and the update dropped: call "
                               "/init_weight_transfer_engine again");
@@ -475,6 +487,10 @@ std::optional<refusal> weight_transfer_service::impl::update_weights(std::string
 }
 
 http_reply weight_transfer_service::finish(std::string_view body) {
+  return naming_rank(finish_answer(body), impl_->config.rank);
+}
+
+http_reply weight_transfer_service::finish_answer(std::string_view body) {
   if (auto r = impl_->refuse_when_following("finish_weight_update")) return *r;
   http_reply error;
   auto j = parse_body(body, true, error);

@@ -127,9 +127,13 @@ class weight_transfer_service {
   std::uint64_t active_version() const;
 
  private:
-  // init and start before their errors are made to name the rank (no update exists yet).
+  // The calls before their errors are made to name the rank (init and start concern no update
+  // yet; a refused update or finish body may come before the update is known).
   http_reply init_answer(std::string_view body);
   http_reply start_answer(std::string_view body);
+  http_reply update_answer(std::string_view body);
+  http_reply finish_answer(std::string_view body);
+  http_reply sglang_update_answer(std::string_view body);
 
   struct impl;
   std::unique_ptr<impl> impl_;
