@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA device, in one go (docs/benchmark.md, "GPU data plane"): the GPU
+# The checks that need a CUDA device, in one go (docs/transports.md, "GPU data plane"; docs/benchmark.md, "GPU modes"): the GPU
 # test list, compute-sanitizer over the checksum kernels, and the benchmark rows. Runs built
 # binaries only, so a machine with a GPU but without the build dependencies can run it.
 #
