@@ -108,6 +108,10 @@ std::string misplaced_option(const bench_state& s) {
     return "--bytes/--tensors do not apply to --mode cluster (it publishes --layout, default "
            "synthetic:65536:4)";
   }
+  if (p.mode == "gpu-checksum" && !p.layout.empty()) {
+    return "--layout does not apply to --mode gpu-checksum (it hashes --bytes, default 1 GiB, in "
+           "--tensors pieces, default 290)";
+  }
   if (p.mode == "fanout" && (!p.layout.empty() || p.tensors)) {
     return "--layout/--tensors do not apply to --mode fanout (it publishes --bytes in 16 "
            "tensors)";
@@ -143,7 +147,11 @@ int bench_dispatch(bench_state& s) {
   row_tee tee(std::cout);
   std::ostream out(&tee);
   auto fail_row = [&](const std::string& why) {
-    out << row_text({{"mode", p.mode}, {"status", "fail"}, {"blocker", nullptr}, {"error", why}})
+    out << row_text({{"mode", p.mode},
+                     {"smoke", p.smoke},
+                     {"status", "fail"},
+                     {"blocker", nullptr},
+                     {"error", why}})
         << std::endl;
     return 1;
   };
@@ -165,9 +173,13 @@ int bench_dispatch(bench_state& s) {
     statuses.push_back(o["status"]);
     if (rank(o) > rank(worst)) worst = o;
   }
-  json result = {{"event", "result"},           {"mode", p.mode},
-                 {"status", worst["status"]},   {"blocker", worst["blocker"]},
-                 {"rows", tee.outcomes.size()}, {"statuses", statuses}};
+  json result = {{"event", "result"},
+                 {"mode", p.mode},
+                 {"smoke", p.smoke},
+                 {"status", worst["status"]},
+                 {"blocker", worst["blocker"]},
+                 {"rows", tee.outcomes.size()},
+                 {"statuses", statuses}};
   if (!worst["error"].is_null()) result["error"] = worst["error"];
   std::cout << row_text(result) << std::endl;
   const int summary = rank(worst) == 2 ? 1 : rank(worst) == 1 ? 2 : 0;
@@ -203,7 +215,9 @@ void add_point_flags(CLI::App* bench, bench_state& s) {
       "--layout", opt.layout,
       "model whose checkpoint layout (tensor names, shapes, bf16) to publish, with random "
       "contents: " +
-          join(layout_names()) + " (default qwen2.5-0.5b)");
+          join(layout_names()) +
+          " (default qwen2.5-0.5b); cluster mode takes synthetic:BYTES:TENSORS as well (its "
+          "default synthetic:65536:4); not for gpu-checksum or fanout");
   auto* bytes = bench
                     ->add_option("--bytes", opt.bytes,
                                  "publish a synthetic update of this many bytes instead of a "
@@ -211,7 +225,7 @@ void add_point_flags(CLI::App* bench, bench_state& s) {
                     ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 44));
   bench
       ->add_option("--tensors", opt.tensors,
-                   "number of tensors of the synthetic update (default 16)")
+                   "number of tensors of the synthetic update (default 16; gpu-checksum: 290)")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000000}))
       ->needs(bytes);
   layout->excludes(bytes);

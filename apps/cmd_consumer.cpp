@@ -182,7 +182,8 @@ subcommand add_consumer(CLI::App& app) {
   auto* cons = app.add_subcommand(
       "consumer",
       "Run a consumer (rollout) rank with the reference runtime: imports, verifies, "
-      "installs and acknowledges every update the coordinator sends.");
+      "installs and acknowledges every update the coordinator sends; with --standalone, "
+      "driven over HTTP (vLLM's or SGLang's calls) or polling a file-mmap folder instead.");
   cons->add_option("--coordinator", state->coordinator,
                    "coordinator host:port (not with --standalone)")
       ->envname("WSYNC_COORDINATOR");

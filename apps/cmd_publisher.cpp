@@ -111,8 +111,9 @@ subcommand add_publisher(CLI::App& app) {
   publisher_options& opt = state->options;
   auto* pub = app.add_subcommand(
       "publisher",
-      "Run a publisher (trainer) rank: publish its shard of N versions of a model "
-      "layout over shared memory and wait for each outcome.");
+      "Run a publisher (trainer) rank: publish its shard of N versions of a model layout "
+      "(or a safetensors checkpoint) over the chosen transport and wait for each outcome; "
+      "with --standalone, publish with no coordinator.");
   pub->add_option("--coordinator", state->coordinator,
                   "coordinator host:port (not with --standalone)")
       ->envname("WSYNC_COORDINATOR");

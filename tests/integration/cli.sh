@@ -23,12 +23,16 @@ out=$("$wsync" bench --layout qwen2.5-0.5b --bytes 10 2>&1) && fail "--layout wi
 out=$("$wsync" bench --verify maybe 2>&1) && fail "--verify maybe accepted"
 # A flag the chosen mode does not read is a fail row naming it, not silently ignored.
 for args in "--mode cluster --verify off" "--mode cluster --slots 8" "--mode fanout --dir /tmp" \
-  "--mode local --kill-leader" "--mode local --consumers 8" "--mode cluster --plan chain"; do
+  "--mode local --kill-leader" "--mode local --consumers 8" "--mode cluster --plan chain" \
+  "--mode gpu-checksum --layout llama-3-8b"; do
   # shellcheck disable=SC2086
   out=$("$wsync" bench $args 2>&1) && fail "bench $args accepted"
   flag=$(awk '{print $3}' <<<"$args")
   grep -q -- "\"error\":\"$flag " <<<"$out" || fail "bench $args: not named: $out"
 done
+# The fail row says whether it was a smoke run, as every row does.
+out=$("$wsync" bench --mode local --kill-leader --smoke 2>&1)
+grep -q '"smoke":true' <<<"$out" || fail "fail row without smoke: $out"
 # Numbers: refused with the option named, never a crash (rc 134) or a silent wrap-around.
 for bad in abc 99999999999999999999999 5000; do
   out=$("$wsync" bench --checksum-chunk-bytes "$bad" 2>&1)

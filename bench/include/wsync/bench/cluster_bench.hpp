@@ -13,7 +13,7 @@ struct cluster_bench_options {
   /// Consumer processes the ranks of a run are spread over (at most one per rank). Above 1 each
   /// count runs twice: without node leaders (the baseline), then with them.
   int processes = 1;
-  unsigned repeat = 9;
+  unsigned repeat = 5;  ///< timed updates per count (wsync bench --repeat)
   bool smoke = false;  ///< said in every row: a quick run's figures are not the machine's
   std::string layout = "synthetic:65536:4";  ///< small, so the data plane does not dominate
 };
