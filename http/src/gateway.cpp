@@ -141,10 +141,13 @@ std::optional<std::string> body_of(const httplib::Request& q, const httplib::Con
   return body;
 }
 
+std::string unread_text(const httplib::Request& q) {
+  return "request: the body of POST " + q.path + " could not be read whole, or it exceeds " +
+         std::to_string(max_body_bytes >> 20) + " MiB";
+}
+
 http_reply unread_body(const httplib::Request& q) {
-  return {413, error_json("request: the body of POST " + q.path +
-                          " could not be read whole, or it exceeds " +
-                          std::to_string(max_body_bytes >> 20) + " MiB; nothing was done")};
+  return {413, error_json(unread_text(q) + "; nothing was done")};
 }
 
 using req = const httplib::Request&;
@@ -186,7 +189,11 @@ void post(http_gateway::impl& g, const char* path, Handle handle, bool sglang = 
   if (sglang) g.sglang_paths.insert(path);
   g.server.Post(path, [&g, handle](req q, res r, reader read) {
     auto body = body_of(q, read);
-    auto reply = body ? handle(q, *body) : unread_body(q);
+    // An update's unread body is the service's to answer: in NCCL mode the trainer's
+    // broadcasts for it must not wait for the next call.
+    auto reply = body                          ? handle(q, *body)
+                 : q.path == "/update_weights" ? g.service.update_unread(unread_text(q))
+                                               : unread_body(q);
     answer(r, sglang_shaped(g, q.path) ? sglang_shape(std::move(reply)) : std::move(reply));
   });
 }

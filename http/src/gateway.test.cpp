@@ -374,7 +374,13 @@ TEST_F(http_gateway_test, bodies_past_the_limit_and_odd_paths_get_json_errors_an
   auto r = c.Post("/finish_weight_update", big, "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413) << r->body;
-  EXPECT_EQ(get_json("/status")["phase"], "started");  // not committed as a bare POST
+  EXPECT_EQ(get_json("/status")["phase"], "started");      // not committed as a bare POST
+  r = c.Post("/update_weights", big, "application/json");  // the service answers it
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_NE(r->body.find("exceeds 64 MiB; nothing was done (rank=0)"), std::string::npos)
+      << r->body;
+  EXPECT_EQ(get_json("/status")["phase"], "started");
 
   std::size_t sent = 0;
   r = c.Post(

@@ -291,6 +291,22 @@ TEST_F(nccl_flow_test, an_update_call_out_of_order_drops_the_group) {
   EXPECT_NE(error_of(r).find("call /init_weight_transfer_engine first"), std::string::npos);
 }
 
+// A body the gateway could not read (past 64 MiB, or cut off) never reached the service's
+// checks, yet the trainer broadcasts all the same: the group goes as for any refused call.
+TEST_F(nccl_flow_test, an_update_whose_body_was_not_read_drops_the_group) {
+  ASSERT_EQ(init(init_info()).status, 200);
+  model_step one(1);
+  trainer->sends = testing::trainer_broadcasts(one.bytes, false, 0);
+  ASSERT_EQ(service_.start("").status, 200);
+  auto r = service_.update_unread("request: the body of POST /update_weights could not be read");
+  EXPECT_EQ(r.status, 413) << r.body;
+  EXPECT_NE(error_of(r).find("could not be read (rank=0); the trainer's broadcasts"),
+            std::string::npos)
+      << r.body;
+  EXPECT_EQ(ended.receives_done, 0u);
+  EXPECT_NE(ended.aborted.find("update_weights was refused"), std::string::npos);
+}
+
 TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_join_again) {
   ASSERT_EQ(init(init_info()).status, 200);
   model_step one(1);

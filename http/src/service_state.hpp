@@ -246,6 +246,9 @@ struct weight_transfer_service::impl {
   };
   // /update_weights, under phase_mutex: nullopt when the update's chunks are taken.
   std::optional<refusal> update_weights(std::string_view body);
+  // The answer to a refused /update_weights (under phase_mutex). In NCCL mode the trainer's
+  // broadcasts for that call have no receiver: the group is aborted and the answer says so.
+  http_reply update_refused(const refusal& no);
   // NCCL mode: checks one update_info (at `where`) before a byte moves; its names must not be
   // in `taken` (the names received or checked before it in this update), and join it.
   // "" or the first problem.

@@ -406,17 +406,28 @@ http_reply weight_transfer_service::update_answer(std::string_view body) {
   auto& s = *impl_;
   auto no = s.update_weights(body);
   if (!no) return reply(200, {{"message", "Weights updated"}});
-  if (!s.nccl_group) return fail(no->status, no->message);
+  return s.update_refused(*no);
+}
+
+http_reply weight_transfer_service::update_unread(const std::string& why) {
+  std::lock_guard lock(impl_->phase_mutex);
+  auto& s = *impl_;
+  if (!s.nccl_group) return naming_rank(fail(413, why + "; nothing was done"), s.config.rank);
+  return naming_rank(s.update_refused({413, why}), s.config.rank);
+}
+
+http_reply weight_transfer_service::impl::update_refused(const refusal& no) {
+  if (!nccl_group) return fail(no.status, no.message);
   // The trainer broadcasts while this call is in flight: a call refused before its receives
   // leaves those broadcasts to be taken by the next one, as the wrong tensors. The group goes.
-  s.nccl_drop("update_weights was refused (" + no->message + ")");
-  const auto named = no->message.find("rank=") != std::string::npos
-                         ? no->message
-                         : no->message + " (rank=" + std::to_string(s.config.rank) + ")";
-  return fail(no->status, named +
-                              "; the trainer's broadcasts for this call have no receiver, so the "
-                              "NCCL group is aborted and the update dropped: call "
-                              "/init_weight_transfer_engine again");
+  nccl_drop("update_weights was refused (" + no.message + ")");
+  const auto named = no.message.find("rank=") != std::string::npos
+                         ? no.message
+                         : no.message + " (rank=" + std::to_string(config.rank) + ")";
+  return fail(no.status, named +
+                             "; the trainer's broadcasts for this call have no receiver, so the "
+                             "NCCL group is aborted and the update dropped: call "
+                             "/init_weight_transfer_engine again");
 }
 
 // Under phase_mutex. nullopt: the update's chunks are taken.
