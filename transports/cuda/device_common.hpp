@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "cuda/device_pool.hpp"
+#include "wsync/transports/gpu.hpp"
 
 namespace wsync::device_pool::detail {
 
@@ -31,25 +32,17 @@ inline std::string cuda_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-// Makes a device current for a scope and then puts back the caller's: the transports run on
-// threads that are not theirs (a trainer's, an HTTP pool's), whose current device belongs to
-// the code around them.
+// Makes a device current for a scope and then puts back the caller's context (none included):
+// the transports run on threads that are not theirs (a trainer's, an HTTP pool's), whose
+// current device belongs to the code around them.
 class device_scope {
  public:
-  explicit device_scope(int device) {
-    if (cudaGetDevice(&was_) != cudaSuccess) was_ = -1;
-    status_ = cudaSetDevice(device);
-  }
-  ~device_scope() {
-    if (was_ >= 0) (void)cudaSetDevice(was_);
-  }
-  device_scope(const device_scope&) = delete;
-  device_scope& operator=(const device_scope&) = delete;
+  explicit device_scope(int device) : status_(cudaSetDevice(device)) {}
   cudaError_t status() const { return status_; }
 
  private:
-  int was_ = -1;
-  cudaError_t status_ = cudaSuccess;
+  gpu::device_kept kept_;  // first: reads the caller's context before the switch
+  cudaError_t status_;
 };
 
 inline const char* kind_name(sharing k) {

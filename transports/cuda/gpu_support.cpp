@@ -6,6 +6,7 @@
 #include "wsync/transports/gpu.hpp"
 
 #if WSYNC_HAVE_CUDA
+#include <cuda.h>  // driver types only: the functions come from cudaGetDriverEntryPointByVersion
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #endif
@@ -131,12 +132,47 @@ result<int> set_device(int device) {
   return was;
 }
 
+namespace {
+
+// The driver's current-context calls, found through the runtime (no link to libcuda); null
+// without a driver.
+struct context_calls {
+  decltype(&cuCtxGetCurrent) get = nullptr;
+  decltype(&cuCtxSetCurrent) set = nullptr;
+};
+
+const context_calls& context_api() {
+  static const context_calls calls = [] {
+    context_calls c;
+    auto find = [](const char* name) -> void* {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) {
+        return nullptr;
+      }
+      return p;
+    };
+    c.get = reinterpret_cast<decltype(c.get)>(find("cuCtxGetCurrent"));
+    c.set = reinterpret_cast<decltype(c.set)>(find("cuCtxSetCurrent"));
+    if (!c.get || !c.set) c = {};
+    return c;
+  }();
+  return calls;
+}
+
+}  // namespace
+
 device_kept::device_kept() {
-  if (cudaGetDevice(&was_) != cudaSuccess) was_ = -1;
+  const auto& api = context_api();
+  CUcontext current = nullptr;
+  if (api.get && api.get(&current) == CUDA_SUCCESS) {
+    context_ = current;
+    kept_ = true;
+  }
 }
 
 device_kept::~device_kept() {
-  if (was_ >= 0) (void)cudaSetDevice(was_);
+  if (kept_) (void)context_api().set(static_cast<CUcontext>(context_));
 }
 
 result<int> device_of(const void* p) {
@@ -313,7 +349,9 @@ result<int> set_device(int) {
 }
 
 device_kept::device_kept() = default;
-device_kept::~device_kept() = default;
+device_kept::~device_kept() {
+  (void)context_, (void)kept_;  // no device was made current: nothing to put back
+}
 
 result<int> device_of(const void*) {
   return not_built();

@@ -85,9 +85,11 @@ class stream {
 /// run there); returns the device that was current, for the caller to put back.
 result<int> set_device(int device);
 
-/// Puts back, when it goes, the device that was current on this thread when it was made. The
-/// calls that switch devices run on threads that are not wsync's (a trainer's, an HTTP pool's),
-/// whose current device belongs to the code around them. Does nothing without CUDA.
+/// Puts back, when it goes, the CUDA context that was current on this thread when it was made
+/// (none included: then none is made, where putting back "device 0" would create a context on
+/// a GPU the process never used). The calls that switch devices run on threads that are not
+/// wsync's (a trainer's, an HTTP pool's), whose current device belongs to the code around
+/// them. Does nothing without CUDA or a driver.
 class device_kept {
  public:
   device_kept();
@@ -96,7 +98,8 @@ class device_kept {
   device_kept& operator=(const device_kept&) = delete;
 
  private:
-  int was_ = -1;
+  void* context_ = nullptr;  ///< a CUcontext; nullptr: none was current
+  bool kept_ = false;        ///< the context could be read, so it is put back
 };
 
 /// The CUDA device of `p` (a device pointer, or host memory CUDA mapped for a device), or -1 for
