@@ -69,9 +69,10 @@ class device_view_runtime final : public install_adapter {
     if (staged_ && staged_->id == id) staged_.reset();
   }
   bool references_import() const override { return true; }
-  void deactivate() noexcept override {
+  bool deactivate() noexcept override {
     std::lock_guard lock(mutex_);
     active_.reset();
+    return true;
   }
 
   generation_gate& gate() { return gate_; }

@@ -26,7 +26,7 @@ result<void> reference_runtime::stage(std::span<const imported_update* const> sh
   auto context = update_context(m);
   // The model's architecture is fixed by the first install; later updates must match it, as a
   // real engine's parameters would.
-  const auto& current = active_->weights.tensors;
+  const auto& current = active_->weights.tensors.empty() ? architecture_ : active_->weights.tensors;
   if (!current.empty()) {
     if (current.size() != views.size()) {
       return make_error(errc::install_failed,
@@ -93,6 +93,7 @@ void reference_runtime::activate(const update_id& id) noexcept {
   if (!staged_ || staged_->weights.id != id) return;
   std::swap(active_, staged_);
   spare_ = std::move(staged_);  // the previous buffers, reused by the next stage()
+  architecture_.clear();
 }
 
 void reference_runtime::discard(const update_id& id) noexcept {
@@ -100,12 +101,14 @@ void reference_runtime::discard(const update_id& id) noexcept {
   if (staged_ && staged_->weights.id == id) spare_ = std::move(staged_);
 }
 
-void reference_runtime::deactivate() noexcept {
+bool reference_runtime::deactivate() noexcept {
   std::lock_guard lock(stage_mutex_);
-  if (active_->copied) return;  // the runtime's own buffers: still valid
+  if (active_->copied) return false;  // the runtime's own buffers: still valid
+  architecture_ = std::move(active_->weights.tensors);
   active_->weights.tensors.clear();
   active_->weights.id.clear();
   active_->weights.weight_version = 0;
+  return true;
 }
 
 std::uint64_t reference_runtime::active_version() {

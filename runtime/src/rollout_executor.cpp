@@ -293,9 +293,8 @@ std::vector<update_id> rollout_executor::release_active() {
   // Generations in flight may read the held imports (views of them are the active weights):
   // they finish first, as they do before an install switches.
   std::unique_lock exclusive(gate_);
-  if (!held_.empty() && adapter_.references_import()) {
-    // Readers after this one must find no weights, not views of memory given back.
-    adapter_.deactivate();
+  // Readers after this one must find no weights, not views of memory given back.
+  if (!held_.empty() && adapter_.references_import() && adapter_.deactivate()) {
     std::lock_guard active(active_mutex_);
     active_version_.reset();
     active_id_.reset();

@@ -69,7 +69,7 @@ class flaky_adapter final : public install_adapter {
   void activate(const update_id& id) noexcept override { rt_.activate(id); }
   void discard(const update_id& id) noexcept override { rt_.discard(id); }
   bool references_import() const override { return rt_.references_import(); }
-  void deactivate() noexcept override { rt_.deactivate(); }
+  bool deactivate() noexcept override { return rt_.deactivate(); }
   bool fail_ = false;
   bool throw_ = false;
 
@@ -208,6 +208,14 @@ TEST_F(executor_test, release_active_leaves_no_view_of_released_memory) {
       EXPECT_EQ(rt.generate([](const runtime_weights& w) { return w.tensors.size(); }), 0u);
       EXPECT_FALSE(ex.active_weight_version());
       EXPECT_TRUE(publisher_->on_released(r.id, 0));
+      // The model's architecture stays: the next version is checked against it and installs.
+      auto again = ex.update_weights(publish(v + 1));
+      ASSERT_TRUE(again.acknowledged) << again.failure->message;
+      report(again);
+      EXPECT_EQ(rt.active_version(), v + 1);
+      EXPECT_EQ(torn(rt), 0u);
+      (void)ex.release_active();
+      EXPECT_TRUE(publisher_->on_released(again.id, 0));
     } else {
       EXPECT_EQ(rt.active_version(), v);
       EXPECT_EQ(torn(rt), 0u);

@@ -34,9 +34,11 @@ class install_adapter {
 
   /// Forgets active weights that point into imported memory: the imports are about to be
   /// released (at shutdown), and a reader that comes later must find no weights rather than
-  /// memory given back. Runs under the exclusive side of the gate, only when
-  /// references_import() is true; an adapter that copies never needs it.
-  virtual void deactivate() noexcept {}
+  /// memory given back. True when it did (readers then see no version); false when its weights
+  /// stay readable (its own copy, or memory it keeps alive itself). Runs under the exclusive
+  /// side of the gate, only when references_import() is true. A later stage() still checks the
+  /// update against the model's architecture.
+  virtual bool deactivate() noexcept { return false; }
 };
 
 }  // namespace wsync

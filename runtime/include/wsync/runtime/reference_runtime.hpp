@@ -42,8 +42,8 @@ class reference_runtime final : public install_adapter {
   result<void> stage(std::span<const imported_update* const> shards) override;
   void activate(const update_id& id) noexcept override;
   void discard(const update_id& id) noexcept override;
-  /// Readers then see no weights, version 0, as before the first install.
-  void deactivate() noexcept override;
+  /// Readers then see no weights, version 0, as before the first install (view mode).
+  bool deactivate() noexcept override;
   /// After an activation: whether the active weights are views into the import (view mode with
   /// host shards; device shards are always copied to the host, and need not be held).
   bool references_import() const override { return !active_->copied; }
@@ -78,6 +78,9 @@ class reference_runtime final : public install_adapter {
   std::unique_ptr<buffer_set> active_ = std::make_unique<buffer_set>();
   std::unique_ptr<buffer_set> staged_;
   std::unique_ptr<buffer_set> spare_;  // copy mode: the previous buffers, reused
+  // After deactivate(): the model's tensors (their data no longer valid, never read), which
+  // the next stage() is checked against.
+  std::vector<runtime_tensor> architecture_;
 };
 
 }  // namespace wsync

@@ -63,7 +63,8 @@ class rollout_executor {
   /// Releases the imports still held for the active weights (at shutdown) and returns their
   /// ids, for the caller to report. Waits for the generations in flight, like an install's
   /// switch, so never call it from inside one. An adapter whose weights view those imports
-  /// is deactivated first (readers then find none) and the active version is cleared.
+  /// is deactivated first; where that leaves readers no weights, the active version is
+  /// cleared too.
   std::vector<update_id> release_active();
 
  private:
