@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <httplib.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <strings.h>
 #include <sys/socket.h>
@@ -15,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -27,6 +30,14 @@ namespace wsync {
 
 constexpr std::size_t max_body_bytes = std::size_t{64} << 20;  // manifests, not tensor bytes
 
+namespace {
+// A connection's peer as a key: its address and port, as httplib writes Request::remote_addr
+// and remote_port.
+std::string peer_key(const std::string& address, int port) {
+  return address + "#" + std::to_string(port);
+}
+}  // namespace
+
 struct http_gateway::impl {
   impl(weight_transfer_service& s, http_options o) : service(s), options(std::move(o)) {}
   weight_transfer_service& service;
@@ -38,7 +49,20 @@ struct http_gateway::impl {
   std::set<std::string> sglang_paths;  // SGLang's routes: errors as {"success": false, ...}
   std::atomic<int> generating{0};      // /generate calls being served
   std::atomic<bool> listen_ended{false};
-  std::uint16_t port = 0;  // once listening
+  sockaddr_storage listen_address{};  // once listening
+  // The connections whose request was read whole and is being answered (peer_key): stop()
+  // leaves them to finish.
+  std::mutex answering_mutex;
+  std::set<std::string> answering;
+
+  void answering_add(const httplib::Request& q) {
+    std::lock_guard lock(answering_mutex);
+    answering.insert(peer_key(q.remote_addr, q.remote_port));
+  }
+  void answering_remove(const httplib::Request& q) {
+    std::lock_guard lock(answering_mutex);
+    answering.erase(peer_key(q.remote_addr, q.remote_port));
+  }
 };
 
 namespace {
@@ -86,34 +110,66 @@ bool loopback_only(int fd) {
   return std::memcmp(b, v4_mapped, 12) == 0 && b[12] == 127;
 }
 
-// Shuts down this process's sockets accepted on TCP `port` (not the listening one): httplib
-// gives a client 5 s per read, however many reads it takes, so one that sends a byte every few
-// seconds would keep a pool thread, and stop() waiting on it, for good. /proc/self/fd lists
-// them; shutdown() ends the read that holds the thread.
-void shut_accepted_sockets(std::uint16_t port) {
+std::string peer_key(const sockaddr_storage& a, socklen_t n) {
+  char host[NI_MAXHOST] = {};
+  char serv[NI_MAXSERV] = {};
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), n, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "";
+  }
+  return peer_key(host, std::atoi(serv));
+}
+
+// Whether `local` (an accepted socket's address) is on the listening address `listen`: the same
+// family and port, and the same address unless the listener's is a wildcard.
+bool on_listener(const sockaddr_storage& local, const sockaddr_storage& listen) {
+  if (local.ss_family != listen.ss_family) return false;
+  if (local.ss_family == AF_INET) {
+    const auto& l = reinterpret_cast<const sockaddr_in&>(local);
+    const auto& w = reinterpret_cast<const sockaddr_in&>(listen);
+    return l.sin_port == w.sin_port &&
+           (w.sin_addr.s_addr == htonl(INADDR_ANY) || l.sin_addr.s_addr == w.sin_addr.s_addr);
+  }
+  if (local.ss_family == AF_INET6) {
+    const auto& l = reinterpret_cast<const sockaddr_in6&>(local);
+    const auto& w = reinterpret_cast<const sockaddr_in6&>(listen);
+    return l.sin6_port == w.sin6_port &&
+           (std::memcmp(&w.sin6_addr, &in6addr_any, sizeof w.sin6_addr) == 0 ||
+            std::memcmp(&l.sin6_addr, &w.sin6_addr, sizeof w.sin6_addr) == 0);
+  }
+  return false;
+}
+
+// Shuts down the connections this server accepted on `listen` whose request has not been read
+// whole (those in `answering` are being answered, and are left to finish). httplib gives a
+// client 5 s per read, however many reads it takes, so one that sends a byte every few seconds
+// would keep a pool thread, and stop() waiting on it, for good. /proc/self/fd lists the
+// process's descriptors; each is duplicated before it is looked at, so a descriptor closed and
+// reused meanwhile is judged as what it now is, and only TCP streams on the listening address
+// are touched. shutdown() ends the read that holds the thread.
+void shut_unanswered(const sockaddr_storage& listen, const std::set<std::string>& answering) {
   DIR* dir = ::opendir("/proc/self/fd");
   if (!dir) return;
   while (const dirent* e = ::readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
-    const int s = static_cast<int>(fd);
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (::getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening) continue;
+    const int s = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+    if (s < 0) continue;
+    int type = 0, protocol = 0, listening = 1;
+    socklen_t len = sizeof type;
     sockaddr_storage local{}, peer{};
     socklen_t n = sizeof local, m = sizeof peer;
-    if (::getsockname(s, reinterpret_cast<sockaddr*>(&local), &n) != 0 ||
-        ::getpeername(s, reinterpret_cast<sockaddr*>(&peer), &m) != 0) {
-      continue;
-    }
-    std::uint16_t at = 0;
-    if (local.ss_family == AF_INET) {
-      at = ntohs(reinterpret_cast<const sockaddr_in*>(&local)->sin_port);
-    } else if (local.ss_family == AF_INET6) {
-      at = ntohs(reinterpret_cast<const sockaddr_in6*>(&local)->sin6_port);
-    }
-    if (at == port) ::shutdown(s, SHUT_RDWR);
+    const bool ours =
+        ::getsockopt(s, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM &&
+        (len = sizeof protocol, ::getsockopt(s, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) == 0) &&
+        protocol == IPPROTO_TCP &&
+        (len = sizeof listening,
+         ::getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0) &&
+        listening == 0 && ::getsockname(s, reinterpret_cast<sockaddr*>(&local), &n) == 0 &&
+        on_listener(local, listen) && ::getpeername(s, reinterpret_cast<sockaddr*>(&peer), &m) == 0;
+    if (ours && answering.count(peer_key(peer, m)) == 0) ::shutdown(s, SHUT_RDWR);
+    ::close(s);
   }
   ::closedir(dir);
 }
@@ -191,8 +247,9 @@ void post(http_gateway::impl& g, const char* path, Handle handle, bool sglang = 
     auto body = body_of(q, read);
     // An update's unread body is the service's to answer: in NCCL mode the trainer's
     // broadcasts for it must not wait for the next call.
+    if (body) g.answering_add(q);
     auto reply = body                          ? handle(q, *body)
-                 : q.path == "/update_weights" ? g.service.update_unread(unread_text(q))
+                 : q.path == "/update_weights" ? g.service.update_unread(413, unread_text(q))
                                                : unread_body(q);
     answer(r, sglang_shaped(g, q.path) ? sglang_shape(std::move(reply)) : std::move(reply));
   });
@@ -320,9 +377,16 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
                     "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }
+    const bool post_route = q.method == "POST" && impl_->post_paths.count(q.path) != 0;
     auto refuse = [&](int status, const std::string& why) {
-      r.status = status;
-      r.set_content(error_body(*impl_, q.path, why), "application/json");
+      if (post_route && q.path == "/update_weights") {
+        // The service's to answer: in NCCL mode the trainer broadcasts for this call all the
+        // same, and those broadcasts must not wait for the next one.
+        answer(r, impl_->service.update_unread(status, why));
+      } else {
+        r.status = status;
+        r.set_content(error_body(*impl_, q.path, why), "application/json");
+      }
       return httplib::Server::HandlerResponse::Handled;
     };
     // httplib would inflate a compressed body with no limit but the compressed length, and
@@ -337,7 +401,6 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
       return refuse(501, "request: Transfer-Encoding \"" + transfer.substr(0, 64) +
                              "\" is not supported; send Content-Length or chunked");
     }
-    const bool post_route = q.method == "POST" && impl_->post_paths.count(q.path) != 0;
     if (chunked(q) && !post_route) {
       return refuse(411, "request: a chunked body is read only by the POST routes; " + q.method +
                              " " + q.path + " takes none");
@@ -348,8 +411,13 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
         q.get_header_value("Content-Length") != "0") {
       return refuse(404, "path: no route " + q.path);
     }
+    // Read whole unless a POST route reads a body next (post() marks it once read).
+    if (!post_route) impl_->answering_add(q);
     return httplib::Server::HandlerResponse::Unhandled;
   });
+  // Called once a reply is written: the connection is no longer being answered.
+  server.set_logger(
+      [this](const httplib::Request& q, const httplib::Response&) { impl_->answering_remove(q); });
   server.set_error_handler([this](const httplib::Request& q, httplib::Response& r) {
     if (!r.body.empty()) return;  // a route answered with its own error
     // httplib answers a route called with another method 404 as well.
@@ -393,7 +461,12 @@ result<std::uint16_t> http_gateway::start() {
              " without a token: whoever reaches it can replace this rank's weights; set "
              "--http-token (or WSYNC_HTTP_TOKEN)");
   }
-  impl_->port = static_cast<std::uint16_t>(port);
+  if (socklen_t n = sizeof impl_->listen_address;
+      impl_->listen_fd < 0 ||
+      ::getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&impl_->listen_address), &n) !=
+          0) {
+    impl_->listen_address = {};  // stop() then shuts no connection: it waits, as before
+  }
   impl_->thread = std::thread([this] {
     impl_->server.listen_after_bind();
     impl_->listen_ended = true;
@@ -415,14 +488,20 @@ result<std::uint16_t> http_gateway::start() {
 void http_gateway::stop() {
   if (!impl_->thread.joinable()) return;
   impl_->server.stop();
-  // Requests in flight get two seconds to be answered; then the connections still open are
-  // shut down, so that a client sending a byte now and then cannot hold the stop.
+  // Requests in flight get two seconds; then the connections whose request is still being
+  // sent are shut down, so that a client sending a byte now and then cannot hold the stop.
+  // Those being answered finish (the service's waits end at stop_waiting).
   const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (!impl_->listen_ended && std::chrono::steady_clock::now() < grace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   while (!impl_->listen_ended) {
-    shut_accepted_sockets(impl_->port);
+    std::set<std::string> answering;
+    {
+      std::lock_guard lock(impl_->answering_mutex);
+      answering = impl_->answering;
+    }
+    shut_unanswered(impl_->listen_address, answering);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   impl_->thread.join();

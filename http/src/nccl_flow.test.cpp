@@ -298,7 +298,8 @@ TEST_F(nccl_flow_test, an_update_whose_body_was_not_read_drops_the_group) {
   model_step one(1);
   trainer->sends = testing::trainer_broadcasts(one.bytes, false, 0);
   ASSERT_EQ(service_.start("").status, 200);
-  auto r = service_.update_unread("request: the body of POST /update_weights could not be read");
+  auto r =
+      service_.update_unread(413, "request: the body of POST /update_weights could not be read");
   EXPECT_EQ(r.status, 413) << r.body;
   EXPECT_NE(error_of(r).find("could not be read (rank=0); the trainer's broadcasts"),
             std::string::npos)

@@ -409,11 +409,11 @@ http_reply weight_transfer_service::update_answer(std::string_view body) {
   return s.update_refused(*no);
 }
 
-http_reply weight_transfer_service::update_unread(const std::string& why) {
+http_reply weight_transfer_service::update_unread(int status, const std::string& why) {
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
-  if (!s.nccl_group) return naming_rank(fail(413, why + "; nothing was done"), s.config.rank);
-  return naming_rank(s.update_refused({413, why}), s.config.rank);
+  if (!s.nccl_group) return naming_rank(fail(status, why + "; nothing was done"), s.config.rank);
+  return naming_rank(s.update_refused({status, why}), s.config.rank);
 }
 
 http_reply weight_transfer_service::impl::update_refused(const refusal& no) {

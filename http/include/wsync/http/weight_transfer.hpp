@@ -85,10 +85,10 @@ class weight_transfer_service {
   http_reply init(std::string_view body);
   http_reply start(std::string_view body);
   http_reply update(std::string_view body);
-  /// An /update_weights whose body could not be read whole (`why`, status 413): nothing is
-  /// done, except in NCCL mode, where the trainer's broadcasts for the call have no receiver
-  /// and the group is aborted, as for any refused update.
-  http_reply update_unread(const std::string& why);
+  /// An /update_weights refused before its body was read (`status`, `why`: too large, cut off,
+  /// compressed): nothing is done, except in NCCL mode, where the trainer's broadcasts for the
+  /// call have no receiver and the group is aborted, as for any refused update.
+  http_reply update_unread(int status, const std::string& why);
   http_reply finish(std::string_view body);
   /// `mode`: the query parameter (the gateway passes "abort", vLLM's default, when it is absent;
   /// given empty, it is refused). Returns when the mode's promise holds (generation_control.hpp).
