@@ -1,0 +1,49 @@
+#pragma once
+// What the coordinator book's two files share: small judgements about an update and a rank's
+// entry in it (coordinator_book.cpp keeps the update's course, coordinator_book_answers.cpp the
+// ranks' answers and the deadlines).
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "wsync/actors/coordinator_book.hpp"
+
+namespace wsync::book_detail {
+
+inline std::string context(const std::string& key, std::int32_t rank) {
+  return "update=" + key + " rank=" + std::to_string(rank);
+}
+
+inline bool in_flight(const update_record& u) {
+  return u.phase == update_phase::assembling || u.phase == update_phase::distributing;
+}
+
+inline bool answered(rank_state s) {
+  return s == rank_state::acknowledged || s == rank_state::rejected || s == rank_state::failed ||
+         s == rank_state::released || s == rank_state::waiting;
+}
+
+// Whether a rank in state `s` may still read the update's memory.
+inline bool holds(rank_state s) {
+  return s != rank_state::released && s != rank_state::failed && s != rank_state::waiting;
+}
+
+// A catch-up the deadline failed while the rank was joined (expire_catch_ups), answered late:
+// the rank's answer stands, as it would have in time.
+inline bool late_catch_up(const update_record& u, const rank_progress& p) {
+  return u.phase == update_phase::committed && p.state == rank_state::failed && p.may_hold;
+}
+
+inline std::vector<std::int32_t> publisher_ranks(const update_record& u) {
+  return {u.expected_publishers.begin(), u.expected_publishers.end()};
+}
+
+inline std::vector<std::string> keys_of(const std::map<std::string, update_record>& updates) {
+  std::vector<std::string> keys;
+  keys.reserve(updates.size());
+  for (const auto& [key, u] : updates) keys.push_back(key);
+  return keys;
+}
+
+}  // namespace wsync::book_detail
