@@ -176,7 +176,7 @@ http_reply weight_transfer_service::impl::nccl_init(const json& info) {
   nccl_group.reset();
   const auto join = config.nccl_join ? config.nccl_join : nccl::join_endpoint;
   const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(world);
-  auto group = join(*id, world, rank, config.cuda_device, config.nccl_timeout, &nccl_cancel);
+  auto group = join(*id, world, rank, config.cuda_device, config.nccl_timeout, cancel_for_join());
   if (!group) {
     if (had_group) {
       // The old group is gone and no new one came: the rank is as after a drop, and start
@@ -294,6 +294,17 @@ void weight_transfer_service::impl::nccl_drop(const std::string& why) {
   nccl_group.reset();
   shards_drop();
   current = phase::uninitialized;
+}
+
+std::atomic<bool>* weight_transfer_service::impl::cancel_for_join() {
+  std::lock_guard lock(cancel_mutex);
+  group_cancel = &group_cancels.emplace_back(stopping);
+  return group_cancel;
+}
+
+void weight_transfer_service::impl::cancel_group() {
+  std::lock_guard lock(cancel_mutex);
+  if (group_cancel) group_cancel->store(true);
 }
 
 void weight_transfer_service::impl::nccl_forget(const std::vector<update_id>& ids) {

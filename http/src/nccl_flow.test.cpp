@@ -4,7 +4,9 @@
 // The same flow over a real NCCL group needs two GPUs (docs/http.md#nccl says what is untested).
 
 #include <gtest/gtest.h>
+
 #include <openssl/evp.h>
+#include <future>
 
 #include <cstdio>
 #include <cstring>
@@ -117,6 +119,16 @@ class nccl_flow_test : public ::testing::Test {
     ASSERT_EQ(service_.start("").status, 200);
     ASSERT_EQ(update(m.update_info()).status, 200);
     auto r = service_.finish("");
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+
+  // install_step on another service of this fixture's joins.
+  void install_on(weight_transfer_service& service, const model_step& m) {
+    trainer->sends = testing::trainer_broadcasts(m.bytes, false, 0);
+    ASSERT_EQ(service.start("").status, 200);
+    auto r = service.update(json{{"update_info", m.update_info()}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    r = service.finish("");
     ASSERT_EQ(r.status, 200) << r.body;
   }
 
@@ -306,6 +318,40 @@ TEST_F(nccl_flow_test, an_update_whose_body_was_not_read_drops_the_group) {
       << r.body;
   EXPECT_EQ(ended.receives_done, 0u);
   EXPECT_NE(ended.aborted.find("update_weights was refused"), std::string::npos);
+}
+
+// A trainer that died mid-broadcast leaves the rank's receive waiting for NCCL's deadline
+// (minutes). The restarted trainer's init must not wait that out: it ends the receive, the
+// update fails with the reason, and the rank joins the new group.
+TEST_F(nccl_flow_test, an_init_ends_a_receive_the_old_trainer_will_never_feed) {
+  auto c = config();
+  c.nccl_timeout = 120s;
+  weight_transfer_service service(c);
+  auto init_call = [&] {
+    return service.init(json{{"init_info", init_info()}}.dump());
+  };
+  ASSERT_EQ(init_call().status, 200);
+  model_step m(1);
+  testing::host_trainer* old = trainer;
+  old->sends = testing::trainer_broadcasts(m.bytes, false, 0);
+  old->sends.pop_back();  // the trainer died before its last broadcast
+  old->hang_when_empty = true;
+  old->cancel = join_cancel;
+  ASSERT_EQ(service.start("").status, 200);
+  auto stuck = std::async(std::launch::async, [&] {
+    return service.update(json{{"update_info", m.update_info()}}.dump());
+  });
+  while (!old->hanging) std::this_thread::sleep_for(1ms);
+  const auto begin = std::chrono::steady_clock::now();
+  auto again = init_call();
+  const auto took = std::chrono::steady_clock::now() - begin;
+  EXPECT_EQ(again.status, 200) << again.body;
+  EXPECT_LT(took, 60s) << "the init waited for the old group's receive";
+  auto u = stuck.get();
+  EXPECT_EQ(u.status, 500) << u.body;
+  EXPECT_NE(error_of(u).find("cancelled"), std::string::npos) << u.body;
+  install_on(service, model_step(2));  // through the new group
+  service.stop_waiting();
 }
 
 TEST_F(nccl_flow_test, a_trainer_that_stops_fails_the_update_and_the_rank_must_join_again) {

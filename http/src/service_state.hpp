@@ -180,7 +180,17 @@ struct weight_transfer_service::impl {
   // vLLM's NCCL mode (nccl_flow.cpp): the trainer's group this rank joined, how the trainer
   // packs, and the consumer transport (owned by `consumer`) that hands what was received to
   // the executor. An aborted receive drops the group: `nccl_lost` says why until the next init.
-  std::atomic<bool> nccl_cancel{false};  // set by stop_waiting; outlives nccl_group
+  // Each group's cancel flag (the group's waits end once it is set): set for the current group
+  // by stop_waiting, and by an init that supersedes it, so that the init does not wait out a
+  // receive the old trainer will never feed. Flags are never freed (a communicator holds its
+  // own for life); cancel_mutex, not phase_mutex, guards them, as those callers run while a
+  // receive holds phase_mutex.
+  std::mutex cancel_mutex;
+  std::deque<std::atomic<bool>> group_cancels;
+  std::atomic<bool>* group_cancel = nullptr;  // the current group's
+  bool stopping = false;                      // stop_waiting came: later groups start cancelled
+  std::atomic<bool>* cancel_for_join();       // a fresh flag, now the current group's
+  void cancel_group();                        // sets the current group's flag
   std::unique_ptr<nccl::broadcast_endpoint> nccl_group;
   nccl::packing nccl_packing;
   class received_segments* received = nullptr;

@@ -144,7 +144,11 @@ void weight_transfer_service::detach_ranks() {
 }
 
 void weight_transfer_service::stop_waiting() {
-  impl_->nccl_cancel.store(true);
+  {
+    std::lock_guard lock(impl_->cancel_mutex);
+    impl_->stopping = true;
+  }
+  impl_->cancel_group();
   impl_->generation.close();
 }
 
@@ -178,6 +182,9 @@ http_reply weight_transfer_service::init_answer(std::string_view body) {
   auto options = options_field(info, "transport_options", "init_info", why);
   if (!options) return fail(400, why);
   if (auto no = nccl_init_refusal(info)) return *no;
+  // A valid NCCL init supersedes the group this rank is in: a receive from it still waiting
+  // (the old trainer gone, say) ends now instead of at its deadline, minutes on.
+  if (info.contains("nccl_unique_id_b64")) impl_->cancel_group();
   std::lock_guard lock(impl_->phase_mutex);
   auto& s = *impl_;
   if (info.contains("nccl_unique_id_b64")) return s.nccl_init(info);

@@ -5,11 +5,13 @@
 // transports/nccl/plan.hpp); queued work runs in order at wait(), as on a CUDA stream, so a
 // receiver that reads a buffer before waiting sees stale bytes.
 
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "wsync/manifest/checksum.hpp"
@@ -48,6 +50,11 @@ class host_trainer final : public nccl::broadcast_endpoint {
   std::size_t receives_done = 0;
   std::uint64_t allocated_bytes = 0;
   int allocations_left = -1;  ///< allocate() fails once this reaches 0 (-1: never)
+  /// With nothing left to send: wait, as NCCL would for a trainer that is gone, until the
+  /// receive's deadline or `cancel` (the flag the join was handed) ends it.
+  bool hang_when_empty = false;
+  const std::atomic<bool>* cancel = nullptr;
+  std::atomic<bool> hanging{false};  ///< a receive is waiting so (for tests to wait on)
   /// What a test may still read once the rank dropped the group (and this trainer with it).
   struct ending {
     std::size_t receives_done = 0;
@@ -70,9 +77,14 @@ class host_trainer final : public nccl::broadcast_endpoint {
   }
 
   result<void> receive(std::span<std::byte> into,
-                       std::chrono::steady_clock::time_point /*deadline*/) override {
+                       std::chrono::steady_clock::time_point deadline) override {
     if (!aborted_.empty()) return make_error(errc::io_error, "aborted: " + aborted_);
-    queue_.push_back([this, into]() -> result<void> {
+    queue_.push_back([this, into, deadline]() -> result<void> {
+      while (sends.empty() && hang_when_empty && std::chrono::steady_clock::now() < deadline) {
+        hanging = true;
+        if (cancel && cancel->load()) return fail(errc::io_error, "cancelled");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       if (sends.empty()) {
         return fail(errc::timeout, "rank 0 sent nothing more; the receive missed its deadline");
       }
