@@ -56,6 +56,17 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
           box->put(std::move(out));
           return;
         }
+        // The import of u->key ends at settle() below; should anything before it throw (out of
+        // memory), it ends here all the same, or held() would name the key for good and a
+        // restarted coordinator keep its memory from the publishers.
+        struct import_end {
+          rollout_side& side;
+          const std::string& key;
+          bool settled = false;
+          ~import_end() {
+            if (!settled) side.dropped(key);
+          }
+        } ending{*side, u->key};
         // The ranks of this process share the decoded shards: none copies them.
         std::vector<manifest_ptr> shards;
         for (const auto& m : u->shards) shards.emplace_back(u, &m);
@@ -67,9 +78,9 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
         }
         // The update this one replaced is let go before the answer, so the publisher can reuse
         // its memory by the time it hears the outcome.
-        for (const auto& [key, id] : side->settle(r, u->key)) {
-          report(key, "released", "", 0, "", id);
-        }
+        const auto released = side->settle(r, u->key);
+        ending.settled = true;
+        for (const auto& [key, id] : released) report(key, "released", "", 0, "", id);
         // Every report leaves when the import is over, so "importing" would tell the coordinator
         // nothing on its own: an acknowledgement carries the hop itself (a third fewer reports).
         auto from = import_source(*side, r.shard_ids);
