@@ -7,6 +7,9 @@
 #   BIN_DIR  holds wsync, wsync_transports_test and wsync_runtime_test (default: their places in
 #            build/default)
 #   OUT_DIR  where the logs and rows go (default: .)
+#
+# Every step has its own timeout, so a stuck step cannot hold the run for long; a normal run
+# takes about 175 s (an outer `timeout 240` is what the device sessions used).
 set -u
 bin=${1:-}
 out=${2:-.}
@@ -33,12 +36,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 date -u +%FT%TZ
 
 echo "== GPU tests"
-timeout 180 "$tests" --gtest_filter='gpu*:device*:*cuda*:chunk*:nccl*' >"$out/gpu_tests.log" 2>&1
+timeout 150 "$tests" --gtest_filter='gpu*:device*:*cuda*:chunk*:nccl*' >"$out/gpu_tests.log" 2>&1
 rc=$?
 grep -E '^\[  (PASSED|FAILED) |imports \(s\)|Failure|Which is' "$out/gpu_tests.log"
 echo "tests rc=$rc"
 echo "== the torn-read test with CUDA kernels reading the active weights"
-timeout 180 "$runtime_tests" --gtest_filter='*gpu_torn_read*' >"$out/gpu_torn_read.log" 2>&1
+timeout 90 "$runtime_tests" --gtest_filter='*gpu_torn_read*' >"$out/gpu_torn_read.log" 2>&1
 rc=$?
 grep -E '^\[  (PASSED|FAILED) |Failure|Which is|digests that differ' "$out/gpu_torn_read.log"
 echo "torn-read rc=$rc"
@@ -48,7 +51,7 @@ pkg=${bin:+$bin/../python}
 pkg=${pkg:-build/default/python}
 if PYTHONPATH=$pkg python3 -c 'import torch, wsync; assert torch.cuda.is_available()' \
   >"$out/python_cuda.log" 2>&1; then
-  PYTHONPATH=$pkg timeout 180 python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py \
+  PYTHONPATH=$pkg timeout 120 python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py \
     >>"$out/python_cuda.log" 2>&1
   echo "python rc=$? ($(tail -n 1 "$out/python_cuda.log"))"
 else
@@ -85,14 +88,18 @@ for transport in cuda-ipc cuda-vmm; do
   sleep 0.5
   "$wsync" consumer --coordinator "$at" --rank 1 --model qwen2.5-0.5b --transport "$transport" >"$dir/c1b.log" 2>&1 &
   c1=$!
-  timeout 120 tail --pid="$pub" -f /dev/null
+  timeout 60 tail --pid="$pub" -f /dev/null
   sleep 1
   "$wsync" status --coordinator "$at" >"$dir/status.log" 2>&1
   echo "$transport: $(grep -c '"committed"' "$dir/pub.log") of 40 versions committed; others:"
   grep -v '"committed"' "$dir/pub.log" | head -3
   head -8 "$dir/status.log"
   tail -n 2 "$dir/c1b.log" "$dir/c0.log"
-  kill "$c0" "$c1" "$coord" 2>/dev/null
+  # Everything of this round ends, a publisher still running included: SIGTERM, ten seconds,
+  # then SIGKILL, so a process that ignores the first cannot hold the script (and the device).
+  kill "$pub" "$c0" "$c1" "$coord" 2>/dev/null
+  for _ in $(seq 100); do kill -0 "$pub" "$c0" "$c1" "$coord" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pub" "$c0" "$c1" "$coord" 2>/dev/null
   wait 2>/dev/null
   cp "$dir/pub.log" "$out/cluster-$transport-publisher.log"
   ls /dev/shm | grep -c '^wsync-' | sed 's/^/dev\/shm wsync entries left: /'
@@ -104,8 +111,8 @@ echo "== benchmark rows"
     timeout 45 "$wsync" bench --mode gpu-checksum --repeat 10 --checksum-chunk-bytes "$chunk"
   done
   for mode in cuda-ipc cuda-vmm; do
-    timeout 90 "$wsync" bench --mode "$mode" --repeat 10 | tail -1
+    timeout 60 "$wsync" bench --mode "$mode" --repeat 10 | tail -1
   done
   # Needs two GPUs (NCCL refuses two ranks on one); on one GPU its row says blocked, and why.
-  timeout 120 "$wsync" bench --mode nccl --repeat 10 | tail -1
+  timeout 60 "$wsync" bench --mode nccl --repeat 10 | tail -1
 } | tee "$out/rows.jsonl"

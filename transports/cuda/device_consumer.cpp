@@ -43,6 +43,8 @@ class consumer final : public consumer_transport {
 
   ~consumer() override {
     device_scope on(device_);
+    // Reads queued on the legacy stream of a slot still held end before it is unmapped.
+    if (!held_.empty()) (void)cudaStreamSynchronize(cudaStreamLegacy);
     for (auto& [key, m] : maps_) close(m);
     for (auto& m : retired_) close(m);
   }

@@ -261,6 +261,7 @@ class publisher final : public publisher_transport {
   // (a publisher exiting under its importers is the case tested). cuda-vmm allocations are
   // counted by the driver, and go at once.
   void free_slot(slot& s, bool retire = false) {
+    device_scope on(cfg_.device);  // a re-made slot's caller (acquire) may have no context
     if (!s.id.empty()) {
       // Gone from here on: a consumer holding a handle of it (one that cached the slot
       // included) is refused, and a reader's intact() fails, instead of reading freed memory.

@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/device_pool.hpp"
@@ -244,6 +245,50 @@ TEST_P(device_transports, a_second_process_imports_verifies_and_outlives_the_pub
   buffers_.clear();
   EXPECT_EQ(ask("recheck " + last), "ok");
   EXPECT_EQ(ask("release " + last), "ok");
+}
+
+// Publishing, importing and releasing put the calling thread's CUDA context back as it was: a
+// thread that had none (a fresh one, as a trainer's or an HTTP pool's may be) has none after,
+// where setting "device 0" back would have made a context on GPU 0.
+TEST_P(device_transports, a_thread_without_a_context_has_none_after_publish_and_import) {
+  std::thread([&] {
+    auto before = gpu::context_current();
+    ASSERT_TRUE(before) << before.error().message;
+    ASSERT_FALSE(*before) << "a fresh thread already has a context";
+    auto pt = transport_->make_publisher();
+    ASSERT_TRUE(pt) << pt.error().message;
+    publisher_config cfg;
+    cfg.model_id = "context";
+    weight_publisher publisher(std::move(*pt), GetParam(), cfg);
+    std::vector<std::vector<std::byte>> host(sizes.size());
+    std::vector<tensor_source> sources;
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      host[t].assign(sizes[t], std::byte{7});
+      sources.push_back({"t" + std::to_string(t),
+                         dtype::u8,
+                         {static_cast<std::int64_t>(sizes[t])},
+                         {},
+                         host[t].data(),
+                         sizes[t],
+                         -1,
+                         nullptr});
+    }
+    auto m = publisher.publish(sources, 1, {0});
+    ASSERT_TRUE(m) << m.error().message;
+    auto after = gpu::context_current();
+    ASSERT_TRUE(after);
+    EXPECT_FALSE(*after) << "publish left a context current";
+    auto ct = transport_->make_consumer();
+    ASSERT_TRUE(ct) << ct.error().message;
+    weight_consumer consumer(std::move(*ct), consumer_config{0, 2});
+    auto u = consumer.import_update(*m);
+    ASSERT_TRUE(u) << u.error().message;
+    EXPECT_TRUE(consumer.verify(m->update_id));
+    EXPECT_TRUE(consumer.release(m->update_id));
+    after = gpu::context_current();
+    ASSERT_TRUE(after);
+    EXPECT_FALSE(*after) << "import, verify or release left a context current";
+  }).join();
 }
 
 // A consumer killed while it holds an update: once the publisher hears it failed (what the

@@ -175,6 +175,16 @@ device_kept::~device_kept() {
   if (kept_) (void)context_api().set(static_cast<CUcontext>(context_));
 }
 
+result<bool> context_current() {
+  if (auto r = ready(); !r) return r.error();
+  const auto& api = context_api();
+  CUcontext current = nullptr;
+  if (!api.get || api.get(&current) != CUDA_SUCCESS) {
+    return make_error(errc::blocked, "blocked: the CUDA driver gave no cuCtxGetCurrent");
+  }
+  return current != nullptr;
+}
+
 result<int> device_of(const void* p) {
   cudaPointerAttributes a{};
   if (auto e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
@@ -351,6 +361,10 @@ result<int> set_device(int) {
 device_kept::device_kept() = default;
 device_kept::~device_kept() {
   (void)context_, (void)kept_;  // no device was made current: nothing to put back
+}
+
+result<bool> context_current() {
+  return not_built();
 }
 
 result<int> device_of(const void*) {

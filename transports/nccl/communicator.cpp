@@ -119,6 +119,7 @@ struct communicator::state {
       // Flush what this member sent (a root's last bytes may still be in NCCL's proxy), then
       // free; a finalize that cannot complete (a peer is gone) aborts instead.
       const auto& lib = nccl_library();
+      gpu::device_kept kept;  // the caller's context comes back
       (void)cudaSetDevice(device);
       const auto f = lib.finalize(comm);
       bool clean = f == ncclSuccess || f == ncclInProgress;
@@ -149,6 +150,7 @@ struct communicator::state {
 
   void abort(const std::string& why) {
     if (comm) {
+      gpu::device_kept kept;  // the caller's context comes back
       (void)cudaSetDevice(device);
       nccl_library().comm_abort(comm);
       comm = nullptr;
@@ -243,6 +245,7 @@ result<communicator> communicator::join(const unique_id& id, int nranks, int ran
   s.rank = rank;
   s.size = nranks;
   s.device = device;
+  gpu::device_kept kept;  // the caller's context comes back
   if (auto e = cudaSetDevice(device); e != cudaSuccess) {
     return make_error(errc::io_error, s.who() + ": cudaSetDevice(" + std::to_string(device) +
                                           ") failed (" + cuda_text(e) + ")");
@@ -293,6 +296,7 @@ result<void> communicator::warm_up(std::chrono::milliseconds timeout) {
   auto& s = *state_;
   if (auto u = s.usable(); !u) return u;
   const auto deadline = clock::now() + timeout;
+  gpu::device_kept kept;  // the caller's context comes back
   (void)cudaSetDevice(s.device);
   float* one = nullptr;
   // A failure before the all_reduce is queued aborts too: rank 0 is already inside its own.
@@ -320,6 +324,7 @@ result<void> communicator::broadcast(void* data, std::uint64_t nbytes, int root,
     return make_error(errc::invalid_argument,
                       s.who() + ": broadcast root " + std::to_string(root) + " is not a member");
   }
+  gpu::device_kept kept;  // the caller's context comes back
   (void)cudaSetDevice(s.device);
   auto* on = stream ? static_cast<cudaStream_t>(stream) : s.stream;
   const auto r = nccl_library().broadcast(data, data, nbytes, ncclUint8, root, s.comm, on);
@@ -333,6 +338,7 @@ result<void> communicator::wait(std::chrono::steady_clock::time_point deadline, 
   if (!state_) return make_error(errc::invalid_argument, "no NCCL communicator");
   auto& s = *state_;
   if (auto u = s.usable(); !u) return u;
+  gpu::device_kept kept;  // the caller's context comes back
   (void)cudaSetDevice(s.device);
   auto* on = stream ? static_cast<cudaStream_t>(stream) : s.stream;
   for (;;) {

@@ -3,6 +3,7 @@
 // runs on its communicator's stream, in the order it was queued; copies on a stream of their own
 // (nccl_member says how the two stay in order).
 
+#include "wsync/transports/gpu.hpp"
 #include "wsync/transports/nccl_transport.hpp"
 
 #include <algorithm>
@@ -17,6 +18,7 @@ namespace wsync::nccl {
 #if WSYNC_HAVE_NCCL
 
 result<block> device_block(int device, std::uint64_t nbytes, const std::string& who) {
+  gpu::device_kept kept;  // the caller's context comes back
   (void)cudaSetDevice(device);
   void* p = nullptr;
   if (auto e = cudaMalloc(&p, nbytes); e != cudaSuccess) {
@@ -25,6 +27,7 @@ result<block> device_block(int device, std::uint64_t nbytes, const std::string& 
                                           " failed (" + cuda_text(e) + ")");
   }
   std::shared_ptr<void> owner(p, [device](void* q) {
+    gpu::device_kept kept_in_free;  // the freeing thread's context comes back
     (void)cudaSetDevice(device);
     (void)cudaFree(q);
   });
@@ -51,6 +54,7 @@ class nccl_member final : public group_member {
   result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root,
                          std::chrono::steady_clock::time_point deadline) override {
     auto* stream = static_cast<cudaStream_t>(comm_.stream());
+    gpu::device_kept kept;  // the caller's context comes back
     (void)cudaSetDevice(comm_.device());
     if (copies_queued_) {  // the broadcast waits for what was packed before it
       auto e = cudaEventRecord(copied_, copy_stream_);
@@ -88,6 +92,7 @@ class nccl_member final : public group_member {
 
   result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
     if (nbytes == 0) return {};
+    gpu::device_kept kept;  // the caller's context comes back
     (void)cudaSetDevice(comm_.device());
     if (!copy_stream_) {
       if (auto e = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking);
@@ -137,6 +142,7 @@ class nccl_member final : public group_member {
   // waits for the queued copies, so none still reads a source the caller may then free.
   void drain_copies() {
     if (!copy_stream_) return;
+    gpu::device_kept kept;  // the caller's context comes back
     (void)cudaSetDevice(comm_.device());
     (void)cudaStreamSynchronize(copy_stream_);
   }
@@ -161,6 +167,7 @@ class cuda_nccl_fabric final : public group_fabric {
  public:
   cuda_nccl_fabric(int device, cudaStream_t io) : device_(device), io_(io) {}
   ~cuda_nccl_fabric() override {
+    gpu::device_kept kept;  // the caller's context comes back
     (void)cudaSetDevice(device_);
     (void)cudaStreamDestroy(io_);
   }
@@ -192,17 +199,16 @@ class cuda_nccl_fabric final : public group_fabric {
   }
 
   void reads_done() override {
-    int was = 0;
-    const bool known = cudaGetDevice(&was) == cudaSuccess;
+    gpu::device_kept kept;  // the caller's thread keeps its context (none included)
     (void)cudaSetDevice(device_);
     (void)cudaStreamSynchronize(cudaStreamLegacy);
-    if (known) (void)cudaSetDevice(was);  // the caller's thread keeps its device
   }
 
  private:
   // Done when the stream is: then every stream launched after sees the bytes.
   result<void> copy(void* dst, const void* src, std::uint64_t nbytes, cudaMemcpyKind kind,
                     const char* direction) {
+    gpu::device_kept kept;  // the caller's context comes back
     (void)cudaSetDevice(device_);
     auto e = cudaMemcpyAsync(dst, src, nbytes, kind, io_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(io_);
@@ -228,6 +234,7 @@ result<std::shared_ptr<group_fabric>> cuda_fabric(int device) {
     return make_error(errc::blocked, "blocked: nccl: no CUDA device " + std::to_string(device) +
                                          " (this machine has " + std::to_string(devices) + ")");
   }
+  gpu::device_kept kept;  // the caller's context comes back
   (void)cudaSetDevice(device);
   cudaStream_t io = nullptr;
   if (auto e = cudaStreamCreateWithFlags(&io, cudaStreamNonBlocking); e != cudaSuccess) {

@@ -102,6 +102,10 @@ class device_kept {
   bool kept_ = false;        ///< the context could be read, so it is put back
 };
 
+/// Whether the calling thread has a CUDA context current (false for a thread that never used
+/// CUDA); blocked without CUDA or a driver.
+result<bool> context_current();
+
 /// The CUDA device of `p` (a device pointer, or host memory CUDA mapped for a device), or -1 for
 /// host memory CUDA does not know.
 result<int> device_of(const void* p);
