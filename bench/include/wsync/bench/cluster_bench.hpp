@@ -14,7 +14,7 @@ struct cluster_bench_options {
   /// count runs twice: without node leaders (the baseline), then with them.
   int processes = 1;
   unsigned repeat = 5;  ///< timed updates per count (wsync bench --repeat)
-  bool smoke = false;  ///< said in every row: a quick run's figures are not the machine's
+  bool smoke = false;   ///< said in every row: a quick run's figures are not the machine's
   std::string layout = "synthetic:65536:4";  ///< small, so the data plane does not dominate
 };
 

@@ -19,7 +19,7 @@ struct fanout_bench_options {
   std::vector<std::string> plans = {"tree", "chain", "star", "naive"};
   unsigned degree = 2;                            ///< children per leader (tree)
   std::uint64_t bytes = std::uint64_t{16} << 20;  ///< update size
-  unsigned repeat = 5;  ///< timed updates per plan (wsync bench --repeat)
+  unsigned repeat = 5;                            ///< timed updates per plan (wsync bench --repeat)
   bool smoke = false;  ///< said in every row: a quick run's figures are not the machine's
   /// Each node's link, each way. 200 Mbit/s keeps the network the bottleneck with 4 x 4 ranks on
   /// two cores; at 1 Gbit/s the ranks' own TCP copies there take the cores first.
