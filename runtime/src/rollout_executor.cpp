@@ -105,9 +105,19 @@ result<void> rollout_executor::import_and_stage(std::span<const manifest_ptr> sh
   parts.reserve(shards.size());
   imported_ids.reserve(shards.size());
   for (const auto& m : shards) {
+    // On record before it exists (copying the id allocates): an import that succeeded is
+    // never left held and unrecorded.
+    imported_ids.push_back(m->update_id);
+    struct unrecord {  // taken off again when the import fails or throws
+      std::vector<update_id>& ids;
+      bool imported = false;
+      ~unrecord() {
+        if (!imported) ids.pop_back();
+      }
+    } record{imported_ids};
     auto imported = consumer_.import_update(m);
     if (!imported) return imported.error();
-    imported_ids.push_back(m->update_id);
+    record.imported = true;
     parts.push_back(*imported);
   }
   // The adapter sees shards by source rank, whatever order they came in (HTTP and Python

@@ -171,6 +171,26 @@ TEST_F(executor_test, an_import_that_throws_can_be_retried) {
   EXPECT_TRUE(consumer.release(m1.update_id));
 }
 
+// Through the executor: an import that throws is a rejection of nothing imported (no reject or
+// release is sent for it), and the same update installs when it comes again.
+TEST_F(executor_test, an_update_whose_import_throws_is_rejected_and_installs_when_retried) {
+  auto inner = transport_->make_consumer();
+  ASSERT_TRUE(inner);
+  auto consumer = make_consumer(std::make_unique<throwing_once_transport>(std::move(*inner)));
+  reference_runtime rt;
+  rollout_executor ex(consumer, rt, rt.gate());
+  auto m1 = publish(publisher_->last_version() + 1);
+  auto r1 = ex.update_weights(m1);
+  EXPECT_FALSE(r1.acknowledged);
+  ASSERT_TRUE(r1.failure);
+  EXPECT_FALSE(r1.released_self);  // it held nothing of it
+  auto r2 = ex.update_weights(m1);
+  ASSERT_TRUE(r2.acknowledged) << r2.failure->message;
+  report(r2);
+  (void)ex.release_active();
+  EXPECT_TRUE(publisher_->on_released(m1.update_id, 0));
+}
+
 // Releasing the active imports at shutdown waits for the generation steps still reading them
 // (in view mode they are the weights those steps read).
 TEST_F(executor_test, release_active_waits_for_the_generations_in_flight) {
