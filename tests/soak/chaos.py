@@ -270,6 +270,7 @@ def run_cluster(args, c, work, rng):
         c.start_publisher(r)
     t0 = time.monotonic()
     faults, recoveries = [], []
+    slowest = {}  # the longest recovery of each fault kind
     pending = []  # faults not yet recovered from: (kind, time, committed at the fault, rank)
     timers = []  # restarts and SIGCONTs due later: (time, action)
     baseline = None  # fds and RSS of the ranks never killed (consumer 0, publisher 0)
@@ -298,6 +299,7 @@ def run_cluster(args, c, work, rng):
         for p in pending:
             if s and recovered(s, p):
                 recoveries.append(time.monotonic() - p[1])
+                slowest[p[0]] = max(slowest.get(p[0], 0.0), recoveries[-1])
             else:
                 still.append(p)
         pending = still
@@ -376,6 +378,7 @@ def run_cluster(args, c, work, rng):
         "max_recover_s": round(max(recoveries), 2) if recoveries else None,
         "median_recover_s": round(sorted(recoveries)[len(recoveries) // 2], 2) if recoveries
         else None,
+        "max_recover_s_by_kind": {k: round(v, 2) for k, v in sorted(slowest.items())},
         "reader_checks": checks, "torn_reads": torn, "slots_left_to_readers": left_to_readers,
         "fds": {"start": {k: v for k, v in baseline.items() if k.endswith("fds")},
                 "end": {k: v for k, v in end.items() if k.endswith("fds")}},
