@@ -98,7 +98,12 @@ for transport in cuda-ipc cuda-vmm; do
   # Everything of this round ends, a publisher still running included: SIGTERM, ten seconds,
   # then SIGKILL, so a process that ignores the first cannot hold the script (and the device).
   kill "$pub" "$c0" "$c1" "$coord" 2>/dev/null
-  for _ in $(seq 100); do kill -0 "$pub" "$c0" "$c1" "$coord" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq 100); do
+    alive=
+    for p in "$pub" "$c0" "$c1" "$coord"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
   kill -9 "$pub" "$c0" "$c1" "$coord" 2>/dev/null
   wait 2>/dev/null
   cp "$dir/pub.log" "$out/cluster-$transport-publisher.log"

@@ -56,30 +56,32 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
           box->put(std::move(out));
           return;
         }
-        // The import of u->key ends at settle() below; should anything before it throw (out of
-        // memory), it ends here all the same, or held() would name the key for good and a
-        // restarted coordinator keep its memory from the publishers.
+        // The import of u->key ends at settle() below, right after the install (which never
+        // throws); should building the shard list throw first (out of memory), it ends here
+        // all the same, or held() would name the key for good and a restarted coordinator keep
+        // its memory from the publishers.
         struct import_end {
           rollout_side& side;
           const std::string& key;
-          bool settled = false;
+          bool settling = false;
           ~import_end() {
-            if (!settled) side.dropped(key);
+            if (!settling) side.dropped(key);
           }
         } ending{*side, u->key};
         // The ranks of this process share the decoded shards: none copies them.
         std::vector<manifest_ptr> shards;
         for (const auto& m : u->shards) shards.emplace_back(u, &m);
         auto r = side->executor.update_weights(std::span<const manifest_ptr>(shards));
+        // The update this one replaced is let go before the answer, so the publisher can reuse
+        // its memory by the time it hears the outcome. Settled before anything else can throw:
+        // what the install holds must be on record.
+        ending.settling = true;
+        const auto released = side->settle(r, u->key);
         if (observer) {
           std::uint64_t bytes = 0;
           for (const auto& m : u->shards) bytes += m.total_bytes;
           observer->update_done(rank, u->key, r, bytes);
         }
-        // The update this one replaced is let go before the answer, so the publisher can reuse
-        // its memory by the time it hears the outcome.
-        const auto released = side->settle(r, u->key);
-        ending.settled = true;
         for (const auto& [key, id] : released) report(key, "released", "", 0, "", id);
         // Every report leaves when the import is over, so "importing" would tell the coordinator
         // nothing on its own: an acknowledgement carries the hop itself (a third fewer reports).

@@ -31,10 +31,11 @@ namespace wsync {
 constexpr std::size_t max_body_bytes = std::size_t{64} << 20;  // manifests, not tensor bytes
 
 namespace {
-// A connection's peer as a key: its address and port, as httplib writes Request::remote_addr
-// and remote_port.
-std::string peer_key(const std::string& address, int port) {
-  return address + "#" + std::to_string(port);
+// A connection as a key: its two ends' addresses and ports, as httplib writes them in
+// Request::local_addr, local_port, remote_addr and remote_port.
+std::string connection_key(const std::string& local, int local_port, const std::string& peer,
+                           int peer_port) {
+  return local + "#" + std::to_string(local_port) + "#" + peer + "#" + std::to_string(peer_port);
 }
 }  // namespace
 
@@ -50,18 +51,21 @@ struct http_gateway::impl {
   std::atomic<int> generating{0};      // /generate calls being served
   std::atomic<bool> listen_ended{false};
   sockaddr_storage listen_address{};  // once listening
-  // The connections whose request was read whole and is being answered (peer_key): stop()
+  // The connections whose request was read whole and is being answered (connection_key): stop()
   // leaves them to finish.
   std::mutex answering_mutex;
-  std::set<std::string> answering;
+  std::multiset<std::string> answering;
 
+  static std::string key_of(const httplib::Request& q) {
+    return connection_key(q.local_addr, q.local_port, q.remote_addr, q.remote_port);
+  }
   void answering_add(const httplib::Request& q) {
     std::lock_guard lock(answering_mutex);
-    answering.insert(peer_key(q.remote_addr, q.remote_port));
+    answering.insert(key_of(q));
   }
   void answering_remove(const httplib::Request& q) {
     std::lock_guard lock(answering_mutex);
-    answering.erase(peer_key(q.remote_addr, q.remote_port));
+    if (auto it = answering.find(key_of(q)); it != answering.end()) answering.erase(it);
   }
 };
 
@@ -110,14 +114,17 @@ bool loopback_only(int fd) {
   return std::memcmp(b, v4_mapped, 12) == 0 && b[12] == 127;
 }
 
-std::string peer_key(const sockaddr_storage& a, socklen_t n) {
-  char host[NI_MAXHOST] = {};
+// An address as httplib writes it (numeric host) and its port; false when it has none.
+bool address_of(const sockaddr_storage& a, socklen_t n, std::string& host, int& port) {
+  char h[NI_MAXHOST] = {};
   char serv[NI_MAXSERV] = {};
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), n, host, sizeof host, serv, sizeof serv,
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), n, h, sizeof h, serv, sizeof serv,
                     NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-    return "";
+    return false;
   }
-  return peer_key(host, std::atoi(serv));
+  host = h;
+  port = std::atoi(serv);
+  return true;
 }
 
 // Whether `local` (an accepted socket's address) is on the listening address `listen`: the same
@@ -147,7 +154,7 @@ bool on_listener(const sockaddr_storage& local, const sockaddr_storage& listen) 
 // process's descriptors; each is duplicated before it is looked at, so a descriptor closed and
 // reused meanwhile is judged as what it now is, and only TCP streams on the listening address
 // are touched. shutdown() ends the read that holds the thread.
-void shut_unanswered(const sockaddr_storage& listen, const std::set<std::string>& answering) {
+void shut_unanswered(const sockaddr_storage& listen, const std::multiset<std::string>& answering) {
   DIR* dir = ::opendir("/proc/self/fd");
   if (!dir) return;
   while (const dirent* e = ::readdir(dir)) {
@@ -168,7 +175,13 @@ void shut_unanswered(const sockaddr_storage& listen, const std::set<std::string>
          ::getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0) &&
         listening == 0 && ::getsockname(s, reinterpret_cast<sockaddr*>(&local), &n) == 0 &&
         on_listener(local, listen) && ::getpeername(s, reinterpret_cast<sockaddr*>(&peer), &m) == 0;
-    if (ours && answering.count(peer_key(peer, m)) == 0) ::shutdown(s, SHUT_RDWR);
+    std::string local_host, peer_host;
+    int local_port = 0, peer_port = 0;
+    if (ours && address_of(local, n, local_host, local_port) &&
+        address_of(peer, m, peer_host, peer_port) &&
+        answering.count(connection_key(local_host, local_port, peer_host, peer_port)) == 0) {
+      ::shutdown(s, SHUT_RDWR);
+    }
     ::close(s);
   }
   ::closedir(dir);
@@ -405,10 +418,10 @@ http_gateway::http_gateway(weight_transfer_service& service, http_options option
       return refuse(411, "request: a chunked body is read only by the POST routes; " + q.method +
                              " " + q.path + " takes none");
     }
-    // A body for no route that reads one is refused before httplib reads it (GET and HEAD
-    // bodies it never reads).
-    if (!post_route && q.method != "GET" && q.method != "HEAD" && q.has_header("Content-Length") &&
-        q.get_header_value("Content-Length") != "0") {
+    // Every route but the POST ones is a GET: anything else has no route, and is refused
+    // before httplib reads a body it may carry (with or without a length; GET and HEAD bodies
+    // httplib never reads).
+    if (!post_route && q.method != "GET" && q.method != "HEAD") {
       return refuse(404, "path: no route " + q.path);
     }
     // Read whole unless a POST route reads a body next (post() marks it once read).
@@ -496,7 +509,7 @@ void http_gateway::stop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   while (!impl_->listen_ended) {
-    std::set<std::string> answering;
+    std::multiset<std::string> answering;
     {
       std::lock_guard lock(impl_->answering_mutex);
       answering = impl_->answering;

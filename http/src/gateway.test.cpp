@@ -602,6 +602,14 @@ TEST_F(http_gateway_test, a_body_no_route_reads_is_refused_unread_and_the_connec
   const auto answer = big.read_all();
   EXPECT_EQ(answer.rfind("HTTP/1.1 404", 0), 0u) << answer;
 
+  // A body with neither length nor chunks (httplib would read it until the client closes) for
+  // no route: refused at once too.
+  raw_connection lengthless(port_);
+  ASSERT_TRUE(lengthless.connected());
+  ASSERT_TRUE(lengthless.send("POST /nothing HTTP/1.1\r\nHost: x\r\n\r\nsome bytes"));
+  const auto refused = lengthless.read_all();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 404", 0), 0u) << refused;
+
   // Two requests on one connection: one answer, then the close. The second would have been a
   // body's bytes after a reply that did not read them.
   raw_connection two(port_);

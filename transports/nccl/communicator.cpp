@@ -115,12 +115,13 @@ struct communicator::state {
   bool cancelled() const { return cancel && cancel->load(std::memory_order_relaxed); }
 
   ~state() {
+    if (!comm && !stream) return;
+    gpu::device_kept kept;  // the caller's context comes back, once the stream is gone too
+    (void)cudaSetDevice(device);
     if (comm) {
       // Flush what this member sent (a root's last bytes may still be in NCCL's proxy), then
       // free; a finalize that cannot complete (a peer is gone) aborts instead.
       const auto& lib = nccl_library();
-      gpu::device_kept kept;  // the caller's context comes back
-      (void)cudaSetDevice(device);
       const auto f = lib.finalize(comm);
       bool clean = f == ncclSuccess || f == ncclInProgress;
       const auto deadline = clock::now() + std::chrono::seconds(10);
@@ -239,13 +240,13 @@ result<communicator> communicator::join(const unique_id& id, int nranks, int ran
                                           std::to_string(nranks) +
                                           ": joining cancelled: the transport is closing");
   }
+  gpu::device_kept kept;  // the caller's context comes back, after `c` on a failure too
   communicator c;
   auto& s = *c.state_;
   s.cancel = cancel;
   s.rank = rank;
   s.size = nranks;
   s.device = device;
-  gpu::device_kept kept;  // the caller's context comes back
   if (auto e = cudaSetDevice(device); e != cudaSuccess) {
     return make_error(errc::io_error, s.who() + ": cudaSetDevice(" + std::to_string(device) +
                                           ") failed (" + cuda_text(e) + ")");

@@ -44,6 +44,8 @@ class nccl_member final : public group_member {
  public:
   explicit nccl_member(communicator comm) : comm_(std::move(comm)) {}
   ~nccl_member() override {
+    gpu::device_kept kept;  // the caller's context comes back
+    (void)cudaSetDevice(comm_.device());
     for (auto& r : reads_) (void)cudaEventDestroy(r.done);
     if (copied_) (void)cudaEventDestroy(copied_);
     if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
