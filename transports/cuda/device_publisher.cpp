@@ -46,7 +46,7 @@ class publisher final : public publisher_transport {
     for (auto& s : slots_) free_slot(*s);
     for (auto [base, event] : retired_) {
       if (event) cudaEventDestroy(event);
-      cudaFree(base);
+      if (base) cudaFree(base);
     }
     if (control_) ::munmap(control_, control_bytes);
     if (!control_name_.empty()) ::shm_unlink(("/" + control_name_).c_str());
@@ -269,8 +269,10 @@ class publisher final : public publisher_transport {
       std::lock_guard lock(local_slots::get().mu);
       local_slots::get().by_id.erase(s.id);
     }
-    if (cfg_.kind == sharing::ipc && retire && s.base) {
-      retired_.emplace_back(s.base, s.event);
+    if (retire && (s.base || s.event)) {
+      // The event too, for either kind: a consumer of this process borrows it, and may be about
+      // to wait on it (its generation check came just before this re-make).
+      retired_.emplace_back(cfg_.kind == sharing::ipc ? s.base : nullptr, s.event);
     } else if (s.event) {
       cudaEventDestroy(s.event);
     }
@@ -354,7 +356,7 @@ class publisher final : public publisher_transport {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<slot>> slots_;
-  std::vector<std::pair<std::byte*, cudaEvent_t>> retired_;  // cuda-ipc: see free_slot
+  std::vector<std::pair<std::byte*, cudaEvent_t>> retired_;  // re-made slots': see free_slot
   std::string socket_name_;                                  // cuda-vmm
   int listen_fd_ = -1;
   int wake_fd_ = -1;
