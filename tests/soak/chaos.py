@@ -271,6 +271,10 @@ def run_cluster(args, c, work, rng):
     t0 = time.monotonic()
     faults, recoveries = [], []
     slowest = {}  # the longest recovery of each fault kind
+    alone, overlapped = [], set()  # recoveries of faults that overlapped no other; ids that did
+    # For a consumer fault: (seconds since it, joined or absent, the rank's active version, the
+    # committed version then) each time the rank's side changed; kept for each kind's slowest.
+    timelines, slowest_timeline = {}, {}
     pending = []  # faults not yet recovered from: (kind, time, committed at the fault, rank)
     timers = []  # restarts and SIGCONTs due later: (time, action)
     baseline = None  # fds and RSS of the ranks never killed (consumer 0, publisher 0)
@@ -297,9 +301,25 @@ def run_cluster(args, c, work, rng):
         # publisher or coordinator fault: when the cluster commits a newer one).
         still = []
         for p in pending:
+            seen = timelines.setdefault(id(p), [])
+            if s and p[3] is not None:  # what the coordinator shows of the rank: when it changes
+                entry = next((r for r in s.get("ranks", []) if r.get("role") == "consumer"
+                              and r.get("rank") == p[3]), None)
+                view = ("joined" if entry else "absent",
+                        (entry or {}).get("active_weight_version"), s.get("committed_version"))
+                if not seen or seen[-1][1:3] != view[:2]:
+                    seen.append((round(time.monotonic() - p[1], 2), *view))
             if s and recovered(s, p):
                 recoveries.append(time.monotonic() - p[1])
-                slowest[p[0]] = max(slowest.get(p[0], 0.0), recoveries[-1])
+                if id(p) not in overlapped:
+                    alone.append(recoveries[-1])
+                overlapped.discard(id(p))
+                if recoveries[-1] > slowest.get(p[0], 0.0):
+                    slowest[p[0]] = recoveries[-1]
+                    if p[3] is not None:
+                        slowest_timeline[p[0]] = {"committed_at_fault": p[2],
+                                                  "seen": timelines.pop(id(p), [])}
+                timelines.pop(id(p), None)
             else:
                 still.append(p)
         pending = still
@@ -350,7 +370,16 @@ def run_cluster(args, c, work, rng):
                 c.start_coordinator()
             if kind != "none":
                 faults.append(kind)
-                pending.append((kind, at, committed, r if kind.endswith("consumer") else None))
+                fault = (kind, at, committed, r if kind.endswith("consumer") else None)
+                # Faults that overlap (one striking a rank still recovering from an earlier
+                # one, as a restarted rank still starting, or any fault while a publisher or
+                # coordinator fault holds commits back, or the other way round) measure the
+                # two together: their recoveries are kept apart from those of faults alone.
+                for p in pending:
+                    if fault[3] is None or p[3] is None or p[3] == fault[3]:
+                        overlapped.add(id(p))
+                        overlapped.add(id(fault))
+                pending.append(fault)
         time.sleep(0.05)
     seconds = time.monotonic() - t0
     end = {"consumer0_fds": fds_of(c.consumers[0].pid),
@@ -379,6 +408,9 @@ def run_cluster(args, c, work, rng):
         "median_recover_s": round(sorted(recoveries)[len(recoveries) // 2], 2) if recoveries
         else None,
         "max_recover_s_by_kind": {k: round(v, 2) for k, v in sorted(slowest.items())},
+        "max_recover_s_alone": round(max(alone), 2) if alone else None,
+        "faults_alone": len(alone),
+        "slowest_consumer_recoveries": slowest_timeline,
         "reader_checks": checks, "torn_reads": torn, "slots_left_to_readers": left_to_readers,
         "fds": {"start": {k: v for k, v in baseline.items() if k.endswith("fds")},
                 "end": {k: v for k, v in end.items() if k.endswith("fds")}},
