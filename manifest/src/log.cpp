@@ -5,39 +5,11 @@
 #include <cstdio>
 #include <string>
 
+#include "src/utf8.hpp"
+
 namespace wsync {
 namespace {
 std::atomic<log_level> threshold{log_level::info};
-
-// The length of the UTF-8 character at text[i] (lead byte c >= 0x80), or 0 where the bytes are
-// not one, or are a C1 control (U+0080..U+009F: U+009B opens an escape sequence as ESC [ does).
-std::size_t utf8_length(std::string_view text, std::size_t i) {
-  const auto c = static_cast<unsigned char>(text[i]);
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-    if (c == 0xc2) lo = 0xa0;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (i + len > text.size()) return 0;
-  const auto second = static_cast<unsigned char>(text[i + 1]);
-  if (second < lo || second > hi) return 0;
-  for (std::size_t k = 2; k < len; ++k) {
-    if ((static_cast<unsigned char>(text[i + k]) >> 6) != 2) return 0;
-  }
-  return len;
-}
-
 }  // namespace
 
 void log_set_level(log_level level) {
@@ -60,7 +32,7 @@ void log_write(log_level level, std::string_view text) {
     const auto c = static_cast<unsigned char>(text[taken]);
     if (c >= 0x20 && c < 0x7f) {
       line.push_back(static_cast<char>(c));
-    } else if (std::size_t len = c >= 0x80 ? utf8_length(text, taken) : 0; len > 0) {
+    } else if (std::size_t len = c >= 0x80 ? detail::utf8_length(text, taken) : 0; len > 0) {
       line.append(text.substr(taken, len));
       taken += len - 1;
     } else if (c == '\t') {

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "src/utf8.hpp"
 #include "wsync/manifest/checksum.hpp"
 
 namespace wsync {
@@ -50,29 +51,8 @@ bool valid_text(std::string_view s) {
       ++i;
       continue;
     }
-    // The lead byte gives the length and the range the second byte must fall in.
-    std::size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;  // overlong
-      if (c == 0xed) hi = 0x9f;  // surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;  // overlong
-      if (c == 0xf4) hi = 0x8f;  // past U+10FFFF
-    } else {
-      return false;  // a continuation byte, an overlong lead (C0, C1) or F5..FF
-    }
-    if (c == 0xc2) lo = 0xa0;  // U+0080..U+009F: the C1 controls
-    if (i + len > s.size()) return false;
-    const auto second = static_cast<unsigned char>(s[i + 1]);
-    if (second < lo || second > hi) return false;
-    for (std::size_t k = 2; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
-    }
+    const std::size_t len = detail::utf8_length(s, i);
+    if (len == 0) return false;
     i += len;
   }
   return true;
