@@ -32,19 +32,6 @@ inline std::string cuda_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-// Makes a device current for a scope and then puts back the caller's context (none included):
-// the transports run on threads that are not theirs (a trainer's, an HTTP pool's), whose
-// current device belongs to the code around them.
-class device_scope {
- public:
-  explicit device_scope(int device) : status_(cudaSetDevice(device)) {}
-  cudaError_t status() const { return status_; }
-
- private:
-  gpu::device_kept kept_;  // first: reads the caller's context before the switch
-  cudaError_t status_;
-};
-
 inline const char* kind_name(sharing k) {
   return k == sharing::ipc ? "cuda-ipc" : "cuda-vmm";
 }

@@ -42,7 +42,7 @@ class consumer final : public consumer_transport {
   consumer(sharing kind, int device) : kind_(kind), device_(device) {}
 
   ~consumer() override {
-    device_scope on(device_);
+    gpu::on_device on(device_);
     // Reads queued on the legacy stream of a slot still held end before it is unmapped.
     if (!held_.empty()) (void)cudaStreamSynchronize(cudaStreamLegacy);
     for (auto& [key, m] : maps_) close(m);
@@ -64,7 +64,7 @@ class consumer final : public consumer_transport {
               update_context(m) + ")");
     }
     std::lock_guard lock(mutex_);
-    device_scope on(device_);
+    gpu::on_device on(device_);
     auto control = control_of(*h, m);
     if (!control) return control.error();
     auto key = h->pool + "/" + std::to_string(h->slot);
@@ -134,7 +134,7 @@ class consumer final : public consumer_transport {
     auto slot_id = it->second.slot_id;
     held_.erase(it);
     // Reads queued on the legacy stream finish before the publisher may rewrite the slot.
-    device_scope on(device_);
+    gpu::on_device on(device_);
     cudaStreamSynchronize(cudaStreamLegacy);
     if (auto m = maps_.find(key); m != maps_.end() && m->second.id == slot_id) {
       --m->second.holds;

@@ -42,7 +42,7 @@ class publisher final : public publisher_transport {
 
   ~publisher() override {
     stop_server();
-    device_scope on(cfg_.device);
+    gpu::on_device on(cfg_.device);
     for (auto& s : slots_) free_slot(*s);
     for (auto [base, event] : retired_) {
       if (event) cudaEventDestroy(event);
@@ -98,7 +98,7 @@ class publisher final : public publisher_transport {
     // asks that: weight_publisher synchronizes its stream when it takes the digests). This
     // record, on a stream of our own, orders nothing more; consumers' streams wait on it as on
     // a marker that the slot was sealed.
-    device_scope on(cfg_.device);
+    gpu::on_device on(cfg_.device);
     if (auto e = cudaEventRecord(s->event, stream_); e != cudaSuccess) {
       return make_error(errc::io_error, std::string(kind_name(cfg_.kind)) +
                                             ": cudaEventRecord failed (" + cuda_text(e) +
@@ -133,8 +133,8 @@ class publisher final : public publisher_transport {
 
   result<void> open() {
     const std::string who = kind_name(cfg_.kind);
-    device_scope on(cfg_.device);
-    if (auto e = on.status(); e != cudaSuccess) {
+    gpu::on_device on(cfg_.device);
+    if (auto e = static_cast<cudaError_t>(on.status()); e != cudaSuccess) {
       return make_error(errc::blocked, "blocked: " + who + ": device " +
                                            std::to_string(cfg_.device) + " (" + cuda_text(e) + ")");
     }
@@ -192,7 +192,7 @@ class publisher final : public publisher_transport {
   // Allocates `bytes` (rounded up) of device memory for `s` and exports it once.
   result<void> allocate(slot& s, std::uint64_t bytes) {
     const std::string who = kind_name(cfg_.kind);
-    device_scope on(cfg_.device);
+    gpu::on_device on(cfg_.device);
     auto fail = [&](const std::string& what) -> result<void> {
       free_slot(s);
       return make_error(errc::io_error, who + ": " + what + " for a slot of " +
@@ -261,7 +261,7 @@ class publisher final : public publisher_transport {
   // (a publisher exiting under its importers is the case tested). cuda-vmm allocations are
   // counted by the driver, and go at once.
   void free_slot(slot& s, bool retire = false) {
-    device_scope on(cfg_.device);  // a re-made slot's caller (acquire) may have no context
+    gpu::on_device on(cfg_.device);  // a re-made slot's caller (acquire) may have no context
     if (!s.id.empty()) {
       // Gone from here on: a consumer holding a handle of it (one that cached the slot
       // included) is refused, and a reader's intact() fails, instead of reading freed memory.

@@ -175,6 +175,8 @@ device_kept::~device_kept() {
   if (kept_) (void)context_api().set(static_cast<CUcontext>(context_));
 }
 
+on_device::on_device(int device) : status_(static_cast<int>(cudaSetDevice(device))) {}
+
 result<bool> context_current() {
   if (auto r = ready(); !r) return r.error();
   const auto& api = context_api();
@@ -362,6 +364,8 @@ device_kept::device_kept() = default;
 device_kept::~device_kept() {
   (void)context_, (void)kept_;  // no device was made current: nothing to put back
 }
+
+on_device::on_device(int) : status_(-1) {}  // nothing to switch to without CUDA
 
 result<bool> context_current() {
   return not_built();

@@ -116,8 +116,7 @@ struct communicator::state {
 
   ~state() {
     if (!comm && !stream) return;
-    gpu::device_kept kept;  // the caller's context comes back, once the stream is gone too
-    (void)cudaSetDevice(device);
+    gpu::on_device on(device);  // the caller's context comes back, once the stream is gone too
     if (comm) {
       // Flush what this member sent (a root's last bytes may still be in NCCL's proxy), then
       // free; a finalize that cannot complete (a peer is gone) aborts instead.
@@ -151,8 +150,7 @@ struct communicator::state {
 
   void abort(const std::string& why) {
     if (comm) {
-      gpu::device_kept kept;  // the caller's context comes back
-      (void)cudaSetDevice(device);
+      gpu::on_device on(device);
       nccl_library().comm_abort(comm);
       comm = nullptr;
     }
@@ -297,8 +295,7 @@ result<void> communicator::warm_up(std::chrono::milliseconds timeout) {
   auto& s = *state_;
   if (auto u = s.usable(); !u) return u;
   const auto deadline = clock::now() + timeout;
-  gpu::device_kept kept;  // the caller's context comes back
-  (void)cudaSetDevice(s.device);
+  gpu::on_device on_member(s.device);
   float* one = nullptr;
   // A failure before the all_reduce is queued aborts too: rank 0 is already inside its own.
   if (auto e = cudaMalloc(&one, sizeof(float)); e != cudaSuccess) {
@@ -325,8 +322,7 @@ result<void> communicator::broadcast(void* data, std::uint64_t nbytes, int root,
     return make_error(errc::invalid_argument,
                       s.who() + ": broadcast root " + std::to_string(root) + " is not a member");
   }
-  gpu::device_kept kept;  // the caller's context comes back
-  (void)cudaSetDevice(s.device);
+  gpu::on_device on_member(s.device);
   auto* on = stream ? static_cast<cudaStream_t>(stream) : s.stream;
   const auto r = nccl_library().broadcast(data, data, nbytes, ncclUint8, root, s.comm, on);
   // Enqueuing may wait for the peers' connections (NCCL connects at the first collective).
@@ -339,8 +335,7 @@ result<void> communicator::wait(std::chrono::steady_clock::time_point deadline, 
   if (!state_) return make_error(errc::invalid_argument, "no NCCL communicator");
   auto& s = *state_;
   if (auto u = s.usable(); !u) return u;
-  gpu::device_kept kept;  // the caller's context comes back
-  (void)cudaSetDevice(s.device);
+  gpu::on_device on_member(s.device);
   auto* on = stream ? static_cast<cudaStream_t>(stream) : s.stream;
   for (;;) {
     const auto q = cudaStreamQuery(on);

@@ -34,8 +34,7 @@ class nccl_endpoint final : public broadcast_endpoint {
 
   result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
     if (nbytes == 0) return {};
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(comm_.device());
+    gpu::on_device on(comm_.device());
     auto* stream = static_cast<cudaStream_t>(comm_.stream());
     if (auto e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream);
         e != cudaSuccess) {
@@ -54,8 +53,7 @@ class nccl_endpoint final : public broadcast_endpoint {
                                                const checksum_method& method) override {
     std::vector<gpu::device_range> on_device;
     for (const auto& r : ranges) on_device.push_back({r.data(), r.size()});
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(comm_.device());
+    gpu::on_device on(comm_.device());
     return gpu::checksums(on_device, method, comm_.stream());
   }
 

@@ -18,8 +18,7 @@ namespace wsync::nccl {
 #if WSYNC_HAVE_NCCL
 
 result<block> device_block(int device, std::uint64_t nbytes, const std::string& who) {
-  gpu::device_kept kept;  // the caller's context comes back
-  (void)cudaSetDevice(device);
+  gpu::on_device on(device);
   void* p = nullptr;
   if (auto e = cudaMalloc(&p, nbytes); e != cudaSuccess) {
     return make_error(errc::io_error, who + ": cudaMalloc(" + std::to_string(nbytes) +
@@ -27,8 +26,7 @@ result<block> device_block(int device, std::uint64_t nbytes, const std::string& 
                                           " failed (" + cuda_text(e) + ")");
   }
   std::shared_ptr<void> owner(p, [device](void* q) {
-    gpu::device_kept kept_in_free;  // the freeing thread's context comes back
-    (void)cudaSetDevice(device);
+    gpu::on_device freeing(device);  // the freeing thread's context comes back
     (void)cudaFree(q);
   });
   return block{static_cast<std::byte*>(p), nbytes, std::move(owner)};
@@ -44,8 +42,7 @@ class nccl_member final : public group_member {
  public:
   explicit nccl_member(communicator comm) : comm_(std::move(comm)) {}
   ~nccl_member() override {
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(comm_.device());
+    gpu::on_device on(comm_.device());
     for (auto& r : reads_) (void)cudaEventDestroy(r.done);
     if (copied_) (void)cudaEventDestroy(copied_);
     if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
@@ -56,8 +53,7 @@ class nccl_member final : public group_member {
   result<void> broadcast(std::byte* data, std::uint64_t nbytes, int root,
                          std::chrono::steady_clock::time_point deadline) override {
     auto* stream = static_cast<cudaStream_t>(comm_.stream());
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(comm_.device());
+    gpu::on_device on(comm_.device());
     if (copies_queued_) {  // the broadcast waits for what was packed before it
       auto e = cudaEventRecord(copied_, copy_stream_);
       if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, copied_, 0);
@@ -94,8 +90,7 @@ class nccl_member final : public group_member {
 
   result<void> copy(std::byte* dst, const std::byte* src, std::uint64_t nbytes) override {
     if (nbytes == 0) return {};
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(comm_.device());
+    gpu::on_device on(comm_.device());
     if (!copy_stream_) {
       if (auto e = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking);
           e != cudaSuccess) {
@@ -144,8 +139,7 @@ class nccl_member final : public group_member {
   // waits for the queued copies, so none still reads a source the caller may then free.
   void drain_copies() {
     if (!copy_stream_) return;
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(comm_.device());
+    gpu::on_device on(comm_.device());
     (void)cudaStreamSynchronize(copy_stream_);
   }
 
@@ -169,8 +163,7 @@ class cuda_nccl_fabric final : public group_fabric {
  public:
   cuda_nccl_fabric(int device, cudaStream_t io) : device_(device), io_(io) {}
   ~cuda_nccl_fabric() override {
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(device_);
+    gpu::on_device on(device_);
     (void)cudaStreamDestroy(io_);
   }
   cuda_nccl_fabric(const cuda_nccl_fabric&) = delete;
@@ -201,8 +194,7 @@ class cuda_nccl_fabric final : public group_fabric {
   }
 
   void reads_done() override {
-    gpu::device_kept kept;  // the caller's thread keeps its context (none included)
-    (void)cudaSetDevice(device_);
+    gpu::on_device on(device_);  // the caller's thread keeps its context (none included)
     (void)cudaStreamSynchronize(cudaStreamLegacy);
   }
 
@@ -210,8 +202,7 @@ class cuda_nccl_fabric final : public group_fabric {
   // Done when the stream is: then every stream launched after sees the bytes.
   result<void> copy(void* dst, const void* src, std::uint64_t nbytes, cudaMemcpyKind kind,
                     const char* direction) {
-    gpu::device_kept kept;  // the caller's context comes back
-    (void)cudaSetDevice(device_);
+    gpu::on_device on(device_);
     auto e = cudaMemcpyAsync(dst, src, nbytes, kind, io_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(io_);
     if (e != cudaSuccess) {
@@ -236,8 +227,7 @@ result<std::shared_ptr<group_fabric>> cuda_fabric(int device) {
     return make_error(errc::blocked, "blocked: nccl: no CUDA device " + std::to_string(device) +
                                          " (this machine has " + std::to_string(devices) + ")");
   }
-  gpu::device_kept kept;  // the caller's context comes back
-  (void)cudaSetDevice(device);
+  gpu::on_device on(device);
   cudaStream_t io = nullptr;
   if (auto e = cudaStreamCreateWithFlags(&io, cudaStreamNonBlocking); e != cudaSuccess) {
     return make_error(errc::io_error,

@@ -102,6 +102,18 @@ class device_kept {
   bool kept_ = false;        ///< the context could be read, so it is put back
 };
 
+/// Makes `device` current for a scope (cudaSetDevice), then puts the caller's context back as
+/// device_kept does. status(): the cudaError_t of the switch, 0 when it was made.
+class on_device {
+ public:
+  explicit on_device(int device);
+  int status() const { return status_; }
+
+ private:
+  device_kept kept_;  // first: reads the caller's context before the switch
+  int status_ = 0;
+};
+
 /// Whether the calling thread has a CUDA context current (false for a thread that never used
 /// CUDA); blocked without CUDA or a driver.
 result<bool> context_current();
