@@ -54,7 +54,7 @@ void join_rank(endpoint_pointer self, const endpoint_state_ptr& st, std::int32_t
       .then(
           [=](const std::string& token, const std::string& refusal) {
             if (round != st->join_round) return;  // a later round replaced this one
-            if (token == hello.token && refusal.empty()) {
+            if (token_matches(token, hello.token) && refusal.empty()) {
               if (side->joined) return;
               side->joined = true;
               if (++st->accepted == st->ranks.size()) {
@@ -234,7 +234,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
   });
   return {
       [=](update_atom, update_available& msg) {
-        if (msg.token != st->token) {
+        if (!token_matches(msg.token, st->token)) {
           log_warn(st->who + ": refused update " + msg.key + ": token: not from the coordinator");
           return;
         }
@@ -334,7 +334,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         if (nonce == st->join_nonce) join_rank(self, st, rank, st->join_round);
       },
       [=](drop_atom, const std::string& token, const std::string& key) {
-        if (token != st->token) return;
+        if (!token_matches(token, st->token)) return;
         // Updates run to completion in the workers, so an aborted one is either already
         // rejected and released, or active — and the active version is kept.
         log_info(st->who + ": update " + key + " was aborted; keeping the active version");
@@ -344,7 +344,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         if (st->join_round == 0) join_all(self, st);  // once: later rounds are its own
       },
       [=](lead_atom, const std::string& token, std::uint16_t port, std::uint64_t epoch) {
-        if (token != st->token) return;
+        if (!token_matches(token, st->token)) return;
         if (port == 0) {  // this endpoint leads its node
           if (st->lead_epoch == epoch) return;
           stop_leading(self, st, true);
@@ -361,7 +361,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         attach(self, st, port, epoch);
       },
       [=](attach_atom, const attach_request& req) -> caf::result<std::string, std::string> {
-        if (req.token != st->token) {
+        if (!token_matches(req.token, st->token)) {
           return {std::string(), std::string("attach refused: token: wrong cluster token")};
         }
         auto handle = caf::actor_cast<consumer_actor>(self->current_sender());
@@ -379,7 +379,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
       },
       [=](report_atom, report_batch& b) {
         auto m = st->members.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
-        if (b.token != st->token) {
+        if (!token_matches(b.token, st->token)) {
           log_warn(st->who + ": refused a batch of reports: token: not the cluster's");
           return;
         }
@@ -399,7 +399,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         const auto now = std::chrono::steady_clock::now();
         for (auto& r : b.reports) {
           const auto& ranks = m->second.ranks;
-          if (r.token != st->token ||
+          if (!token_matches(r.token, st->token) ||
               std::find(ranks.begin(), ranks.end(), r.rank) == ranks.end()) {
             log_warn(st->who + ": refused a report for rank " + std::to_string(r.rank) +
                      " from a member endpoint that did not attach it");
@@ -412,7 +412,7 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         if (st->pending.empty()) confirm_members(self, st);  // nothing of theirs left here
       },
       [=](flushed_atom, const std::string& token, std::uint64_t seq) {
-        if (token != st->token || !st->leader ||
+        if (!token_matches(token, st->token) || !st->leader ||
             caf::actor_cast<caf::actor_addr>(self->current_sender()) != st->leader.address()) {
           return;
         }

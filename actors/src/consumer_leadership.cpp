@@ -90,7 +90,7 @@ void attach(endpoint_pointer self, const endpoint_state_ptr& st, std::uint16_t p
                           .then(
                               [=](const std::string& token, const std::string& refusal) {
                                 if (epoch != st->member_epoch) return;
-                                if (token != st->token || !refusal.empty()) {
+                                if (!token_matches(token, st->token) || !refusal.empty()) {
                                   return fail(refusal.empty() ? "wrong token" : refusal);
                                 }
                                 st->leader = leader;

@@ -37,7 +37,8 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
   const std::int32_t rank = hello.rank;
   return {
       [=](update_atom, const parsed_update_ptr& u) {
-        if (!u || u->token != hello.token) return;  // only its endpoint knows it, and checked it
+        if (!u || !token_matches(u->token, hello.token))
+          return;  // only its endpoint knows it, and checked it
         std::vector<rank_report> out;
         // Reports name the attempt too (one of its shard ids), except a parse error's.
         const update_id attempt = u->shards.empty() ? update_id() : u->shards.front().update_id;

@@ -93,7 +93,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
   return {
       [=](join_atom, const rank_hello& hello) -> std::tuple<std::string, std::string> {
         auto& st = self->state;
-        if (hello.token != st.token) {
+        if (!token_matches(hello.token, st.token)) {
           log_warn("coordinator: refused rank " + std::to_string(hello.rank) +
                    ": wrong cluster token");
           return {"", "join refused: token: wrong cluster token"};
@@ -209,7 +209,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           return {st.token, refusal_text(why, code)};
         };
         const auto* m = sender_member(self);
-        if (given != st.token) {
+        if (!token_matches(given, st.token)) {
           log_warn("coordinator: refused a publish from a peer without the cluster token");
           return {std::string(), json{{"error", "publish refused: token: not the cluster's"},
                                       {"code", "invalid_argument"}}
@@ -264,7 +264,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       },
       [=](report_atom, const rank_report& r) {
         const auto* m = sender_member(self);
-        if (r.token != self->state.token || !m || m->role != rank_role::consumer ||
+        if (!token_matches(r.token, self->state.token) || !m || m->role != rank_role::consumer ||
             !m->ranks.count(r.rank)) {
           log_warn("coordinator: refused a report (" + r.state + " of " + r.key +
                    (r.update_id.empty() ? "" : ", update_id=" + update_id_shown(r.update_id)) +
@@ -280,7 +280,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
       [=](report_atom, const report_batch& batch) {
         const auto* m = sender_member(self);
         const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
-        if (batch.token != self->state.token || !m || m->role != rank_role::consumer) {
+        if (!token_matches(batch.token, self->state.token) || !m ||
+            m->role != rank_role::consumer) {
           log_warn("coordinator: refused a batch of " + std::to_string(batch.reports.size()) +
                    " reports from a peer that did not join as a consumer with the cluster token");
           return;
@@ -290,7 +291,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         for (const auto& r : batch.reports) {
           // Checked again per report: the batch may name only the endpoint's own ranks, or
           // those of the node it leads.
-          if (r.token != batch.token ||
+          if (!token_matches(r.token, batch.token) ||
               (!m->ranks.count(r.rank) && !leads_rank(self->state, sender, r.rank))) {
             log_warn("coordinator: refused a report (" + r.state + " of " + r.key + ") for rank " +
                      std::to_string(r.rank) +
@@ -301,14 +302,14 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
       },
       [=](status_atom, const std::string& given) -> std::string {
-        if (given != self->state.token)
+        if (!token_matches(given, self->state.token))
           return json{{"error", "status refused: token"}}.dump(-1, ' ', false,
                                                                json::error_handler_t::replace);
         return status_json(self->state);
       },
       [=](members_atom, const std::string& given, const std::string& model_id,
           const std::string& transport) -> std::string {
-        if (given != self->state.token) {
+        if (!token_matches(given, self->state.token)) {
           return json{{"error", "members refused: token"}}.dump(-1, ' ', false,
                                                                 json::error_handler_t::replace);
         }
@@ -328,7 +329,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         auto& st = self->state;
         const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
         auto m = st.members.find(sender);
-        if (n.token != st.token || m == st.members.end() || m->second.role != rank_role::consumer) {
+        if (!token_matches(n.token, st.token) || m == st.members.end() ||
+            m->second.role != rank_role::consumer) {
           log_warn(
               "coordinator: refused a carry notice from a peer that did not join as a "
               "consumer with the cluster token");

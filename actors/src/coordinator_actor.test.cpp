@@ -134,6 +134,16 @@ TEST_F(coordinator_actor_test, a_join_with_a_wrong_token_gets_no_token_back) {
   EXPECT_TRUE(status()["ranks"].empty());
 }
 
+TEST(token_matches, only_the_same_bytes_match_whatever_their_length) {
+  EXPECT_TRUE(token_matches(token, token));
+  EXPECT_FALSE(token_matches("right-tokeN", token));  // same length, last byte differs
+  EXPECT_FALSE(token_matches("wrong-token", token));  // same length, first byte differs
+  EXPECT_FALSE(token_matches("right-toke", token));   // a prefix
+  EXPECT_FALSE(token_matches(token + "x", token));
+  EXPECT_FALSE(token_matches("", token));
+  EXPECT_TRUE(token_matches("", ""));
+}
+
 TEST_F(coordinator_actor_test, a_refused_join_changes_nothing) {
   caf::scoped_actor endpoint{sys()};
   auto hello = hello_make(token, 0, "publisher", "n0", "m");

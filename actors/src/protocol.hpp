@@ -21,6 +21,17 @@ inline std::uint64_t random_u64() {
   return (std::uint64_t{rd()} << 32) | rd();
 }
 
+/// Whether a message's token is the cluster's, compared in time that does not depend on where the
+/// two first differ: a peer that times refusals learns nothing of the token but its length.
+inline bool token_matches(const std::string& given, const std::string& token) {
+  if (given.size() != token.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i] ^ token[i]);
+  }
+  return diff == 0;
+}
+
 /// First message of every rank: who it is, and the cluster token.
 struct rank_hello {
   std::string token;

@@ -115,7 +115,8 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   self->request(coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(
           [=](const std::string& token, const std::string& refusal) {
-            if (token == hello.token && refusal.empty()) return side->answer_join(round, {});
+            if (token_matches(token, hello.token) && refusal.empty())
+              return side->answer_join(round, {});
             side->answer_join(round,
                               make_error(errc::invalid_argument,
                                          refusal.empty() ? "join refused: token: the coordinator "
@@ -156,7 +157,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   return {
       [=](publish_atom, const std::string& token, const std::string& key, const std::string& id,
           const std::string& manifest) -> caf::result<std::string> {
-        if (token != hello.token) {
+        if (!token_matches(token, hello.token)) {
           return json{{"error", "publish refused: token: not from this process"},
                       {"code", "invalid_argument"}}
               .dump(-1, ' ', false, json::error_handler_t::replace);
@@ -173,7 +174,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
             .then(
                 [=](const std::string& reply_token, const std::string& outcome) mutable {
                   pending->erase(n);
-                  if (reply_token == hello.token) {
+                  if (token_matches(reply_token, hello.token)) {
                     rp.deliver(outcome);
                     return;
                   }
@@ -192,7 +193,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
       },
       [=](release_atom, const std::string& token, const std::string& key,
           const std::vector<std::string>& ids) {
-        if (token != hello.token) {
+        if (!token_matches(token, hello.token)) {
           log_warn("publisher rank " + std::to_string(rank) + ": refused a release of " + key +
                    ": token: not from the coordinator");
           return;
