@@ -66,12 +66,14 @@ elseif(NOT WSYNC_WITH_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   find_package(CUDAToolkit QUIET)
-  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND AND CUDAToolkit_VERSION VERSION_LESS 12.0)
-    # The kernels are C++20, which nvcc takes from 12.0 (Debian's nvidia-cuda-toolkit is 11.8).
+  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND AND CUDAToolkit_VERSION VERSION_LESS 12.5)
+    # The kernels are C++20, which nvcc takes from 12.0 (Debian's nvidia-cuda-toolkit is 11.8),
+    # and the driver functions come through cudaGetDriverEntryPointByVersion, new in 12.5.
     if(WSYNC_WITH_CUDA STREQUAL "ON")
-      message(FATAL_ERROR "WSYNC_WITH_CUDA=ON needs CUDA 12 or newer; found ${CUDAToolkit_VERSION}")
+      message(FATAL_ERROR
+              "WSYNC_WITH_CUDA=ON needs CUDA 12.5 or newer; found ${CUDAToolkit_VERSION}")
     endif()
-    message(STATUS "wsync: CUDA ${CUDAToolkit_VERSION} is older than 12.0: the GPU parts are off")
+    message(STATUS "wsync: CUDA ${CUDAToolkit_VERSION} is older than 12.5: the GPU parts are off")
   elseif(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       # A100 and its 8.x kin (80 runs on 86 and 89), H100/H200, and PTX of 90 for newer GPUs.
