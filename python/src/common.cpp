@@ -21,13 +21,26 @@ void main_thread_remember() {
       pyb::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
 }
 
+namespace {
+// Never returns in a thread other than the main one while the interpreter shuts down (see
+// gil_released): the exiting process ends it.
+void park_if_exiting() {
+  if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident.load()) {
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+}  // namespace
+
 gil_released::gil_released() : state_(PyEval_SaveThread()) {}
 
 gil_released::~gil_released() {
-  if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident.load()) {
-    while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // see the class
-  }
+  park_if_exiting();
   PyEval_RestoreThread(state_);
+}
+
+gil_taken::gil_taken() {
+  park_if_exiting();
+  gil_.emplace();
 }
 
 void errors_bind(pyb::module_& m) {
@@ -116,7 +129,7 @@ double gate_meter::enter() {
   // the CPU being busy elsewhere, are not the install's pause.
   std::chrono::nanoseconds held_back{0};
   {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     held_back = gate.lock_shared_timed();
   }
   auto w = static_cast<std::uint64_t>(held_back.count());
@@ -141,7 +154,7 @@ python_adapter::python_adapter(pyb::object target) : target_(std::move(target)) 
 }
 
 python_adapter::~python_adapter() {
-  pyb::gil_scoped_acquire gil;
+  gil_taken gil;
   interrupt_.reset();
   target_ = pyb::object();
 }
@@ -282,7 +295,7 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
   const auto& id = shards.front()->manifest.update_id;
   std::vector<copy_job> jobs;
   {
-    pyb::gil_scoped_acquire gil;
+    gil_taken gil;
     // Once stage() is called, any failure discards: a stage interrupted (Ctrl-C) between its
     // own steps may have staged already, and a staged copy of the model would stay for good.
     bool asked = false;
@@ -331,7 +344,7 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
 }
 
 void python_adapter::activate(const update_id& id) noexcept {
-  pyb::gil_scoped_acquire gil;
+  gil_taken gil;
   try {
     if (swaps_slots_) {
       swap_slots(id);
@@ -359,7 +372,7 @@ void python_adapter::activate(const update_id& id) noexcept {
 }
 
 void python_adapter::discard(const update_id& id) noexcept {
-  pyb::gil_scoped_acquire gil;
+  gil_taken gil;
   // A Ctrl-C pending as the installer's discard starts stops it at its first line, before it
   // let go of anything: a staged copy (or views, holding the import) would stay for good. The
   // interrupt is kept, raised once update_weights returns, and the discard runs again.

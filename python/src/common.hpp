@@ -43,6 +43,18 @@ class gil_released {
  private:
   PyThreadState* state_;
 };
+/// Takes the GIL back in a thread that gave it up, like pybind11's gil_scoped_acquire, with the
+/// same care as gil_released: while the interpreter shuts down, a thread other than the main one
+/// parks here instead (taking the GIL would end it inside a noexcept frame: an abort).
+class gil_taken {
+ public:
+  gil_taken();
+  gil_taken(const gil_taken&) = delete;
+  gil_taken& operator=(const gil_taken&) = delete;
+
+ private:
+  std::optional<pyb::gil_scoped_acquire> gil_;
+};
 /// Called once at import: which thread is the main one (threading.main_thread()).
 void main_thread_remember();
 

@@ -57,21 +57,21 @@ class publisher_half {
                                  std::vector<std::int32_t> expected,
                                  std::map<std::string, std::string> metadata) {
     auto sources = sources_from(tensors);
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     return unwrap(publisher_.publish(sources, version, std::move(expected), std::move(metadata)));
   }
   void release(const update_id& id) {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     unwrap(publisher_.release(id));
   }
   // Without the GIL: the publisher's lock may be held by a publish in another thread waiting
   // on its transport (file-mmap syncs CURRENT to disk), and every Python thread would wait too.
   std::uint64_t last_version() const {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     return publisher_.last_version();
   }
   std::vector<update_id> held() const {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     return publisher_.held_updates();
   }
 
@@ -82,7 +82,7 @@ class publisher_half {
 // `f()` with the GIL released (for a call that may wait on a lock and touches no Python).
 template <class F>
 auto without_gil(F&& f) {
-  pyb::gil_scoped_release released;
+  gil_released released;
   return f();
 }
 
@@ -98,14 +98,14 @@ class consumer_half {
   // so a release from another Python thread must wait for those: ops_ serialises them. Always
   // taken with the GIL released; the GIL may be taken under it (ops_, then the GIL).
   pyb::list import_update(const weight_update_manifest& m) {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     std::lock_guard op(ops_);
     const imported_update* u = unwrap(consumer_.import_update(m));
-    pyb::gil_scoped_acquire gil;
+    gil_taken gil;
     return segments_to_py(m.update_id, u->segments, u->memory);
   }
   void verify(const update_id& id) {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     std::lock_guard op(ops_);
     unwrap(consumer_.verify(id));
   }
@@ -121,7 +121,7 @@ class consumer_half {
     unwrap(without_gil([&] { return consumer_.reject(id, std::move(reason)); }));
   }
   void release(const update_id& id) {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     std::lock_guard op(ops_);
     if (installing_.count(id) > 0) {
       unwrap(make_error(errc::illegal_transition,
@@ -164,7 +164,7 @@ class executor_handle {
         adapter_(std::move(installer)),
         executor_(consumer.get(), adapter_, meter_.gate, executor_config{verify}) {}
   ~executor_handle() {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     executor_.release_active();
   }
 
@@ -173,7 +173,7 @@ class executor_handle {
   pyb::dict update_weights(const std::vector<weight_update_manifest>& shards) {
     rollout_report r;
     {
-      pyb::gil_scoped_release unlocked;
+      gil_released unlocked;
       consumer_.installing(shards, true);
       struct unmark {
         consumer_half& c;
@@ -188,11 +188,11 @@ class executor_handle {
   // The executor's lock may be held by an install that waits for the GIL: never wait for it
   // while holding the GIL.
   std::optional<std::uint64_t> active_version() const {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     return executor_.active_weight_version();
   }
   std::vector<update_id> release_active() {
-    pyb::gil_scoped_release unlocked;
+    gil_released unlocked;
     return executor_.release_active();
   }
   gate_meter& meter() { return meter_; }

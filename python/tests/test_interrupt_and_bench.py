@@ -99,6 +99,39 @@ def test_ctrl_c_then_an_outcome_during_shutdown_exits_cleanly():
         coordinator.stop()
 
 
+DAEMON_CHILD = r"""
+import threading, time, torch, wsync
+class Slow:  # keeps the interpreter shutting down while the thread's calls return
+    def __del__(self, sleep=time.sleep):
+        sleep(2)
+keep = Slow()
+bridge = wsync.LocalCloneTensorBridge()
+rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge())
+w = torch.ones(64 * 1024 * 1024)  # 256 MB: each call works a while without the GIL
+def loop():
+    v = 0
+    while True:
+        v += 1
+        m = bridge.publish({"w": w}, weight_version=v)
+        rollout.update_weights(m)
+        bridge.release(m.update_id)
+threading.Thread(target=loop, daemon=True).start()
+time.sleep(0.5)
+print("exiting", flush=True)
+"""
+
+
+def test_a_daemon_thread_inside_wsync_calls_lets_the_program_exit():
+    # A trainer or rollout loop in a daemon thread, the main thread ending: each call that gave
+    # up the GIL took it back during the shutdown, which ended its thread inside a destructor
+    # (exit 134, "terminate called", a core dump).
+    p = subprocess.run([sys.executable, "-c", DAEMON_CHILD], capture_output=True, text=True,
+                       timeout=60)
+    assert p.stdout.strip() == "exiting"
+    assert p.returncode == 0, f"exit {p.returncode}: {p.stderr[-2000:]}"
+    assert "terminate called" not in p.stderr, p.stderr[-2000:]
+
+
 def test_bench_prints_one_json_row_per_figure(capsys):
     assert bench.main(["--layout", "synthetic:4194304:8", "--repeat", "2"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
