@@ -396,4 +396,24 @@ void python_adapter::discard(const update_id& id) noexcept {
             " was interrupted three times: what it staged may stay");
 }
 
+bool python_adapter::deactivate() noexcept {
+  gil_taken gil;
+  try {
+    if (swaps_views_) {
+      // A plain setattr, as swap_views: readers after this find no weights. The views dropped
+      // here only drop their leases; the executor releases the imports right after.
+      target_.attr("active") = pyb::dict();
+      return true;
+    }
+    if (swaps_slots_ || !pyb::hasattr(target_, "deactivate")) return false;
+    return pyb::bool_(target_.attr("deactivate")());
+  } catch (pyb::error_already_set& e) {
+    // Its weights stay as they were; the views' leases keep the memory they point into.
+    log_error(python_failure("deactivate raised", e));
+  } catch (...) {
+    log_error("deactivate raised");
+  }
+  return false;
+}
+
 }  // namespace wsync::py

@@ -147,6 +147,10 @@ class python_adapter final : public install_adapter {
   void activate(const update_id& id) noexcept override;
   void discard(const update_id& id) noexcept override;
   bool references_import() const override { return references_import_; }
+  /// ViewInstaller: `active = {}` (the executor releases the imports next); a custom installer
+  /// whose weights reference the import: its `deactivate()`, if it has one, true when it
+  /// returns a true value. Others keep their weights (false).
+  bool deactivate() noexcept override;
 
   /// Throws the KeyboardInterrupt (or SystemExit) that stopped the last stage or activate, if
   /// any. GIL held.

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import wsync
+from wsync._install import ViewInstaller
 
 
 def small_model(seed: int) -> torch.nn.Module:
@@ -283,6 +284,82 @@ def test_an_update_released_while_its_views_live_cannot_be_imported_again():
     assert again["w"].tolist() == [7.0] * 4
     del again
     sub.release(m.update_id)
+    pub.release(m.update_id)
+
+
+def test_release_weights_without_a_model_shows_no_weights_then_installs_again():
+    pub = wsync.SharedMemoryTensorBridge(source_worker="t")
+    rollout = wsync.RolloutExecutor(wsync.SharedMemoryTensorBridge())  # the views are active
+    m1 = pub.publish({"w": torch.arange(8.0)}, weight_version=1)
+    rollout.update_weights(m1)
+    assert rollout.active_weight_version == 1
+    assert rollout.release_weights() == [m1.update_id]
+    # Readers see no version with no weights: not version 1 over released memory.
+    assert rollout.active_weight_version is None
+    assert rollout.installer.active == {}
+    m2 = pub.publish({"w": torch.ones(8)}, weight_version=2)
+    assert rollout.update_weights(m2)["w"].tolist() == [1.0] * 8
+    assert rollout.active_weight_version == 2
+    rollout.release_weights()
+    for m in (m1, m2):
+        pub.release(m.update_id)
+
+
+def test_release_weights_with_a_model_keeps_its_copy_and_version():
+    pub = wsync.LocalCloneTensorBridge(source_worker="t")
+    model = small_model(2)
+    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge(), model=model)
+    m = pub.publish(small_model(1), weight_version=1)
+    rollout.update_weights(m)
+    rollout.release_weights()
+    assert rollout.active_weight_version == 1  # the module's own copy stays readable
+    assert torch.equal(model.state_dict()["0.weight"], small_model(1).state_dict()["0.weight"])
+    pub.release(m.update_id)
+
+
+class ForgettingViews:
+    """A custom installer whose weights are the imported views, and which lets go of them
+    itself (or says it does not)."""
+
+    references_import = True
+
+    def __init__(self, forgets: bool) -> None:
+        self.forgets = forgets
+        self.active = {}
+        self._views = ViewInstaller()
+
+    def stage(self, update_id, shards):
+        self._views.stage(update_id, shards)
+
+    def activate(self, update_id):
+        self._views.activate(update_id)
+        self.active = self._views.active
+
+    def discard(self, update_id):
+        self._views.discard(update_id)
+
+    @property
+    def targets(self):  # what update_weights returns
+        return self.active
+
+    def deactivate(self) -> bool:
+        if self.forgets:
+            self.active = self._views.active = {}
+        return self.forgets
+
+
+@pytest.mark.parametrize("forgets", [True, False])
+def test_a_custom_installer_says_whether_its_weights_went_with_release_weights(forgets):
+    pub = wsync.LocalCloneTensorBridge(source_worker="t")
+    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge())
+    rollout.installer = installer = ForgettingViews(forgets)
+    rollout._handle = wsync._wsync.Executor(rollout.weight_bridge._consumer_half(), installer,
+                                           True)
+    m = pub.publish({"w": torch.arange(4.0)}, weight_version=1)
+    rollout.update_weights(m)
+    rollout.release_weights()
+    assert rollout.active_weight_version == (None if forgets else 1)
+    assert (installer.active == {}) == forgets
     pub.release(m.update_id)
 
 

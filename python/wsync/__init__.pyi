@@ -201,7 +201,8 @@ class RolloutExecutor:
     def active_weight_version(self) -> Optional[int]:
         """The version readers see; None before the first successful update."""
     def release_weights(self) -> List[str]:
-        """Releases the imports the active weights still hold; returns their ids."""
+        """Releases the imports the active weights still hold; returns their ids. Without a
+        model the executor then shows no weights (version None); a model keeps its copy."""
     def longest_wait(self) -> float:
         """The longest a generation step waited at the gate so far (seconds)."""
     def generating(self) -> ContextManager[float]:

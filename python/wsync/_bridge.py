@@ -357,16 +357,13 @@ class RolloutExecutor(_Gate):
 
     def release_weights(self) -> List[str]:
         """Releases the imports the active weights still hold (at shutdown); returns their
-        ids."""
+        ids. Without a model the executor then shows no weights (``active_weight_version``
+        None); a model keeps the copy it was given."""
         self._not_generating("release_weights")
-        # The release waits for the steps in flight (it takes the gate), which may still read
-        # `active`: emptied after it. The views it holds only delay the memory's release until
-        # they are dropped here.
+        # The release waits for the steps in flight (it takes the gate); under it the installer
+        # empties `active` and the version goes with it (python_adapter::deactivate).
         with _torch.device_kept():
-            released = self._handle.release_active()
-        if isinstance(self.installer, ViewInstaller):
-            self.installer.active = {}
-        return released
+            return self._handle.release_active()
 
     def longest_wait(self) -> float:
         """The longest a generation step waited at the gate so far (seconds)."""
