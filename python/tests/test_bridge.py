@@ -5,6 +5,8 @@ import gc
 import json
 import os
 import pickle
+import threading
+import time
 
 import pytest
 import torch
@@ -223,6 +225,42 @@ def test_a_publish_interrupted_as_it_returns_is_given_back():
         # The slot is free again: two more publishes fit the two-slot ring with version 1.
         m2 = pub.publish({"w": torch.full((4,), 2.0)}, weight_version=2)
         pub.release(m2.update_id)
+    finally:
+        pub.close()
+
+
+def test_two_threads_publishing_first_share_one_publisher(monkeypatch):
+    # Made twice, one half replaced the other, and the replaced publisher released what its
+    # caller had just published (under a manifest the caller already had).
+    from wsync import _bridge
+    real = _bridge._wsync.Publisher
+
+    def slow_publisher(*args):
+        time.sleep(0.2)  # both threads find no half yet
+        return real(*args)
+
+    monkeypatch.setattr(_bridge._wsync, "Publisher", slow_publisher)
+    pub = wsync.LocalCloneTensorBridge()
+    out, errors = [], []
+
+    def publish(version):
+        try:
+            out.append(pub.publish({"w": torch.full((4,), float(version))}, version))
+        except wsync.WeightSyncError as e:  # version 1 after version 2: refused, fine
+            errors.append(e)
+
+    threads = [threading.Thread(target=publish, args=(v,)) for v in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len(out) + len(errors) == 2 and out
+        assert sorted(pub._publisher.held()) == sorted(m.update_id for m in out)
+        sub = wsync.LocalCloneTensorBridge()
+        for m in out:
+            assert sub.import_update(m)["w"].tolist() == [float(m.weight_version)] * 4
+            sub.release(m.update_id)
     finally:
         pub.close()
 

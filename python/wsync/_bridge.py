@@ -67,6 +67,7 @@ class WeightBridge:
         self._publisher = None
         self._consumer = None
         self._publishing = threading.Lock()  # one publish at a time: see publish's cleanup
+        self._making = threading.Lock()  # each half made once, whichever thread comes first
         if transport not in _wsync.transports():
             raise error_for("unknown_transport",
                             f"unknown transport '{transport}'; this build has: "
@@ -78,13 +79,16 @@ class WeightBridge:
 
     # --- the publisher side -------------------------------------------------------------
 
+    # A half made twice would lose one: the publisher that lost releases what it published as it
+    # goes, under a manifest already returned.
     def _publisher_half(self):
-        if self._publisher is None:
-            seg, threads, wait_ms, chunk = self._publisher_args
-            self._publisher = _wsync.Publisher(self.transport, self.options, self.model_id,
-                                               self.source_worker, self.source_rank, seg, threads,
-                                               wait_ms, chunk)
-        return self._publisher
+        with self._making:
+            if self._publisher is None:
+                seg, threads, wait_ms, chunk = self._publisher_args
+                self._publisher = _wsync.Publisher(self.transport, self.options, self.model_id,
+                                                   self.source_worker, self.source_rank, seg,
+                                                   threads, wait_ms, chunk)
+            return self._publisher
 
     def publish(self, source: Any, weight_version: int,
                 metadata: Optional[Mapping[str, Any]] = None) -> Manifest:
@@ -127,10 +131,11 @@ class WeightBridge:
     # --- the consumer side --------------------------------------------------------------
 
     def _consumer_half(self):
-        if self._consumer is None:
-            self._consumer = _wsync.Consumer(self.transport, self.options, self.source_rank,
-                                             self._verify_threads)
-        return self._consumer
+        with self._making:
+            if self._consumer is None:
+                self._consumer = _wsync.Consumer(self.transport, self.options, self.source_rank,
+                                                 self._verify_threads)
+            return self._consumer
 
     def import_update(self, manifest: Manifest, verify: bool = True) -> Dict[str, torch.Tensor]:
         """Imports an update: a dict of name -> read-only tensor viewing the imported memory (no
