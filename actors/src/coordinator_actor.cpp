@@ -79,7 +79,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         // Its retries waiting for an aborted attempt go with it: taken later they would belong
         // to no live rank, and refuse the shard its next incarnation publishes.
         for (auto d = st.deferred.begin(); d != st.deferred.end();) {
-          std::erase_if(d->second, [&](const auto& w) { return w.first.source_rank == rank; });
+          std::erase_if(d->second, [&](const auto& w) { return w.manifest.source_rank == rank; });
           d = d->second.empty() ? st.deferred.erase(d) : std::next(d);
         }
       }
@@ -231,32 +231,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
         auto rp = self->make_response_promise<std::string, std::string>();
         if (st.book.retry_must_wait(*manifest)) {
-          auto key = update_key(manifest->model_id, manifest->weight_version);
-          log_info("coordinator: a retry of " + key +
-                   " waits until the aborted attempt is released");
-          // A rank retries again when its request timed out: the newer retry replaces its older
-          // one, which is refused and given back (taken later, the older would commit while the
-          // newer, the one its trainer waits for, is refused as a second shard of the rank).
-          auto& waiting = st.deferred[key];
-          for (auto it = waiting.begin(); it != waiting.end();) {
-            if (it->first.source_rank != manifest->source_rank) {
-              ++it;
-              continue;
-            }
-            it->second.deliver(st.token,
-                               refusal_text("publish refused: update_id=" + it->first.update_id +
-                                                " was replaced by a newer retry of " + key +
-                                                " (update_id=" + manifest->update_id +
-                                                ") from the same source_rank " +
-                                                std::to_string(manifest->source_rank),
-                                            errc::illegal_transition));
-            if (auto p = st.publishers.find(manifest->source_rank); p != st.publishers.end()) {
-              self->send(p->second, release_atom::value, st.token, key,
-                         std::vector<std::string>{it->first.update_id});
-            }
-            it = waiting.erase(it);
-          }
-          waiting.emplace_back(std::move(*manifest), rp);
+          defer_retry(self, std::move(*manifest), rp);
           return rp;
         }
         accept_publish(self, *manifest, rp);
@@ -321,7 +296,9 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         // peer sent would start one more chain of timers for good. A sender can be forged in
         // CAF 0.17 (docs/cluster.md, Security); the nonce cannot be guessed.
         if (nonce != self->state.tick_nonce) return;
-        run_effects(self, self->state.book.expire(coord_clock::now()));
+        const auto now = coord_clock::now();
+        run_effects(self, self->state.book.expire(now));
+        expire_deferred(self, now);
         orphans_settle(self);
         self->delayed_send(self, tick_interval, tick_atom::value, nonce);
       },

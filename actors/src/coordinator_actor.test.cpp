@@ -592,6 +592,105 @@ TEST_F(coordinator_actor_test, a_newer_retry_from_the_same_rank_replaces_a_waiti
             released.end());
 }
 
+// A coordinator whose update deadline is `deadline`, in place of the fixture's.
+class deadline_test : public coordinator_actor_test {
+ protected:
+  void SetUp() override {
+    coordinator_actor_test::SetUp();
+    if (IsSkipped()) return;
+    stop_guarded(coordinator_, caf::exit_reason::kill);
+    book_config config;
+    config.update_deadline = 300ms;
+    coordinator_ = coordinator_spawn(sys(), token, config);
+  }
+  // Publishes attempt 1 of m@1, which consumer rank 3 receives and says it imports.
+  void first_attempt(caf::scoped_actor& publisher, caf::scoped_actor& consumer,
+                     const weight_update_manifest& first) {
+    ASSERT_NO_FATAL_FAILURE(join_publisher(publisher));
+    ASSERT_EQ(join(consumer, consumer_hello(3)), std::make_pair(token, std::string()));
+    publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(first));
+    (void)update_at(consumer);
+    consumer->send(coordinator_, report_atom::value,
+                   rank_report{token, "m@1", 3, "importing", "", 0, 0, "", first.update_id});
+  }
+  // What `publisher` hears until `outcomes` outcomes (JSON) and `releases` released update ids
+  // came, or `within` passed.
+  static std::pair<std::vector<json>, std::vector<std::string>> heard(
+      caf::scoped_actor& publisher, std::size_t outcomes, std::size_t releases,
+      std::chrono::milliseconds within = 5000ms) {
+    std::pair<std::vector<json>, std::vector<std::string>> out;
+    const auto until = std::chrono::steady_clock::now() + within;
+    while ((out.first.size() < outcomes || out.second.size() < releases) &&
+           std::chrono::steady_clock::now() < until) {
+      publisher->receive(
+          [&](const std::string&, const std::string& o) { out.first.push_back(json::parse(o)); },
+          [&](release_atom, const std::string&, const std::string&,
+              const std::vector<std::string>& ids) {
+            out.second.insert(out.second.end(), ids.begin(), ids.end());
+          },
+          caf::after(100ms) >> [] {});
+    }
+    return out;
+  }
+};
+
+// Rank 3 stays silent past the deadline (attempt 1 aborted) but may still read it, so the
+// trainer's retry waits. It used to wait for good: refused and given back after a deadline.
+TEST_F(deadline_test, a_retry_that_waits_past_the_update_deadline_is_refused_and_given_back) {
+  caf::scoped_actor publisher{sys()}, consumer{sys()};
+  auto first = shard(1), retry = shard(1);
+  retry.update_id = "u-test-1-retry";
+  ASSERT_NO_FATAL_FAILURE(first_attempt(publisher, consumer, first));
+  auto aborted = heard(publisher, 1, 0).first;
+  ASSERT_EQ(aborted.size(), 1u);
+  EXPECT_EQ(aborted[0]["phase"], "aborted");
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(retry));
+  auto [refused, released] = heard(publisher, 1, 1);
+  ASSERT_EQ(refused.size(), 1u) << "the retry waited on";
+  EXPECT_EQ(refused[0].value("code", ""), "timeout") << refused[0].dump();
+  EXPECT_NE(refused[0]
+                .value("error", "")
+                .find("publish refused: update_id=u-test-1-retry "
+                      "(source_rank 0) waited 300 ms, the update "
+                      "deadline, for ranks 3 to let go of the aborted "
+                      "attempt 1 of m@1"),
+            std::string::npos)
+      << refused[0].dump();
+  EXPECT_EQ(released, std::vector<std::string>{retry.update_id});
+  // Rank 3 lets go of attempt 1 at last: the retry is gone, nothing is distributed.
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "released", "", 0, 0.01, "", first.update_id});
+  consumer->receive([](update_atom, const update_available&) { ADD_FAILURE() << "retry sent"; },
+                    caf::after(500ms) >> [] {});
+}
+
+// Rank 3 finishes its import after the deadline aborted attempt 1, installs it and says so. Its
+// acknowledgement stands; the retry that waited for it is refused at once (the version is
+// served), not distributed with other bytes under the same number.
+TEST_F(deadline_test, a_late_acknowledgement_of_an_aborted_version_refuses_its_waiting_retry) {
+  caf::scoped_actor publisher{sys()}, consumer{sys()};
+  auto first = shard(1), retry = shard(1);
+  retry.update_id = "u-test-1-retry";
+  ASSERT_NO_FATAL_FAILURE(first_attempt(publisher, consumer, first));
+  ASSERT_EQ(heard(publisher, 1, 0).first.size(), 1u);  // aborted
+  publisher->send(coordinator_, publish_atom::value, token, manifest_to_json(retry));
+  consumer->send(coordinator_, report_atom::value,
+                 rank_report{token, "m@1", 3, "acknowledged", "", 1, 0.5, "", first.update_id});
+  auto [refused, released] = heard(publisher, 1, 1);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(released, std::vector<std::string>{retry.update_id});
+  EXPECT_EQ(refused[0].value("code", ""), "version_not_monotonic") << refused[0].dump();
+  EXPECT_NE(refused[0]
+                .value("error", "")
+                .find("weight_version 1 was aborted, but rank 3 "
+                      "installed it after the abort"),
+            std::string::npos)
+      << refused[0].dump();
+  auto ranks = status()["updates"][0]["ranks"];
+  ASSERT_EQ(ranks.size(), 1u);
+  EXPECT_EQ(ranks[0]["state"], "acknowledged") << ranks.dump();
+}
+
 // Updates held from before a coordinator restart ("orphans"): a coordinator with the given
 // rejoin grace in place of the fixture's.
 class orphan_test : public coordinator_actor_test {

@@ -241,6 +241,18 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
   auto existing = updates_.find(key);
   std::uint32_t attempt = 1;
   if (existing != updates_.end() && existing->second.phase == update_phase::aborted) {
+    // Ranks that installed the aborted version late serve it: other bytes under its number
+    // would make two models of one version.
+    if (auto served = acknowledging_ranks(existing->second); !served.empty()) {
+      std::string ranks;
+      for (auto r : served) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      return refuse(errc::version_not_monotonic,
+                    "weight_version must increase monotonically: weight_version " +
+                        std::to_string(shard.weight_version) + " was aborted, but rank" +
+                        (served.size() > 1 ? "s " : " ") + ranks +
+                        " installed it after the abort and serve" + (served.size() > 1 ? "" : "s") +
+                        " it; publish a version above " + std::to_string(shard.weight_version));
+    }
     // A retry of an aborted version: a new attempt, once nobody holds the old one (a report or
     // release of the old attempt must never land on the new one).
     if (!existing->second.publishers_released) {
@@ -430,8 +442,9 @@ void coordinator_book::abort(update_record& u, const std::string& reason,
 
 bool coordinator_book::retry_must_wait(const weight_update_manifest& shard) const {
   auto it = updates_.find(update_key(shard.model_id, shard.weight_version));
+  // Not one that a rank serves: publish() refuses it at once, however long it waited.
   return it != updates_.end() && it->second.phase == update_phase::aborted &&
-         !it->second.publishers_released;
+         !it->second.publishers_released && it->second.counts.acknowledged == 0;
 }
 
 void coordinator_book::check_released(update_record& u, effects& out) {
@@ -460,6 +473,16 @@ void coordinator_book::collect_garbage(const std::string& model_id, const update
 const update_record* coordinator_book::find(const std::string& key) const {
   auto it = updates_.find(key);
   return it == updates_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::int32_t> coordinator_book::holders(const std::string& key) const {
+  std::vector<std::int32_t> out;
+  if (const auto* u = find(key)) {
+    for (const auto& [r, p] : u->consumers) {
+      if (holds(p.state) || (p.state == rank_state::failed && p.may_hold)) out.push_back(r);
+    }
+  }
+  return out;
 }
 
 const update_record* coordinator_book::latest_committed(const std::string& model_id) const {

@@ -445,6 +445,49 @@ TEST_F(book_test, an_aborted_version_is_retried_once_every_rank_let_go_of_it) {
       << r.error().message;
 }
 
+// A rank still importing when the deadline aborted the version (nobody had acknowledged)
+// finishes, installs it and acknowledges late. Its answer used to be refused, the trainer's
+// retry of that version then waited for the rank to let go (for good, with views installed),
+// and a retry that went out would put other bytes under the number the rank serves.
+TEST_F(book_test, a_version_installed_after_its_abort_is_never_published_again) {
+  publish_both(1);
+  ack_all("m@1");
+  publish_both(2);
+  for (int r : {10, 11, 12, 13}) ASSERT_TRUE(book_.importing("m@2", r, "publisher:0", now_));
+  now_ += 11s;
+  book_.expire(now_);
+  ASSERT_EQ(book_.find("m@2")->phase, update_phase::aborted);
+  auto late = book_.acknowledged("m@2", 13, now_);
+  ASSERT_TRUE(late) << late.error().message;
+  const auto& entry = book_.find("m@2")->consumers.at(13);
+  EXPECT_EQ(entry.state, rank_state::acknowledged);
+  EXPECT_EQ(entry.reason, "installed after the update was aborted");
+  EXPECT_EQ(book_.find("m@2")->phase, update_phase::aborted);  // its outcome was told already
+  for (int r : {10, 11, 12}) {
+    auto fx = book_.released("m@2", r, now_);
+    ASSERT_TRUE(fx);
+    for (const auto& e : *fx) EXPECT_NE(e.what, kind::release_publisher) << "rank 13 reads it";
+  }
+  auto retry = shard(0, 2);
+  retry.update_id = "u-0-2-retry";
+  EXPECT_FALSE(book_.retry_must_wait(retry)) << "it would wait for rank 13 to let go";
+  auto r = book_.publish(retry, now_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::version_not_monotonic);
+  for (const char* part : {"weight_version 2 was aborted, but rank 13 installed it after the "
+                           "abort and serves it; publish a version above 2",
+                           "update_id=u-0-2-retry"}) {
+    EXPECT_NE(r.error().message.find(part), std::string::npos) << r.error().message;
+  }
+  // The next version goes on, and once rank 13 moves to it the publishers get 2 back.
+  ASSERT_FALSE(publish_both(3).empty());
+  ack_all("m@3");
+  auto fx = book_.released("m@2", 13, now_);
+  ASSERT_TRUE(fx);
+  ASSERT_EQ(fx->size(), 1u);
+  EXPECT_EQ((*fx)[0].what, kind::release_publisher);
+}
+
 TEST_F(book_test, a_version_aborted_while_assembling_is_retried_at_once) {
   ASSERT_TRUE(book_.publish(shard(0, 1), now_));
   book_.leave(1, rank_role::publisher, "killed", now_);

@@ -44,7 +44,7 @@ result<coordinator_book::entry> coordinator_book::answering(const std::string& k
   auto e = consumer_entry(key, rank);
   if (!e) return e.error();
   auto& p = *e->progress;
-  const bool late = late_catch_up(*e->update, p);
+  const bool late = late_answer(*e->update, p);
   if (p.state != rank_state::pending && p.state != rank_state::importing && !late) {
     return make_error(errc::illegal_transition,
                       std::string("cannot ") + verb + " update in state " +
@@ -62,11 +62,19 @@ result<std::vector<book_effect>> coordinator_book::acknowledged(const std::strin
   auto e = answering(key, rank, "acknowledge");
   if (!e) return e.error();
   auto& p = *e->progress;
+  auto& u = *e->update;
   p.data_s = data_s;
   if (!received_from.empty()) p.received_from = std::move(received_from);
-  set_state(*e->update, p, rank_state::acknowledged, now);
+  set_state(u, p, rank_state::acknowledged, now);
+  if (u.phase == update_phase::aborted) {
+    // It installed the version after the deadline aborted it, and serves it now: the version
+    // is used, as if committed, so it is never published again with other bytes (publish()).
+    p.reason = "installed after the update was aborted";
+    auto& cv = committed_version_[u.model_id];
+    cv = std::max(cv, u.weight_version);
+  }
   effects out;
-  check_finished(*e->update, now, out);
+  check_finished(u, now, out);
   return out;
 }
 

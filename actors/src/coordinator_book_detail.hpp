@@ -29,10 +29,23 @@ inline bool holds(rank_state s) {
   return s != rank_state::released && s != rank_state::failed && s != rank_state::waiting;
 }
 
-// A catch-up the deadline failed while the rank was joined (expire_catch_ups), answered late:
-// the rank's answer stands, as it would have in time.
-inline bool late_catch_up(const update_record& u, const rank_progress& p) {
-  return u.phase == update_phase::committed && p.state == rank_state::failed && p.may_hold;
+// A rank the deadline failed while it was joined (fail_silent), answering late: a catch-up of a
+// committed version, or an update that finished without it (committed, or aborted because nobody
+// acknowledged in time). The rank's answer stands, as it would have in time: an acknowledgement
+// says it installed the version and serves it, whatever the outcome said.
+inline bool late_answer(const update_record& u, const rank_progress& p) {
+  return (u.phase == update_phase::committed || u.phase == update_phase::aborted) &&
+         p.state == rank_state::failed && p.may_hold;
+}
+
+// The ranks that acknowledged `u` at some point: for an aborted version, those that installed it
+// after the abort (late_answer).
+inline std::vector<std::int32_t> acknowledging_ranks(const update_record& u) {
+  std::vector<std::int32_t> out;
+  for (const auto& [r, p] : u.consumers) {
+    if (p.acknowledged) out.push_back(r);
+  }
+  return out;
 }
 
 inline std::vector<std::int32_t> publisher_ranks(const update_record& u) {

@@ -60,9 +60,15 @@ struct coordinator_state {
   std::map<std::int32_t, publisher_actor> publishers;
   using outcome_promise = caf::typed_response_promise<std::string, std::string>;
   std::map<std::string, std::vector<outcome_promise>> waiting;
-  /// Shards retrying an aborted version that ranks still hold, by key: accepted when the book
-  /// releases the old attempt at the publishers.
-  std::map<std::string, std::vector<std::pair<weight_update_manifest, outcome_promise>>> deferred;
+  /// A shard retrying an aborted version that ranks still hold, and since when it waits.
+  struct deferred_retry {
+    weight_update_manifest manifest;
+    outcome_promise promise;
+    coord_clock::time_point since;
+  };
+  /// By key: taken when the book releases the old attempt at the publishers (or refuses the
+  /// retry for good, the version served), refused once it waited an update deadline.
+  std::map<std::string, std::vector<deferred_retry>> deferred;
   std::map<std::int32_t, std::uint64_t> active_version;  ///< per consumer rank
   std::uint64_t committed = 0;                           ///< updates committed since start
   std::uint64_t tick_nonce = 0;  ///< what the coordinator's own ticks carry (random)
@@ -93,6 +99,14 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
 /// when the book refused it (`rp` heard why).
 bool accept_publish(coordinator_pointer self, const weight_update_manifest& m,
                     coordinator_state::outcome_promise rp);
+/// Parks a retry of the aborted version `m` names until the old attempt is let go.
+void defer_retry(coordinator_pointer self, weight_update_manifest m,
+                 coordinator_state::outcome_promise rp);
+/// The retries of `key` that waited, once they need not wait: the old attempt was let go, or a
+/// rank installed it late and the book refuses them for good.
+void take_deferred(coordinator_pointer self, const std::string& key);
+/// Refuses the retries that waited an update deadline (its ranks still hold the old attempt).
+void expire_deferred(coordinator_pointer self, coord_clock::time_point now);
 /// Consumer `rank` let go of `key` (or left); the orphan's attempts go back once nobody holds it.
 void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank);
 /// Publisher `rank` joined holding attempt `id` of `key` that the book does not track: given

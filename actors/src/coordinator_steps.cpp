@@ -221,23 +221,96 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
       }
       case book_effect::kind::release_publisher: {
         send_to(self, st.publishers, e.ranks, release_atom::value, st.token, e.key, e.update_ids);
-        // A retry of this version waited for exactly this: the old attempt is gone.
-        auto d = st.deferred.find(e.key);
-        if (d == st.deferred.end()) break;
-        auto retries = std::move(d->second);
-        st.deferred.erase(d);
-        for (auto& [m, rp] : retries) {
-          if (accept_publish(self, m, rp)) continue;
-          // Refused after waiting (a later version committed meanwhile): its publisher may
-          // have stopped waiting for the answer, and then keeps the memory unless told.
-          if (auto p = st.publishers.find(m.source_rank); p != st.publishers.end()) {
-            self->send(p->second, release_atom::value, st.token, e.key,
-                       std::vector<std::string>{m.update_id});
-          }
-        }
+        take_deferred(self, e.key);  // a retry of this version waited for exactly this
         break;
       }
     }
+  }
+}
+
+namespace {
+
+// A retry refused after it waited: its publisher may have stopped waiting for the answer, and
+// then keeps the memory unless told.
+void give_back(coordinator_pointer self, const std::string& key, const weight_update_manifest& m) {
+  auto& st = self->state;
+  if (auto p = st.publishers.find(m.source_rank); p != st.publishers.end()) {
+    self->send(p->second, release_atom::value, st.token, key,
+               std::vector<std::string>{m.update_id});
+  }
+}
+
+std::string ranks_text(const std::vector<std::int32_t>& ranks) {
+  std::string out;
+  for (auto r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+void defer_retry(coordinator_pointer self, weight_update_manifest m,
+                 coordinator_state::outcome_promise rp) {
+  auto& st = self->state;
+  const auto key = update_key(m.model_id, m.weight_version);
+  log_info("coordinator: a retry of " + key + " waits until the aborted attempt is released");
+  // A rank retries again when its request timed out: the newer retry replaces its older one,
+  // which is refused and given back (taken later, the older would commit while the newer, the
+  // one its trainer waits for, is refused as a second shard of the rank).
+  auto& waiting = st.deferred[key];
+  for (auto it = waiting.begin(); it != waiting.end();) {
+    if (it->manifest.source_rank != m.source_rank) {
+      ++it;
+      continue;
+    }
+    it->promise.deliver(
+        st.token,
+        refusal_text("publish refused: update_id=" + it->manifest.update_id +
+                         " was replaced by a newer retry of " + key + " (update_id=" + m.update_id +
+                         ") from the same source_rank " + std::to_string(m.source_rank),
+                     errc::illegal_transition));
+    give_back(self, key, it->manifest);
+    it = waiting.erase(it);
+  }
+  waiting.push_back({std::move(m), rp, coord_clock::now()});
+}
+
+void take_deferred(coordinator_pointer self, const std::string& key) {
+  auto& st = self->state;
+  auto d = st.deferred.find(key);
+  if (d == st.deferred.end()) return;
+  if (!d->second.empty() && st.book.retry_must_wait(d->second.front().manifest)) return;
+  auto retries = std::move(d->second);
+  st.deferred.erase(d);
+  for (auto& w : retries) {
+    // Refused after waiting: a later version committed meanwhile, or a rank serves this one.
+    if (!accept_publish(self, w.manifest, w.promise)) give_back(self, key, w.manifest);
+  }
+}
+
+void expire_deferred(coordinator_pointer self, coord_clock::time_point now) {
+  auto& st = self->state;
+  const auto limit = st.book.config().update_deadline;
+  for (auto d = st.deferred.begin(); d != st.deferred.end();) {
+    const auto& key = d->first;
+    auto& retries = d->second;
+    for (auto it = retries.begin(); it != retries.end();) {
+      if (now - it->since < limit) {
+        ++it;
+        continue;
+      }
+      const auto* old = st.book.find(key);
+      std::string why = "publish refused: update_id=" + it->manifest.update_id + " (source_rank " +
+                        std::to_string(it->manifest.source_rank) + ") waited " +
+                        std::to_string(limit.count()) + " ms, the update deadline, for ranks " +
+                        ranks_text(st.book.holders(key)) + " to let go of the aborted attempt " +
+                        std::to_string(old ? old->attempt : 0) + " of " + key +
+                        "; retry later or publish a version above it";
+      log_warn("coordinator: " + why);
+      it->promise.deliver(st.token, refusal_text(why, errc::timeout));
+      give_back(self, key, it->manifest);
+      it = retries.erase(it);
+    }
+    d = retries.empty() ? st.deferred.erase(d) : std::next(d);
   }
 }
 
@@ -525,6 +598,8 @@ void take_report(coordinator_pointer self, const rank_report& r) {
     return;
   }
   run_effects(self, *effects);
+  // A late acknowledgement of an aborted version: its waiting retries are refused now.
+  if (r.state == "acknowledged") take_deferred(self, r.key);
 }
 
 const member* sender_member(coordinator_pointer self) {

@@ -147,7 +147,8 @@ class coordinator_book {
   result<std::vector<book_effect>> publish(const weight_update_manifest& shard,
                                            coord_clock::time_point now);
   /// True when `shard` retries an aborted version that ranks still hold: publish() would refuse
-  /// it now, and accept it once the release_publisher effect of that version came.
+  /// it now, and accept it once the release_publisher effect of that version came. False for a
+  /// version a rank installed after the abort: publish() refuses that for good.
   bool retry_must_wait(const weight_update_manifest& shard) const;
 
   /// Consumer reports. Each names the update key and the rank; out-of-order reports are refused.
@@ -171,6 +172,9 @@ class coordinator_book {
   std::vector<book_effect> expire(coord_clock::time_point now);
 
   const update_record* find(const std::string& key) const;
+  /// The consumer ranks that may still read the memory of `key` (the attempt the book tracks).
+  std::vector<std::int32_t> holders(const std::string& key) const;
+  const book_config& config() const { return config_; }
   /// Newest committed version of a model, if any.
   const update_record* latest_committed(const std::string& model_id) const;
   /// Updates of a model, oldest first.
