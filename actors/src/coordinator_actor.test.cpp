@@ -686,7 +686,9 @@ TEST_F(deadline_test, a_late_acknowledgement_of_an_aborted_version_refuses_its_w
                       "installed it after the abort"),
             std::string::npos)
       << refused[0].dump();
-  auto ranks = status()["updates"][0]["ranks"];
+  auto s = status();
+  EXPECT_EQ(s["committed_version"], 1) << "a trainer that starts from it publishes 1 for good";
+  auto ranks = s["updates"][0]["ranks"];
   ASSERT_EQ(ranks.size(), 1u);
   EXPECT_EQ(ranks[0]["state"], "acknowledged") << ranks.dump();
 }

@@ -475,6 +475,11 @@ const update_record* coordinator_book::find(const std::string& key) const {
   return it == updates_.end() ? nullptr : &it->second;
 }
 
+std::uint64_t coordinator_book::used_version(const std::string& model_id) const {
+  auto it = committed_version_.find(model_id);
+  return it == committed_version_.end() ? 0 : it->second;
+}
+
 std::vector<std::int32_t> coordinator_book::holders(const std::string& key) const {
   std::vector<std::int32_t> out;
   if (const auto* u = find(key)) {

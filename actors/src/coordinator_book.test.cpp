@@ -463,6 +463,8 @@ TEST_F(book_test, a_version_installed_after_its_abort_is_never_published_again) 
   EXPECT_EQ(entry.state, rank_state::acknowledged);
   EXPECT_EQ(entry.reason, "installed after the update was aborted");
   EXPECT_EQ(book_.find("m@2")->phase, update_phase::aborted);  // its outcome was told already
+  EXPECT_EQ(book_.used_version("m"), 2u);  // where a trainer's next version starts
+  EXPECT_EQ(book_.latest_committed("m")->weight_version, 1u);  // the catch-up stays 1
   for (int r : {10, 11, 12}) {
     auto fx = book_.released("m@2", r, now_);
     ASSERT_TRUE(fx);

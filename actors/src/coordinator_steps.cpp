@@ -488,10 +488,10 @@ std::string status_json(coordinator_state& st) {
   std::map<std::int32_t, const rank_progress*> latest;  // consumer -> newest entry
   std::map<std::string, std::uint64_t> committed_of;    // model -> its latest committed version
   for (const auto& model : models) {
-    if (const auto* c = st.book.latest_committed(model)) {
-      committed_version = std::max(committed_version, c->weight_version);
-      committed_of[model] = c->weight_version;
-    }
+    // What a trainer publishes next must go above it: a version a consumer serves counts too
+    // (after a coordinator restart, or installed after its abort).
+    committed_version = std::max(committed_version, st.book.used_version(model));
+    if (const auto* c = st.book.latest_committed(model)) committed_of[model] = c->weight_version;
     for (const auto* u : st.book.updates(model)) {
       updates.push_back(json::parse(outcome_text(*u), nullptr, false));  // status is rare
       for (const auto& [rank, p] : u->consumers) latest[rank] = &p;

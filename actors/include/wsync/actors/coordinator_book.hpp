@@ -177,6 +177,9 @@ class coordinator_book {
   const book_config& config() const { return config_; }
   /// Newest committed version of a model, if any.
   const update_record* latest_committed(const std::string& model_id) const;
+  /// The highest version of a model in use: committed here, served by a consumer as it joined,
+  /// or installed by one after its abort. A publish must go above it (0: none yet).
+  std::uint64_t used_version(const std::string& model_id) const;
   /// Updates of a model, oldest first.
   std::vector<const update_record*> updates(const std::string& model_id) const;
   const std::map<std::int32_t, rank_info>& consumers() const { return consumers_; }
