@@ -503,7 +503,11 @@ int consumer_run(const consumer_options& options) {
   }
   auto actors = spawn_ranks(sys, *coordinator, options.coordinator, ranks, options.observer,
                             options.node_leader);
-  return run_until_stopped(sys.get(), actors);
+  // An import still waiting (nccl: for a publisher that never comes) ends now, not at its
+  // deadline: the actor system's shutdown waits for the rank's worker.
+  return run_until_stopped(sys.get(), actors, [&] {
+    for (auto& [side, hello] : ranks) side->consumer.closing();
+  });
 }
 
 struct rollout_rank::impl {
@@ -516,6 +520,7 @@ struct rollout_rank::impl {
 rollout_rank::rollout_rank(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
 rollout_rank::~rollout_rank() {
+  impl_->side->consumer.closing();  // an import still waiting ends now (consumer_run)
   stop_and_wait(impl_->sys.get(), impl_->actors);
   impl_->actors.clear();
   impl_->side->executor.release_active();

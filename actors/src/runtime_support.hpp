@@ -3,6 +3,7 @@
 // (message types, networking, heartbeats on at both ends), and running until a stop signal.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -47,8 +48,10 @@ void stop_and_wait(caf::actor_system& sys, const std::vector<Handle>& endpoints,
 }
 
 /// Runs until SIGINT/SIGTERM/SIGHUP (returns 0) or until one of `endpoints` terminates on its own
-/// (returns 1: it logged why), then stops them all.
-inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::actor>& endpoints) {
+/// (returns 1: it logged why), then calls `closing` (work in flight may end now: the actor system
+/// waits for it) and stops them all.
+inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::actor>& endpoints,
+                             const std::function<void()>& closing = {}) {
   caf::scoped_actor self{sys};
   for (const auto& e : endpoints) self->monitor(e);
   bool ended = false;
@@ -56,6 +59,7 @@ inline int run_until_stopped(caf::actor_system& sys, const std::vector<caf::acto
     self->receive([&](caf::down_msg&) { ended = true; },
                   caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
+  if (closing) closing();
   stop_and_wait(sys, endpoints);
   return ended ? 1 : 0;
 }

@@ -5,6 +5,7 @@
 // skipped.
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -42,6 +43,10 @@ class nccl_consumer final : public consumer_transport {
   memory_location memory() const override { return fabric_->memory(); }
 
   void rank_set(std::int32_t rank) override { rank_ = rank; }
+
+  // Joins and broadcasts watch closing_ (the flag a member keeps from its join), so an import
+  // waiting for a publisher that never comes ends now; later ones are refused.
+  void closing() override { closing_ = true; }
 
   result<std::vector<std::span<const std::byte>>> import_segments(
       const weight_update_manifest& m) override {
@@ -143,6 +148,9 @@ class nccl_consumer final : public consumer_transport {
   result<block> receive(group_state& g, const nccl_handle::handle& h, int nccl_rank,
                         const update_id& id) {
     const auto deadline = clock::now() + settings_.timeout;
+    if (closing_) {
+      return make_error(errc::io_error, "nccl: cancelled: the transport is closing");
+    }
     if (h.epoch < g.epoch) {
       return make_error(errc::io_error, "nccl: this update's broadcast (epoch " +
                                             std::to_string(h.epoch) +
@@ -154,7 +162,7 @@ class nccl_consumer final : public consumer_transport {
       g.epoch = h.epoch;
       g.next_sequence = 0;
       const int world = static_cast<int>(h.members.size()) + 1;
-      auto joined = fabric_->join(h.id, world, nccl_rank, settings_.timeout, nullptr);
+      auto joined = fabric_->join(h.id, world, nccl_rank, settings_.timeout, &closing_);
       if (!joined) {
         g.join_failed = joined.error();
         return make_error(joined.error().code, "nccl: joining the publisher's group (epoch " +
@@ -251,6 +259,8 @@ class nccl_consumer final : public consumer_transport {
   const transport_settings settings_;
   const std::shared_ptr<group_fabric> fabric_;
   std::int32_t rank_ = 0;
+  /// Read by the members' waits without a lock; before groups_, so it outlives their members.
+  std::atomic<bool> closing_{false};
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<group_state>> groups_;

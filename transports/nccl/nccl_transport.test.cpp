@@ -435,6 +435,29 @@ TEST_F(nccl_transport_test, closing_the_publisher_ends_a_broadcast_its_members_n
   }
 }
 
+// A consumer shutting down while its import waits in the join for a member that never comes
+// (rank 0 never imports): the import used to wait out its whole deadline, holding the process's
+// shutdown (the actor system waits for the worker) for up to timeout_ms.
+TEST_F(nccl_transport_test, closing_a_consumer_ends_an_import_waiting_for_its_group) {
+  start({{"timeout_ms", "20000"}});
+  const int joins = fabric_->joins.load();
+  auto m = publish(1);
+  ASSERT_TRUE(m) << m.error().message;
+  auto waiting = std::async(std::launch::async, [&] { return import_checked(1, *m); });
+  while (fabric_->joins.load() < joins + 2) std::this_thread::yield();  // the publisher and 1
+  const auto t0 = std::chrono::steady_clock::now();
+  consumers_[1]->closing();
+  ASSERT_EQ(waiting.wait_for(5s), std::future_status::ready) << "the import waits on";
+  const auto why = waiting.get();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_TRUE(contains(why, "joining the publisher's group (epoch 1) failed")) << why;
+  EXPECT_TRUE(contains(why, "cancelled")) << why;
+  EXPECT_TRUE(contains(why, "update_id=" + m->update_id)) << why;
+  auto again = consumers_[1]->import_update(*m);  // refused at once, not joined again
+  ASSERT_FALSE(again);
+  EXPECT_TRUE(contains(again.error().message, "the transport is closing")) << again.error().message;
+}
+
 TEST_F(nccl_transport_test, a_group_broken_under_an_import_fails_it_with_the_reason) {
   start({{"timeout_ms", "5000"}});
   auto m1 = publish(1);

@@ -64,6 +64,7 @@ class forwarding_consumer : public consumer_transport {
     return inner_->import_source(id);
   }
   std::string relay_address() const override { return inner_->relay_address(); }
+  void closing() override { inner_->closing(); }
 
  protected:
   /// Shared, so that work a wrapper defers (a release) may outlive the wrapper.

@@ -161,6 +161,11 @@ class consumer_transport {
   /// relays them while its own import is still running); empty when this transport cannot
   /// relay. Valid for the consumer's lifetime.
   virtual std::string relay_address() const { return {}; }
+
+  /// The owner is shutting down, from another thread than an import that may be running: that
+  /// import, and any that starts after, may end now, failed, rather than at its deadline (nccl
+  /// stops waiting for a publisher that never comes). Default: nothing to do.
+  virtual void closing() {}
 };
 
 /// One configured transport: makes publisher and consumer halves that can talk to each other.

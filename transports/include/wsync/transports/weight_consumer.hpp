@@ -83,6 +83,9 @@ class weight_consumer {
 
   result<update_state> state(const update_id& id) const;
   std::int32_t rank() const { return config_.rank; }
+  /// The owner shuts down (consumer_transport::closing): an import still running in another
+  /// thread may end now, failed, and later ones fail at once.
+  void closing() { transport_->closing(); }
   /// consumer_transport::import_source of a recent import.
   std::string import_source(const update_id& id) const { return transport_->import_source(id); }
 
