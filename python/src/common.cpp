@@ -21,15 +21,11 @@ void main_thread_remember() {
       pyb::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
 }
 
-namespace {
-// Never returns in a thread other than the main one while the interpreter shuts down (see
-// gil_released): the exiting process ends it.
 void park_if_exiting() {
   if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident.load()) {
     while (true) std::this_thread::sleep_for(std::chrono::hours(1));
   }
 }
-}  // namespace
 
 gil_released::gil_released() : state_(PyEval_SaveThread()) {}
 
@@ -408,7 +404,12 @@ bool python_adapter::deactivate() noexcept {
     if (swaps_slots_ || !pyb::hasattr(target_, "deactivate")) return false;
     return pyb::bool_(target_.attr("deactivate")());
   } catch (pyb::error_already_set& e) {
-    // Its weights stay as they were; the views' leases keep the memory they point into.
+    // A Ctrl-C in a custom installer's deactivate: kept, raised once release_weights returns
+    // (its weights stay as they were; the views' leases keep the memory they point into).
+    if ((e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) && !interrupt_) {
+      interrupt_.emplace(std::move(e));
+      return false;
+    }
     log_error(python_failure("deactivate raised", e));
   } catch (...) {
     log_error("deactivate raised");

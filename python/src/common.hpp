@@ -152,8 +152,8 @@ class python_adapter final : public install_adapter {
   /// returns a true value. Others keep their weights (false).
   bool deactivate() noexcept override;
 
-  /// Throws the KeyboardInterrupt (or SystemExit) that stopped the last stage or activate, if
-  /// any. GIL held.
+  /// Throws the KeyboardInterrupt (or SystemExit) that stopped the last stage, activate or
+  /// deactivate, if any. GIL held.
   void take_interrupt();
 
  private:

@@ -192,8 +192,13 @@ class executor_handle {
     return executor_.active_weight_version();
   }
   std::vector<update_id> release_active() {
-    gil_released unlocked;
-    return executor_.release_active();
+    std::vector<update_id> released;
+    {
+      gil_released unlocked;
+      released = executor_.release_active();
+    }
+    adapter_.take_interrupt();  // Ctrl-C in a custom installer's deactivate: raised now
+    return released;
   }
   gate_meter& meter() { return meter_; }
 

@@ -129,7 +129,9 @@ view_lease::~view_lease() {
                      PyGILState_GetThisThreadState() == current && PyGILState_Check();
   PyThreadState* saved = holds ? PyEval_SaveThread() : nullptr;
   for (auto& f : run) f();  // outside the lock: a release may take a while
-  if (saved) PyEval_RestoreThread(saved);
+  if (!saved) return;
+  park_if_exiting();  // the shutdown may have started during the release
+  PyEval_RestoreThread(saved);
 }
 
 bool release_when_unviewed(const update_id& id, std::function<void()> release) {

@@ -343,6 +343,8 @@ class ForgettingViews:
         return self.active
 
     def deactivate(self) -> bool:
+        if self.forgets == "interrupted":
+            raise KeyboardInterrupt
         if self.forgets:
             self.active = self._views.active = {}
         return self.forgets
@@ -360,6 +362,22 @@ def test_a_custom_installer_says_whether_its_weights_went_with_release_weights(f
     rollout.release_weights()
     assert rollout.active_weight_version == (None if forgets else 1)
     assert (installer.active == {}) == forgets
+    pub.release(m.update_id)
+
+
+def test_a_ctrl_c_in_a_custom_deactivate_is_raised_by_release_weights():
+    pub = wsync.LocalCloneTensorBridge(source_worker="t")
+    rollout = wsync.RolloutExecutor(wsync.LocalCloneTensorBridge())
+    rollout.installer = installer = ForgettingViews("interrupted")
+    rollout._handle = wsync._wsync.Executor(rollout.weight_bridge._consumer_half(), installer,
+                                           True)
+    m = pub.publish({"w": torch.arange(4.0)}, weight_version=1)
+    rollout.update_weights(m)
+    with pytest.raises(KeyboardInterrupt):  # it used to be logged and lost
+        rollout.release_weights()
+    assert rollout.active_weight_version == 1  # its weights stayed
+    assert installer.active["w"].tolist() == [0.0, 1.0, 2.0, 3.0]  # the views keep the memory
+    del installer.active
     pub.release(m.update_id)
 
 
