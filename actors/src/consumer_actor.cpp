@@ -314,8 +314,11 @@ consumer_actor::behavior_type endpoint_impl(endpoint_pointer self, coordinator_a
         if (st->joined) return;  // a stray reconnect: the coordinator is there
         st->backoff = std::min(st->backoff * 2, std::chrono::milliseconds(5000));
         connect_privately(self, st, where.host, where.port,
-                          [=](caf::strong_actor_ptr ptr, const std::string&) {
-                            if (!ptr) return schedule_reconnect(self, st);
+                          [=](caf::strong_actor_ptr ptr, const std::string& why) {
+                            if (!ptr) {
+                              log_warn(st->who + ": reconnecting to the coordinator: " + why);
+                              return schedule_reconnect(self, st);
+                            }
                             st->coordinator = caf::actor_cast<coordinator_actor>(ptr);
                             log_info(st->who + ": reconnected to the coordinator");
                             join_all(self, st);

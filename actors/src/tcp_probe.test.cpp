@@ -64,19 +64,28 @@ TEST(tcp_probe, a_listener_that_does_not_answer_is_given_up_within_the_limit) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
 }
 
-TEST(tcp_probe, a_listener_answers_and_a_closed_port_refuses) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), n), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n), 0);
-  const auto port = ntohs(a.sin_port);
-  EXPECT_EQ(tcp_answers("127.0.0.1", port, 2s), "");
-  ::close(fd);
-  EXPECT_EQ(tcp_answers("127.0.0.1", port, 2s), "Connection refused");
+TEST(tcp_probe, a_listener_answers_and_a_port_nobody_listens_on_refuses) {
+  auto bound = [](int fd, bool listening) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), n) != 0 || (listening && ::listen(fd, 4)) ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) {
+      return std::uint16_t{0};
+    }
+    return ntohs(a.sin_port);
+  };
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int quiet = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // bound, not listening:
+  const auto open = bound(listener, true);  // its port stays taken while the test runs
+  const auto shut = bound(quiet, false);
+  ASSERT_NE(open, 0);
+  ASSERT_NE(shut, 0);
+  EXPECT_EQ(tcp_answers("127.0.0.1", open, 2s), "");
+  EXPECT_EQ(tcp_answers("127.0.0.1", shut, 2s), "Connection refused");
+  ::close(listener);
+  ::close(quiet);
 }
 
 // The blocking connect every rank and `wsync status` make first: it used to wait in CAF's
