@@ -48,7 +48,7 @@ void join_rank(endpoint_pointer self, const endpoint_state_ptr& st, std::int32_t
   auto hello = it->second.hello;
   auto side = it->second.side;
   hello.node_port = st->node_port;
-  hello.active_weight_version = side->active_version();
+  std::tie(hello.active_weight_version, hello.active_manifests) = side->active_served();
   hello.held = side->held();
   self->request(st->coordinator, std::chrono::seconds(10), join_atom::value, hello)
       .then(

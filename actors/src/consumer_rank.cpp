@@ -89,6 +89,7 @@ caf::behavior rank_worker(caf::event_based_actor*, std::shared_ptr<rollout_side>
         auto from = import_source(*side, r.shard_ids);
         if (from.empty()) from = u->received_from;
         if (r.acknowledged) {
+          side->serving(u);
           report(u->key, "acknowledged", "", r.timings.total, std::move(from));
         } else if (r.failure && r.failure->code == errc::unknown_update) {
           // The bytes are gone (publisher exited or rewrote the slot, and no peer had them):

@@ -15,6 +15,7 @@
 
 #include "protocol.hpp"
 #include "wsync/actors/node.hpp"
+#include "wsync/manifest/codec.hpp"
 #include "wsync/runtime/reference_runtime.hpp"
 #include "wsync/runtime/rollout_executor.hpp"
 
@@ -113,6 +114,28 @@ struct rollout_side {
     }
     return keys;
   }
+  /// The update the rank acknowledged last, so serves: its manifests go with every join.
+  void serving(parsed_update_ptr u) {
+    std::lock_guard lock(mu_);
+    served_ = std::move(u);
+  }
+  /// The version the rank serves (0: none) and, when it got that version from its publishers,
+  /// its manifests (JSON): as sent by a relay they would send a restarted coordinator's
+  /// catch-ups to that relay first (ucx), and what the publishers hold is what a catch-up needs.
+  std::pair<std::uint64_t, std::vector<std::string>> active_served() const {
+    parsed_update_ptr u;
+    {
+      std::lock_guard lock(mu_);
+      u = served_;
+    }
+    std::pair<std::uint64_t, std::vector<std::string>> out{active_version(), {}};
+    if (!u || out.first == 0 || u->received_from.rfind("publisher:", 0) != 0) return out;
+    for (const auto& m : u->shards) {
+      if (m.weight_version != out.first) return {out.first, {}};  // not the one it serves
+      out.second.push_back(manifest_to_json(m));
+    }
+    return out;
+  }
 
  private:
   rollout_side(std::unique_ptr<consumer_transport> t, std::int32_t rank, bool verify,
@@ -126,6 +149,7 @@ struct rollout_side {
   mutable std::mutex mu_;
   std::map<update_id, std::string> key_of_;  ///< shard id -> update key, for release reports
   std::multiset<std::string> importing_;     ///< keys of the imports in progress
+  parsed_update_ptr served_;                 ///< the update acknowledged last
 };
 
 // Reports the rank workers leave for their endpoint: the only thing the two kinds of actor

@@ -38,6 +38,37 @@ class rollout_side_test : public ::testing::TestWithParam<reference_runtime::ins
   reference_runtime runtime_{GetParam()};
 };
 
+// What a rank tells a restarted coordinator of the version it serves (rank_hello): the version,
+// and its manifests when it got them from the publishers (a relay's would send catch-ups there).
+TEST_P(rollout_side_test, a_rank_offers_the_manifests_of_the_version_it_serves) {
+  auto made = make_side();
+  ASSERT_TRUE(made);
+  auto& side = *made;
+  EXPECT_EQ(side.active_served(), (std::pair<std::uint64_t, std::vector<std::string>>{0, {}}));
+  for (const char* from : {"publisher:0", "rank:2"}) {
+    const std::uint64_t v = from[0] == 'p' ? 1 : 2;
+    auto m = publisher_->publish(tensors_.fill(v), v, {0});
+    ASSERT_TRUE(m) << m.error().message;
+    auto r = side.executor.update_weights(*m);
+    ASSERT_TRUE(r.acknowledged) << (r.failure ? r.failure->message : "");
+    (void)side.settle(r, update_key("m", v));
+    auto u = std::make_shared<parsed_update>();
+    u->key = update_key("m", v);
+    u->received_from = from;
+    u->shards = {*m};
+    side.serving(u);
+    auto [version, manifests] = side.active_served();
+    EXPECT_EQ(version, v);
+    if (v == 1) {
+      ASSERT_EQ(manifests.size(), 1u);
+      EXPECT_EQ(manifests[0], manifest_to_json(*m));
+    } else {
+      EXPECT_TRUE(manifests.empty()) << "a relay's manifests were offered";
+    }
+  }
+  for (const auto& id : side.executor.release_active()) (void)id;
+}
+
 TEST_P(rollout_side_test, a_rank_holds_only_what_it_reads) {
   auto made = make_side();
   ASSERT_TRUE(made);

@@ -131,6 +131,7 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
         auto effects = st.book.join(info, coord_clock::now());  // checks, then registers
         if (!effects) return {st.token, effects.error().message};
+        if (role == rank_role::consumer) adopt_served(self, hello, *effects);
         // A rank joining again replaces its old endpoint (it restarted); an old endpoint left
         // without ranks is gone, and so is its node's leadership if it had it.
         if (role == rank_role::consumer) st.carriers.erase(hello.rank);
@@ -153,17 +154,30 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
           st.publishers[hello.rank] = caf::actor_cast<publisher_actor>(sender);
         }
         if (role == rank_role::consumer) {
-          // A key it held before and names no more it let go of while away (its report lost).
+          // A key it held before and names no more it let go of while away (its report lost),
+          // unless this join sends it that key again (a catch-up lost with the old link): its
+          // memory must not go back to the publishers just before the rank reads it.
           const std::set<std::string> now_held(hello.held.begin(), hello.held.end());
+          std::set<std::string> sent_again;
+          for (const auto& e : *effects) {
+            if (e.what == book_effect::kind::distribute &&
+                std::find(e.ranks.begin(), e.ranks.end(), hello.rank) != e.ranks.end()) {
+              sent_again.insert(e.key);
+            }
+          }
           std::vector<std::string> dropped;
           for (const auto& [key, o] : st.orphans) {
-            if (o.holders.count(hello.rank) && !now_held.count(key)) dropped.push_back(key);
+            if (o.holders.count(hello.rank) && !now_held.count(key) && !sent_again.count(key)) {
+              dropped.push_back(key);
+            }
           }
           for (const auto& key : dropped) orphan_release(self, key, hello.rank);
-          // Held keys the book does not know, and keys of orphans (an old attempt of a version
-          // the book knows by its retry: the key does not say which attempt the rank holds).
+          // Held keys the book does not know, keys of orphans (an old attempt of a version the
+          // book knows by its retry: the key does not say which attempt the rank holds), and
+          // adopted versions (the book never releases their publishers' memory).
           for (const auto& key : now_held) {
-            if (!st.book.find(key) || st.orphans.count(key)) {
+            const auto* known = st.book.find(key);
+            if (!known || known->adopted || st.orphans.count(key)) {
               st.orphans[key].holders.insert(hello.rank);
             }
           }
@@ -172,8 +186,8 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
             const auto& key = hello.held[i];
             const auto& id = hello.held_ids[i];
             const auto* known = st.book.find(key);
-            bool tracked = false;  // the book's record names this very attempt
-            if (known) {
+            bool tracked = false;            // the book's record names this very attempt
+            if (known && !known->adopted) {  // an adopted version's memory is the orphan's
               auto shard = known->shards.find(hello.rank);
               tracked = shard != known->shards.end() && shard->second.update_id == id;
             }

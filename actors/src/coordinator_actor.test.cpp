@@ -737,6 +737,66 @@ class orphan_test : public coordinator_actor_test {
   }
 };
 
+// A restarted coordinator knows no manifests: a rank that joined it got nothing until the next
+// version, for good once the trainer was done. A consumer that re-joins serving version 5 now
+// gives its manifests, and a rank that joins after it catches up on version 5. The publisher's
+// memory of it goes back once neither reads it.
+TEST_F(orphan_test, a_version_a_rejoining_consumer_serves_is_the_catch_up_source) {
+  restart(0ms);
+  caf::scoped_actor serving{sys()}, also{sys()}, fresh{sys()}, publisher{sys()};
+  const auto v5 = shard(5);
+  auto hello = consumer_hello(3);
+  hello.active_weight_version = 5;
+  hello.held = {"m@5"};
+  hello.active_manifests = {manifest_to_json(v5)};
+  ASSERT_EQ(join(serving, hello), std::make_pair(token, std::string()));
+  hello.rank = 5;  // serves it too, as views
+  ASSERT_EQ(join(also, hello), std::make_pair(token, std::string()));
+  auto p = hello_make(token, 0, "publisher", "n0", "m");
+  p.publisher_ranks = 1;
+  p.held = {"m@5"};
+  p.held_ids = {v5.update_id};
+  ASSERT_EQ(join(publisher, p), std::make_pair(token, std::string()));
+  ASSERT_EQ(join(fresh, consumer_hello(4)), std::make_pair(token, std::string()));
+  auto u = update_at(fresh);
+  EXPECT_EQ(u.key, "m@5");
+  ASSERT_EQ(u.manifests.size(), 1u);
+  auto m = manifest_from_json(u.manifests[0]);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(m->update_id, v5.update_id);
+  released(serving, 3, "m@5");  // rank 3 moved on
+  EXPECT_EQ(release_at(publisher, 600ms).first, "") << "released while rank 4 reads it";
+  fresh->send(coordinator_, report_atom::value,
+              rank_report{token, "m@5", 4, "acknowledged", "", 5, 0.01, "", v5.update_id});
+  auto s = status();
+  ASSERT_EQ(s["updates"].size(), 1u) << s.dump();
+  EXPECT_EQ(s["updates"][0]["adopted"], true);
+  EXPECT_EQ(s["updates"][0]["ranks"].size(), 3u) << "ranks 3, 4 and 5";
+  EXPECT_EQ(s["updates"][0]["phase"], "committed");
+  EXPECT_EQ(s["committed_version"], 5);
+  fresh->send(coordinator_, report_atom::value,
+              rank_report{token, "m@5", 4, "released", "", 5, 0.01, "", v5.update_id});
+  EXPECT_EQ(release_at(publisher, 600ms).first, "") << "released while rank 5 reads it";
+  released(also, 5, "m@5");
+  EXPECT_EQ(release_at(publisher),
+            std::make_pair(std::string("m@5"), std::vector<std::string>{v5.update_id}));
+}
+
+// Manifests that do not make up the version the rank says it serves are not taken: the join
+// stands, and nothing is sent to anyone.
+TEST_F(orphan_test, manifests_of_another_version_are_not_taken) {
+  restart(0ms);
+  caf::scoped_actor serving{sys()}, fresh{sys()};
+  auto hello = consumer_hello(3);
+  hello.active_weight_version = 5;
+  hello.active_manifests = {manifest_to_json(shard(4))};
+  ASSERT_EQ(join(serving, hello), std::make_pair(token, std::string()));
+  ASSERT_EQ(join(fresh, consumer_hello(4)), std::make_pair(token, std::string()));
+  fresh->receive([](update_atom, const update_available&) { ADD_FAILURE() << "sent"; },
+                 caf::after(300ms) >> [] {});
+  EXPECT_TRUE(status()["updates"].empty());
+}
+
 TEST_F(orphan_test, what_no_consumer_holds_goes_back_to_its_publisher_after_the_grace) {
   restart(0ms);
   caf::scoped_actor publisher{sys()};

@@ -144,7 +144,13 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
     // went) counted it as holding nothing, and the publishers would reuse memory it reads.
     for (const auto& key : info.held) {
       auto u = updates_.find(key);
-      if (u == updates_.end() || u->second.publishers_released) continue;
+      if (u == updates_.end()) continue;
+      if (u->second.adopted && u->second.weight_version == info.active_weight_version) {
+        // It serves the adopted version too: in the table, as the rank that adopted it.
+        set_state(u->second, fresh_entry(u->second, info.rank), rank_state::acknowledged, now);
+        continue;
+      }
+      if (u->second.publishers_released) continue;
       auto p = u->second.consumers.find(info.rank);
       if (p == u->second.consumers.end()) continue;
       if (rejoined_mid_update(u->second, p->second, info, now, out)) continue;
@@ -217,6 +223,81 @@ std::vector<book_effect> coordinator_book::leave(std::int32_t rank, rank_role ro
     check_finished(u, now, out);
     check_released(u, out);
   }
+  return out;
+}
+
+result<std::vector<book_effect>> coordinator_book::adopt(
+    std::int32_t rank, const std::vector<weight_update_manifest>& shards,
+    coord_clock::time_point now) {
+  auto who = consumers_.find(rank);
+  if (who == consumers_.end() || shards.empty()) return effects{};
+  const auto& info = who->second;
+  const auto version = info.active_weight_version;
+  const auto key = update_key(info.model_id, version);
+  // Only a version above every one this book recorded: one it knew and let go of from its
+  // history (an abort) must not come back as committed.
+  if (version == 0 || updates_.count(key)) return effects{};
+  if (auto r = recorded_version_.find(info.model_id);
+      r != recorded_version_.end() && r->second >= version) {
+    return effects{};
+  }
+  auto refuse = [&](std::size_t i, const std::string& why) {
+    return make_error(errc::invalid_manifest,
+                      "adoption refused: active_manifests[" + std::to_string(i) + "]." + why +
+                          " (" + update_context(shards[i]) + " " + context(key, rank) + ")");
+  };
+  auto refuse_all = [&](const std::string& why) {
+    return make_error(errc::invalid_manifest, "adoption refused: active_manifests." + why + " (" +
+                                                  context(key, rank) + ")");
+  };
+  update_record u;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const auto& m = shards[i];
+    if (m.model_id != info.model_id) {
+      return refuse(i,
+                    "model_id: \"" + m.model_id + "\" is not the rank's \"" + info.model_id + "\"");
+    }
+    if (m.weight_version != version) {
+      return refuse(i, "weight_version: " + std::to_string(m.weight_version) +
+                           " is not the rank's active " + std::to_string(version));
+    }
+    if (!u.shards.emplace(m.source_rank, m).second) {
+      return refuse(i, "source_rank: " + std::to_string(m.source_rank) + " twice");
+    }
+    for (const auto& t : m.tensors) {
+      if (!names.insert(t.name).second) return refuse(i, "tensors: \"" + t.name + "\" twice");
+    }
+  }
+  if (auto n = publisher_ranks_.find(info.model_id); n != publisher_ranks_.end()) {
+    for (std::int32_t r = 0; r < n->second; ++r) {
+      if (!u.shards.count(r)) {
+        return refuse_all("source_rank: publisher rank " + std::to_string(r) + " of " +
+                          std::to_string(n->second) + " has no shard");
+      }
+    }
+    if (u.shards.size() != static_cast<std::size_t>(n->second)) {
+      return refuse_all("source_rank: " + std::to_string(u.shards.size()) + " shards for " +
+                        std::to_string(n->second) + " publisher ranks");
+    }
+  }
+  u.key = key;
+  u.model_id = info.model_id;
+  u.weight_version = version;
+  for (const auto& [r, m] : u.shards) u.expected_publishers.insert(r);
+  u.phase = update_phase::committed;
+  u.created = u.deadline = now;
+  u.finished = now;
+  u.publishers_released = true;
+  u.adopted = true;
+  auto& record = updates_.emplace(key, std::move(u)).first->second;
+  recorded_version_[record.model_id] = version;
+  set_state(record, fresh_entry(record, rank), rank_state::acknowledged, now);
+  auto& cv = committed_version_[record.model_id];
+  cv = std::max(cv, version);
+  effects out;
+  catch_up_joined_meanwhile(record, now, out);
+  collect_garbage(record.model_id, &record);
   return out;
 }
 
@@ -301,6 +382,8 @@ result<std::vector<book_effect>> coordinator_book::publish(const weight_update_m
     }
     u.created = now;
     u.deadline = now + config_.update_deadline;
+    auto& recorded = recorded_version_[shard.model_id];
+    recorded = std::max(recorded, shard.weight_version);
     existing = updates_.emplace(key, std::move(u)).first;
   }
   auto& u = existing->second;
@@ -412,7 +495,7 @@ void coordinator_book::catch_up_joined_meanwhile(update_record& u, coord_clock::
 void coordinator_book::catch_up(update_record& u, std::vector<std::int32_t> ranks,
                                 coord_clock::time_point now, effects& out) {
   for (auto r : ranks) set_state(u, fresh_entry(u, r), rank_state::pending, now);
-  u.publishers_released = false;
+  if (!u.adopted) u.publishers_released = false;  // an adopted one's memory is the orphan's
   std::vector<weight_update_manifest> shards;
   for (const auto& [r, m] : u.shards) shards.push_back(m);
   out.push_back({book_effect::kind::distribute, u.key, std::move(ranks), std::move(shards), true});
@@ -464,7 +547,11 @@ void coordinator_book::collect_garbage(const std::string& model_id, const update
   for (const auto* u : list) finished += !in_flight(*u);
   for (const auto* u : list) {
     if (finished <= config_.history_per_model) break;
-    if (in_flight(*u) || u == latest || u == keep || !u->publishers_released) continue;
+    // An adopted record's publishers never count as released here: it goes once nobody holds it.
+    if (in_flight(*u) || u == latest || u == keep || !u->publishers_released ||
+        (u->adopted && u->counts.holding > 0)) {
+      continue;
+    }
     updates_.erase(u->key);
     --finished;
   }

@@ -490,6 +490,100 @@ TEST_F(book_test, a_version_installed_after_its_abort_is_never_published_again) 
   EXPECT_EQ((*fx)[0].what, kind::release_publisher);
 }
 
+// After a coordinator restart the book knows no manifests. A consumer that re-joins serving
+// version 5 gives them (adopt); ranks that joined before get version 5 as a catch-up, so do ranks
+// that join after, and ranks that serve it too are in its table. Its publishers' memory is never
+// released by the book: the coordinator keeps it as an orphan held by the ranks that read it.
+TEST(book_adopt, a_restarted_book_takes_the_version_a_rejoining_consumer_serves) {
+  coordinator_book b{book_config{10s, 4}};
+  coord_clock::time_point now{};
+  auto info = [](int rank, rank_role role, std::uint64_t active = 0) {
+    rank_info i;
+    i.rank = rank;
+    i.role = role;
+    i.node = "n0";
+    i.model_id = "m";
+    i.transports = {"shared-memory"};
+    i.active_weight_version = active;
+    if (active > 0) i.held = {update_key("m", active)};
+    if (role == rank_role::publisher) i.publisher_ranks = 2;
+    return i;
+  };
+  auto shard = [](int rank, std::uint64_t version, std::string tensor) {
+    weight_update_manifest m;
+    m.update_id = "u-" + std::to_string(rank) + "-" + std::to_string(version);
+    m.model_id = "m";
+    m.weight_version = version;
+    m.source_rank = rank;
+    m.tensors.push_back({});
+    m.tensors.back().name = std::move(tensor);
+    return m;
+  };
+  for (int r : {0, 1}) ASSERT_TRUE(b.join(info(r, rank_role::publisher), now));
+  ASSERT_TRUE(b.join(info(12, rank_role::consumer), now));  // before anyone serving came back
+  ASSERT_TRUE(b.join(info(11, rank_role::consumer, 5), now));
+  // Refused: not the version the rank serves, a tensor twice, a publisher rank missing.
+  for (auto [bad, why] : {std::pair{std::vector{shard(0, 4, "a"), shard(1, 4, "b")},
+                                    "active_manifests[0].weight_version: 4 is not the rank's "
+                                    "active 5"},
+                          std::pair{std::vector{shard(0, 5, "a"), shard(1, 5, "a")},
+                                    "active_manifests[1].tensors: \"a\" twice"},
+                          std::pair{std::vector{shard(0, 5, "a")},
+                                    "source_rank: publisher rank 1 of 2 has no shard"}}) {
+    auto r = b.adopt(11, bad, now);
+    ASSERT_FALSE(r) << why;
+    EXPECT_NE(r.error().message.find(why), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("update=m@5 rank=11"), std::string::npos);
+    EXPECT_EQ(b.find("m@5"), nullptr);
+  }
+  auto fx = b.adopt(11, {shard(0, 5, "a"), shard(1, 5, "b")}, now);
+  ASSERT_TRUE(fx) << fx.error().message;
+  ASSERT_EQ(fx->size(), 1u);
+  EXPECT_EQ((*fx)[0].what, book_effect::kind::distribute);
+  EXPECT_TRUE((*fx)[0].catch_up);
+  EXPECT_EQ((*fx)[0].ranks, std::vector<std::int32_t>{12});
+  EXPECT_EQ((*fx)[0].manifests.size(), 2u);
+  const auto* u = b.find("m@5");
+  ASSERT_NE(u, nullptr);
+  EXPECT_TRUE(u->adopted);
+  EXPECT_EQ(u->phase, update_phase::committed);
+  EXPECT_EQ(u->consumers.at(11).state, rank_state::acknowledged);
+  EXPECT_EQ(b.latest_committed("m"), u);
+  // Taken once: another rank's manifests of it change nothing.
+  EXPECT_TRUE(b.adopt(11, {shard(0, 5, "a"), shard(1, 5, "b")}, now)->empty());
+  // A rank that serves it too is in its table; one that joins behind it catches up.
+  ASSERT_TRUE(b.join(info(10, rank_role::consumer, 5), now)->empty());
+  EXPECT_EQ(u->consumers.at(10).state, rank_state::acknowledged);
+  auto late = b.join(info(13, rank_role::consumer), now);
+  ASSERT_TRUE(late);
+  ASSERT_EQ(late->size(), 1u);
+  EXPECT_EQ((*late)[0].ranks, std::vector<std::int32_t>{13});
+  // Every rank lets go: the book releases nothing (the orphan's holders say when).
+  for (int r : {12, 13}) {
+    ASSERT_TRUE(b.acknowledged("m@5", r, now));
+  }
+  for (int r : {10, 11, 12, 13}) {
+    auto out = b.released("m@5", r, now);
+    ASSERT_TRUE(out) << out.error().message;
+    for (const auto& e : *out) EXPECT_NE(e.what, book_effect::kind::release_publisher);
+  }
+  // Version 5 is used: the trainer goes on above it.
+  EXPECT_FALSE(b.publish(shard(0, 5, "a"), now));
+  ASSERT_TRUE(b.publish(shard(0, 6, "a"), now));
+  ASSERT_FALSE(b.publish(shard(1, 6, "b"), now)->empty());
+  // A version this book recorded (7, aborted, then dropped from its history or not) is never
+  // taken from a rank that installed it late: only versions above all it recorded.
+  ASSERT_TRUE(b.publish(shard(0, 7, "a"), now));
+  now += 11s;
+  b.expire(now);
+  ASSERT_EQ(b.find("m@7")->phase, update_phase::aborted);
+  auto r7 = info(14, rank_role::consumer, 7);
+  ASSERT_TRUE(b.join(r7, now));
+  EXPECT_TRUE(b.adopt(14, {shard(0, 7, "a"), shard(1, 7, "b")}, now)->empty());
+  EXPECT_EQ(b.find("m@7")->phase, update_phase::aborted);
+  EXPECT_TRUE(b.counts_consistent());
+}
+
 TEST_F(book_test, a_version_aborted_while_assembling_is_retried_at_once) {
   ASSERT_TRUE(book_.publish(shard(0, 1), now_));
   book_.leave(1, rank_role::publisher, "killed", now_);

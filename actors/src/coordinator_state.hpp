@@ -77,6 +77,9 @@ struct coordinator_state {
   std::map<std::string, orphan> orphans;
   coord_clock::time_point orphans_settle_at;  ///< the start plus book_config::rejoin_grace
   bool orphans_settled = false;               ///< past orphans_settle_at (seen by a tick)
+  /// "<key>/<rank>" of every adoption tried (adopt_served): a rank's manifests are parsed, and
+  /// a refusal logged, once.
+  std::set<std::string> adoption_tried;
   update_router router;  ///< how updates cross nodes; empty: from the publishers
   std::map<std::string, node_lead> leaders;     ///< by node
   std::map<std::int32_t, carried_by> carriers;  ///< consumer rank -> its node's leader
@@ -107,6 +110,11 @@ void defer_retry(coordinator_pointer self, weight_update_manifest m,
 void take_deferred(coordinator_pointer self, const std::string& key);
 /// Refuses the retries that waited an update deadline (its ranks still hold the old attempt).
 void expire_deferred(coordinator_pointer self, coord_clock::time_point now);
+/// A consumer joined serving a version the book has no record of (this coordinator restarted):
+/// the version is taken from the manifests it sent (coordinator_book::adopt), its catch-ups
+/// appended to `effects`. Manifests that do not parse or do not fit are logged and ignored.
+void adopt_served(coordinator_pointer self, const proto::rank_hello& hello,
+                  std::vector<book_effect>& effects);
 /// Consumer `rank` let go of `key` (or left); the orphan's attempts go back once nobody holds it.
 void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank);
 /// Publisher `rank` joined holding attempt `id` of `key` that the book does not track: given

@@ -23,6 +23,7 @@ std::string outcome_text(const update_record& u) {
   const double commit_s =
       u.finished ? std::chrono::duration<double>(*u.finished - u.created).count() : 0.0;
   w.open('{');
+  w.key("adopted").boolean(u.adopted);
   w.key("attempt").number(u.attempt);
   w.key("commit_s").real(commit_s);
   w.key("key").text(u.key);
@@ -203,6 +204,10 @@ void run_effects(coordinator_pointer self, const std::vector<book_effect>& effec
   for (const auto& e : effects) {
     switch (e.what) {
       case book_effect::kind::distribute:
+        if (const auto* u = st.book.find(e.key); u && u->adopted) {
+          // Its publishers' memory is an orphan's: these ranks are about to read it.
+          st.orphans[e.key].holders.insert(e.ranks.begin(), e.ranks.end());
+        }
         distribute(self, e);
         break;
       case book_effect::kind::drop:
@@ -345,6 +350,38 @@ void orphan_settle_one(coordinator_pointer self, std::map<std::string, orphan>::
 }
 
 }  // namespace
+
+void adopt_served(coordinator_pointer self, const rank_hello& hello,
+                  std::vector<book_effect>& effects) {
+  auto& st = self->state;
+  const auto key = update_key(hello.model_id, hello.active_weight_version);
+  const auto* latest = st.book.latest_committed(hello.model_id);
+  if (hello.active_weight_version == 0 || hello.active_manifests.empty() || st.book.find(key) ||
+      (latest && latest->weight_version >= hello.active_weight_version) ||
+      !st.adoption_tried.insert(key + "/" + std::to_string(hello.rank)).second) {
+    return;  // the common case: nothing to adopt, and nothing parsed (nor refused twice)
+  }
+  std::vector<weight_update_manifest> shards;
+  for (std::size_t i = 0; i < hello.active_manifests.size(); ++i) {
+    auto m = manifest_from_json(hello.active_manifests[i]);
+    if (!m) {
+      log_warn("coordinator: adoption refused: active_manifests[" + std::to_string(i) + "]: " +
+               m.error().message + " (update=" + key + " rank=" + std::to_string(hello.rank) + ")");
+      return;
+    }
+    shards.push_back(std::move(*m));
+  }
+  auto adopted = st.book.adopt(hello.rank, shards, coord_clock::now());
+  if (!adopted) {
+    log_warn("coordinator: " + adopted.error().message);
+    return;
+  }
+  if (st.book.find(key)) {
+    log_info("coordinator: took " + key + " from consumer rank " + std::to_string(hello.rank) +
+             ", which serves it: the catch-up source until the next version commits");
+  }
+  effects.insert(effects.end(), adopted->begin(), adopted->end());
+}
 
 void orphan_release(coordinator_pointer self, const std::string& key, std::int32_t rank) {
   auto it = self->state.orphans.find(key);
@@ -585,7 +622,7 @@ void take_report(coordinator_pointer self, const rank_report& r) {
     // release of the attempt the book tracks says nothing of the orphan (an older attempt of
     // the key, which the rank may still serve); that one's own release is taken above.
     const bool orphan = st.orphans.count(r.key) != 0;
-    if (orphan && !of_tracked) orphan_release(self, r.key, r.rank);
+    if (orphan && (!of_tracked || tracked->adopted)) orphan_release(self, r.key, r.rank);
     if (orphan && !tracked) return;
     effects = book.released(r.key, r.rank, now);
   } else {

@@ -56,12 +56,16 @@ struct rank_hello {
   /// consumers: the loopback port on which its endpoint takes the other consumer endpoints of
   /// its node when it leads them (0: it does not offer to lead)
   std::uint16_t node_port = 0;
+  /// consumers: the manifests (JSON) of the version it serves, one per shard: a coordinator
+  /// that restarted knows none, and takes the version from them as the catch-up source
+  /// (coordinator_book::adopt)
+  std::vector<std::string> active_manifests;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_hello& x) {
   return f(caf::meta::type_name("rank_hello"), x.token, x.rank, x.role, x.node, x.model_id,
            x.transports, x.publisher_ranks, x.active_weight_version, x.held, x.held_ids, x.address,
-           x.node_port);
+           x.node_port, x.active_manifests);
 }
 
 /// A hello for a rank on the data plane `transport`.

@@ -2,13 +2,15 @@
 # Catch-up after the trainer exits (shared memory): a rank that joins once the publisher is gone
 # gets the last committed version from a peer on the node that still maps it, and the status
 # table names that peer; when nobody holds it any more, a joining rank says it waits for the
-# next version (state "waiting", not "rejected") and installs that one when it comes.
+# next version (state "waiting", not "rejected") and installs that one when it comes. A
+# coordinator that restarts in between takes the version from the ranks that serve it.
 wsync="$1"
 name=cluster_catch_up
 source "$(dirname "$0")/processes.sh"
 export WSYNC_TOKEN=catch-up-token
 layout=synthetic:4194304:8
 "$wsync" coordinator --port 0 --port-file "$work/port" --history 2 >"$work/coordinator.log" 2>&1 &
+coordinator=$!
 pids+=("$!")
 wait_for_file "$work/port" || fail "the coordinator did not start"
 addr="127.0.0.1:$(cat "$work/port")"
@@ -44,8 +46,27 @@ from=$(rank_field 2 received_from)
 [[ "$from" =~ ^rank:[01]\ \(shared\ memory\)$ ]] || fail "rank 2 received_from: '$from'"
 [ "$(rank_field 2 state)" = acknowledged ] || fail "rank 2 state: $(rank_field 2 state)"
 
+# The coordinator dies and comes back knowing no manifests: the ranks re-join serving version 3
+# and give its manifests, so rank 4, joining now, still gets version 3 from a peer.
+port=$(cat "$work/port")
+kill -KILL "$coordinator"
+wait "$coordinator" 2>/dev/null
+rm -f "$work/port"
+"$wsync" coordinator --port "$port" --port-file "$work/port" --history 2 \
+  >"$work/coordinator2.log" 2>&1 &
+pids+=("$!")
+wait_for_file "$work/port" || fail "the coordinator did not restart"
+wait_for_consumers "$wsync" "$addr" 3 || fail "the consumers did not re-join the restarted coordinator"
+start_consumer 4
+wait_rank 4 active_weight_version 3 ||
+  fail "rank 4 got nothing from the restarted coordinator: $(rank_field 4 state) $(rank_field 4 reason)"
+from=$(rank_field 4 received_from)
+[[ "$from" =~ ^rank:[012]\ \(shared\ memory\)$ ]] || fail "rank 4 received_from: '$from'"
+grep -q "took m@3 from consumer rank\|took .*@3 from consumer rank" "$work/coordinator2.log" ||
+  fail "the restarted coordinator did not say where version 3 came from"
+
 # Nobody holds version 3 any more: a new rank waits, and says why.
-for r in 0 1 2; do kill -TERM "${consumer[$r]}"; wait "${consumer[$r]}"; done
+for r in 0 1 2 4; do kill -TERM "${consumer[$r]}"; wait "${consumer[$r]}"; done
 start_consumer 3
 wait_rank 3 state waiting || fail "rank 3 state: $(rank_field 3 state) ($(rank_field 3 reason))"
 rank_field 3 reason | grep -q "waiting for the next version" || fail "rank 3 reason: $(rank_field 3 reason)"

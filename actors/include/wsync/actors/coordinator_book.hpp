@@ -84,6 +84,10 @@ struct update_record {
   std::optional<coord_clock::time_point> finished;
   bool publishers_released = false;
   std::uint32_t attempt = 1;  ///< 2, 3, ...: a retry of a version that was aborted
+  /// Learnt from a consumer that served it when it re-joined a restarted coordinator (adopt),
+  /// not committed here: the book never releases its publishers' memory (publishers_released
+  /// stays true); the coordinator keeps that memory as an orphan held by the ranks that read it.
+  bool adopted = false;
   /// Running counts over `consumers`, kept by the book on every change, so that an answer costs
   /// O(log ranks) and not a walk of the table (1,024 ranks would make each update quadratic).
   struct tally {
@@ -132,6 +136,16 @@ class coordinator_book {
   /// A rank joins (or re-joins after a crash). A consumer gets the latest committed version of
   /// its model (catch-up) as a distribute effect.
   result<std::vector<book_effect>> join(const rank_info& info, coord_clock::time_point now);
+
+  /// A coordinator that restarted holds no manifests: consumer `rank` (joined) re-joined serving
+  /// the version `shards` make up, which the book has no record of, nor of a newer committed
+  /// one. The version becomes a committed, adopted record that catch-ups come from, the rank
+  /// acknowledged in it; consumers that joined behind it get it as a catch-up (effects). No
+  /// effects when there is nothing to adopt (the book knows the version, or a newer one); an
+  /// error names the shard and field that make them unusable.
+  result<std::vector<book_effect>> adopt(std::int32_t rank,
+                                         const std::vector<weight_update_manifest>& shards,
+                                         coord_clock::time_point now);
 
   /// A rank went away (down message, node lost, heartbeat timeout). A consumer is failed for
   /// every update in flight; a publisher's in-flight updates are aborted.
@@ -230,6 +244,8 @@ class coordinator_book {
   std::map<std::string, update_record> updates_;              ///< by key
   /// Per model: the highest version committed here or served by a consumer that joined.
   std::map<std::string, std::uint64_t> committed_version_;
+  /// Per model: the highest version this book made a record of (published or adopted).
+  std::map<std::string, std::uint64_t> recorded_version_;
   std::map<std::string, std::int32_t> publisher_ranks_;  ///< per model, when declared
 };
 
