@@ -138,6 +138,9 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
   };
   auto pending = std::make_shared<std::map<std::uint64_t, waiting>>();
   auto serial = std::make_shared<std::uint64_t>(0);
+  // Why the coordinator went away, once it did: a publish that comes after is answered at once
+  // (sent on, it would reach no one and wait out its whole timeout).
+  auto gone = std::make_shared<std::string>();
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& msg) {
     if (msg.source != coordinator.address() || !really_down(coordinator)) {
@@ -147,6 +150,7 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
     }
     side->coordinator_lost = true;
     const auto reason = self->system().render(msg.reason);
+    *gone = reason;
     for (auto& [n, w] : *pending) {
       w.promise.deliver(
           json{{"error", "the coordinator went away: " + reason + " (" + w.context + ")"}}.dump(
@@ -166,9 +170,13 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
           std::lock_guard lock(side->mutex);
           side->id_of[key].push_back(id);
         }
+        const auto context = update_context(id, rank);
+        if (!gone->empty()) {  // the trainer checked before its copy; the link went meanwhile
+          return json{{"error", "the coordinator went away: " + *gone + " (" + context + ")"}}.dump(
+              -1, ' ', false, json::error_handler_t::replace);
+        }
         auto rp = self->make_response_promise<std::string>();
         const auto n = ++*serial;
-        const auto context = update_context(id, rank);
         pending->emplace(n, waiting{rp, context});
         self->request(coordinator, timeout, publish_atom::value, hello.token, manifest)
             .then(
