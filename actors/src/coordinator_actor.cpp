@@ -155,12 +155,14 @@ coordinator_actor::behavior_type coordinator_impl(coordinator_pointer self, std:
         }
         if (role == rank_role::consumer) {
           // A key it held before and names no more it let go of while away (its report lost),
-          // unless this join sends it that key again (a catch-up lost with the old link): its
-          // memory must not go back to the publishers just before the rank reads it.
+          // unless this join sends it an adopted key again (a catch-up lost with the old link):
+          // the orphan's memory is what it is about to read. (Another key's catch-up is a newer
+          // attempt under the same key, whose release would never let go of the orphan.)
           const std::set<std::string> now_held(hello.held.begin(), hello.held.end());
           std::set<std::string> sent_again;
           for (const auto& e : *effects) {
-            if (e.what == book_effect::kind::distribute &&
+            const auto* u = st.book.find(e.key);
+            if (e.what == book_effect::kind::distribute && u && u->adopted &&
                 std::find(e.ranks.begin(), e.ranks.end(), hello.rank) != e.ranks.end()) {
               sent_again.insert(e.key);
             }

@@ -172,8 +172,10 @@ publisher_actor::behavior_type publisher_impl(publisher_actor::pointer self,
         }
         const auto context = update_context(id, rank);
         if (!gone->empty()) {  // the trainer checked before its copy; the link went meanwhile
-          return json{{"error", "the coordinator went away: " + *gone + " (" + context + ")"}}.dump(
-              -1, ' ', false, json::error_handler_t::replace);
+          // With a code: no coordinator saw this manifest, so the trainer frees its memory now.
+          return json{{"error", "the coordinator went away: " + *gone + " (" + context + ")"},
+                      {"code", "io_error"}}
+              .dump(-1, ' ', false, json::error_handler_t::replace);
         }
         auto rp = self->make_response_promise<std::string>();
         const auto n = ++*serial;

@@ -43,7 +43,11 @@ std::string coordinator_status(const endpoint& coordinator, std::string& error) 
     bool lost = false;
     error.clear();
     auto out = status_once(coordinator, error, lost);
-    if (!out.empty() || !lost || attempt == 3) return out;
+    if (!out.empty() || !lost) return out;
+    if (attempt == 3) {
+      error = "no answer after 3 tries of 5 s, each on a new connection: " + error;
+      return out;
+    }
   }
 }
 
