@@ -278,7 +278,12 @@ def run_cluster(args, c, work, rng):
     pending = []  # faults not yet recovered from: (kind, time, committed at the fault, rank)
     timers = []  # restarts and SIGCONTs due later: (time, action)
     baseline = None  # fds and RSS of the ranks never killed (consumer 0, publisher 0)
-    big = {"publisher": args.updates // 3, "coordinator": 2 * args.updates // 3}
+    # The publisher is killed once, at a third; the coordinator at two thirds, or, killed
+    # several times, at even steps (each restart takes its versions from the consumers).
+    kills = args.coordinator_kills
+    big = {"publisher": args.updates // 3,
+           "coordinator": [2 * args.updates // 3] if kills == 1 else
+           [args.updates * (k + 1) // (kills + 1) for k in range(kills)]}
     next_fault = args.fault_every
     limit = time.monotonic() + args.time_limit
     committed = 0
@@ -335,8 +340,9 @@ def run_cluster(args, c, work, rng):
             kind = "sigkill-consumer" if rng.random() < 0.5 else "sigstop-consumer"
             if big["publisher"] and committed >= big["publisher"]:
                 kind, big["publisher"] = "sigkill-publisher", 0
-            elif big["coordinator"] and committed >= big["coordinator"] and not timers:
-                kind, big["coordinator"] = "sigkill-coordinator", 0
+            elif big["coordinator"] and committed >= big["coordinator"][0] and not timers:
+                kind = "sigkill-coordinator"
+                big["coordinator"].pop(0)
             free = [r for r in range(CONSUMERS) if r not in busy]
             if kind == "sigkill-consumer":
                 free = [r for r in free if r != 0]  # consumer 0 stays: its fds, RSS are watched
@@ -398,7 +404,11 @@ def run_cluster(args, c, work, rng):
     # Slots a publisher left to a consumer still reading them after the coordinator let it go
     # (frozen past the heartbeat timeout) instead of rewriting them under it.
     with open(os.path.join(work, "processes.log"), errors="replace") as f:
-        left_to_readers = sum("is still read by" in line for line in f)
+        lines = f.readlines()
+    left_to_readers = sum("is still read by" in line for line in lines)
+    # Versions a restarted coordinator took from the consumers that serve them, and refusals.
+    adoptions = sum("from consumer rank" in line and "coordinator: took" in line for line in lines)
+    adoptions_refused = sum("adoption refused" in line for line in lines)
     baseline = baseline or {}
     row = {
         "mode": "chaos-soak", "updates": args.updates, "committed": committed,
@@ -412,6 +422,7 @@ def run_cluster(args, c, work, rng):
         "faults_alone": len(alone),
         "slowest_consumer_recoveries": slowest_timeline,
         "reader_checks": checks, "torn_reads": torn, "slots_left_to_readers": left_to_readers,
+        "adoptions": adoptions, "adoptions_refused": adoptions_refused,
         "fds": {"start": {k: v for k, v in baseline.items() if k.endswith("fds")},
                 "end": {k: v for k, v in end.items() if k.endswith("fds")}},
         "rss_mb": {"start": {k: v for k, v in baseline.items() if k.endswith("rss_mb")},
@@ -454,6 +465,8 @@ def main(argv):
                     help="committed versions between faults (default 10)")
     ap.add_argument("--pace", type=float, default=0.1,
                     help="seconds a publisher waits after each committed version (default 0.1)")
+    ap.add_argument("--coordinator-kills", type=int, default=1,
+                    help="times the coordinator is SIGKILLed and restarted (default 1)")
     ap.add_argument("--time-limit", type=float, default=3600,
                     help="seconds before the run counts as stuck (default 3600)")
     return drive(ap.parse_args(argv))
