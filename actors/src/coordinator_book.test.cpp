@@ -10,6 +10,18 @@ namespace {
 using namespace std::chrono_literals;
 using kind = book_effect::kind;
 
+// Publisher rank `rank`'s shard of `version` of model m: one tensor, "t<rank>" unless named.
+weight_update_manifest shard_of(int rank, std::uint64_t version, std::string tensor = "") {
+  weight_update_manifest m;
+  m.update_id = "u-" + std::to_string(rank) + "-" + std::to_string(version);
+  m.model_id = "m";
+  m.weight_version = version;
+  m.source_rank = rank;
+  m.tensors.push_back({});
+  m.tensors.back().name = tensor.empty() ? "t" + std::to_string(rank) : tensor;
+  return m;
+}
+
 // A cluster of 2 publisher ranks (0, 1) and 4 consumer ranks (10..13) on one model; time is
 // a value the test advances, never the wall clock.
 class book_test : public ::testing::Test {
@@ -32,14 +44,7 @@ class book_test : public ::testing::Test {
   }
 
   static weight_update_manifest shard(int rank, std::uint64_t version, std::string tensor = "") {
-    weight_update_manifest m;
-    m.update_id = "u-" + std::to_string(rank) + "-" + std::to_string(version);
-    m.model_id = "m";
-    m.weight_version = version;
-    m.source_rank = rank;
-    m.tensors.push_back({});
-    m.tensors.back().name = tensor.empty() ? "t" + std::to_string(rank) : tensor;
-    return m;
+    return shard_of(rank, version, std::move(tensor));
   }
 
   // Publishes both shards of `version` and returns the effects of the completing one.
@@ -509,16 +514,7 @@ TEST(book_adopt, a_restarted_book_takes_the_version_a_rejoining_consumer_serves)
     if (role == rank_role::publisher) i.publisher_ranks = 2;
     return i;
   };
-  auto shard = [](int rank, std::uint64_t version, std::string tensor) {
-    weight_update_manifest m;
-    m.update_id = "u-" + std::to_string(rank) + "-" + std::to_string(version);
-    m.model_id = "m";
-    m.weight_version = version;
-    m.source_rank = rank;
-    m.tensors.push_back({});
-    m.tensors.back().name = std::move(tensor);
-    return m;
-  };
+  const auto shard = shard_of;
   for (int r : {0, 1}) ASSERT_TRUE(b.join(info(r, rank_role::publisher), now));
   ASSERT_TRUE(b.join(info(12, rank_role::consumer), now));  // before anyone serving came back
   ASSERT_TRUE(b.join(info(11, rank_role::consumer, 5), now));
