@@ -136,8 +136,7 @@ result<std::vector<book_effect>> coordinator_book::join(const rank_info& info,
     publisher_ranks_[info.model_id] = info.publisher_ranks;
   }
   if (info.role == rank_role::consumer && info.active_weight_version > 0) {
-    auto& cv = committed_version_[info.model_id];
-    cv = std::max(cv, info.active_weight_version);
+    mark_used(info.model_id, info.active_weight_version);
   }
   if (info.role == rank_role::consumer) {
     // What it says it still holds, it holds again: the leave above (or the one when its link
@@ -293,8 +292,7 @@ result<std::vector<book_effect>> coordinator_book::adopt(
   auto& record = updates_.emplace(key, std::move(u)).first->second;
   recorded_version_[record.model_id] = version;
   set_state(record, fresh_entry(record, rank), rank_state::acknowledged, now);
-  auto& cv = committed_version_[record.model_id];
-  cv = std::max(cv, version);
+  mark_used(record.model_id, version);
   effects out;
   catch_up_joined_meanwhile(record, now, out);
   collect_garbage(record.model_id, &record);
@@ -459,8 +457,7 @@ void coordinator_book::check_finished(update_record& u, coord_clock::time_point 
   // listed in the table, not waited on. Nobody acknowledged: the version never went live.
   if (u.counts.acknowledged > 0 || u.consumers.empty()) {
     u.phase = update_phase::committed;
-    auto& cv = committed_version_[u.model_id];
-    cv = std::max(cv, u.weight_version);
+    mark_used(u.model_id, u.weight_version);
   } else {
     u.phase = update_phase::aborted;
     u.reason = "no consumer acknowledged";

@@ -70,8 +70,7 @@ result<std::vector<book_effect>> coordinator_book::acknowledged(const std::strin
     // It installed the version after the deadline aborted it, and serves it now: the version
     // is used, as if committed, so it is never published again with other bytes (publish()).
     p.reason = "installed after the update was aborted";
-    auto& cv = committed_version_[u.model_id];
-    cv = std::max(cv, u.weight_version);
+    mark_used(u.model_id, u.weight_version);
   }
   effects out;
   check_finished(u, now, out);

@@ -5,6 +5,7 @@
 // messages and the current time, and carries out the effects it returns. Deterministic, so it is
 // tested message by message without sleeps.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -244,6 +245,12 @@ class coordinator_book {
   std::map<std::string, update_record> updates_;              ///< by key
   /// Per model: the highest version committed here or served by a consumer that joined.
   std::map<std::string, std::uint64_t> committed_version_;
+  /// `version` of `model_id` is in use (committed, served, installed after its abort): raises
+  /// committed_version_, which publish() must go above.
+  void mark_used(const std::string& model_id, std::uint64_t version) {
+    auto& v = committed_version_[model_id];
+    v = std::max(v, version);
+  }
   /// Per model: the highest version this book made a record of (published or adopted).
   std::map<std::string, std::uint64_t> recorded_version_;
   std::map<std::string, std::int32_t> publisher_ranks_;  ///< per model, when declared
