@@ -190,6 +190,26 @@ bool updates_run(point_run& r) {
   return ok;
 }
 
+// GPU modes: the baseline's copy again, each after as long an idle spell as a publish had (the
+// median time from one publish's return to the next one's start: the consumer's import, install
+// and answer). A GPU that sat idle starts slower (the clocks ramp back up); this shows how much
+// of publish_over_d2d is that, against the copy timed back to back. A sleep is not the
+// consumer's work: the GPU idles in both, but the install's copy to host also runs in the gap.
+void d2d_after_idle_measure(point_run& r) {
+  if (!r.gpu || !r.d2d_dst || !r.device_source || r.s.total.empty()) return;
+  std::vector<double> gaps;
+  for (std::size_t i = 0; i < r.s.total.size(); ++i) gaps.push_back(r.s.total[i] - r.s.publish[i]);
+  r.idle_gap_s = median(gaps);
+  std::vector<double> times;
+  for (unsigned k = 0; k < r.repeat; ++k) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(r.idle_gap_s));
+    double t0 = now_s();
+    if (!gpu::copy_device(r.d2d_dst->data(), r.device_source->data(), r.src_bytes)) return;
+    times.push_back(now_s() - t0);
+  }
+  r.d2d_idle_s = median(times);
+}
+
 // Shutdown: the consumer releases what it still holds, then every segment must be gone.
 // Returns `ok`, turned false with rr.error set by the first leftover found.
 bool run_shutdown(point_run& r, bool ok) {
@@ -278,6 +298,12 @@ bool row_fill(point_run& r, bool ok) {
     row["publish_over_d2d"] = *r.d2d_s > 0 ? publish / *r.d2d_s : 0;
     row["first_import_s"] = r.first_import_s.value_or(0);
     row["checksum"] = "xxh3-64-chunked";
+    if (r.d2d_idle_s) {
+      row["d2d_after_idle"] = {{"seconds", *r.d2d_idle_s},
+                               {"idle_s", r.idle_gap_s},
+                               {"gbps", gbps(r.src_bytes, *r.d2d_idle_s)}};
+      row["publish_over_d2d_after_idle"] = *r.d2d_idle_s > 0 ? publish / *r.d2d_idle_s : 0;
+    }
   }
   if (r.nccl) {
     // No staging buffers: the sender broadcasts from the slot, the consumer receives into a
@@ -355,6 +381,7 @@ int bench_one(const bench_options& opt, std::ostream& out) {
   if (auto stop = publisher_start(r)) return row_finish(r, stop->status, stop->why);
   bool ok = updates_run(r);
   ok = run_shutdown(r, ok);
+  if (ok) d2d_after_idle_measure(r);
   ok = row_fill(r, ok);
   if (ok) return row_finish(r, "pass", "");
   // A baseline this machine cannot measure (no ucx_perftest) blocks the row, not fails it.

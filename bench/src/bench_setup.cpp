@@ -224,6 +224,7 @@ std::optional<run_stop> device_source_fill(point_run& r) {
     if (k > 0) times.push_back(now_s() - t0);
   }
   r.d2d_s = median(times);
+  r.d2d_dst = std::move(*dst);
   for (auto& t : r.tensors) {
     t.data = static_cast<const std::byte*>(src->data()) + (t.data - r.source->data());
     t.cuda_device = 0;

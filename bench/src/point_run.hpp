@@ -115,8 +115,11 @@ struct point_run {
   std::optional<gpu::device_buffer> device_source;  ///< gpu modes: the tensors, on the device
   std::vector<tensor_source> tensors;
   copy_baselines copy;
-  std::optional<double> d2d_s;           ///< gpu modes: cudaMemcpy device-to-device of the source
-  std::optional<double> first_import_s;  ///< the first update's import (opens the slot)
+  std::optional<double> d2d_s;  ///< gpu modes: cudaMemcpy device-to-device of the source
+  std::optional<gpu::device_buffer> d2d_dst;  ///< gpu modes: where the baseline copies to
+  std::optional<double> d2d_idle_s;           ///< the same copy after the gap between publishes
+  double idle_gap_s = 0;                      ///< that gap: median of total - publish
+  std::optional<double> first_import_s;       ///< the first update's import (opens the slot)
 
   std::unique_ptr<transport> t;
   unsigned copy_threads = 1;
