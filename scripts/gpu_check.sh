@@ -51,7 +51,9 @@ pkg=${bin:+$bin/../python}
 pkg=${pkg:-build/default/python}
 if PYTHONPATH=$pkg python3 -c 'import torch, wsync; assert torch.cuda.is_available()' \
   >"$out/python_cuda.log" 2>&1; then
-  PYTHONPATH=$pkg timeout 120 python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py \
+  # WSYNC_BIN: the cluster test's coordinator.
+  WSYNC_BIN=$wsync PYTHONPATH=$pkg timeout 180 python3 -m pytest -q -p no:cacheprovider \
+    python/tests/test_cuda.py \
     >>"$out/python_cuda.log" 2>&1
   echo "python rc=$? ($(tail -n 1 "$out/python_cuda.log"))"
 else

@@ -7,7 +7,9 @@ publishes every step, and rollout ranks that install each version and compute lo
     cluster_roles.py resumed-trainer OUT_DIR BYTES
     cluster_roles.py blob-rollout OUT_DIR BYTES
 
-The coordinator and token come from WSYNC_COORDINATOR / WSYNC_TOKEN.
+The coordinator and token come from WSYNC_COORDINATOR / WSYNC_TOKEN. The trainer and rollout
+roles put their models on WSYNC_TEST_DEVICE (default cpu) and move updates over
+WSYNC_TEST_TRANSPORT (default shared-memory): test_cuda.py runs them on the GPU.
 """
 
 import os
@@ -19,6 +21,8 @@ import torch
 import wsync
 
 VOCAB, DIM, HEADS, LAYERS, SEQ = 96, 32, 4, 2, 12
+DEVICE = os.environ.get("WSYNC_TEST_DEVICE", "cpu")
+TRANSPORT = os.environ.get("WSYNC_TEST_TRANSPORT", "shared-memory")
 
 
 class Decoder(torch.nn.Module):
@@ -46,9 +50,15 @@ def fixed_batch() -> torch.Tensor:
 
 
 def logits_of(model: torch.nn.Module) -> torch.Tensor:
+    """The model's logits on the fixed batch, in host memory."""
     model.eval()
     with torch.no_grad():
-        return model(fixed_batch())
+        return model(fixed_batch().to(DEVICE)).cpu()
+
+
+def weights_of(model: torch.nn.Module) -> dict:
+    """A host copy of every tensor of the model's state."""
+    return {k: t.detach().cpu().clone() for k, t in model.state_dict().items()}
 
 
 def wait_for(path: str, limit: float = 120.0) -> None:
@@ -61,15 +71,15 @@ def wait_for(path: str, limit: float = 120.0) -> None:
 
 def trainer(out: str, steps: int, rollouts: int) -> None:
     torch.manual_seed(0)
-    model = Decoder()
+    model = Decoder().to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.Generator().manual_seed(7)
     wsync.wait_for_consumers(rollouts, timeout=60)
-    refs = {}
-    with wsync.TrainerRank(model=model) as rank:
+    refs, weights = {}, {}
+    with wsync.TrainerRank(model=model, transport=TRANSPORT) as rank:
         for v in range(1, steps + 1):
             model.train()
-            tokens = torch.randint(0, VOCAB, (8, SEQ), generator=data)
+            tokens = torch.randint(0, VOCAB, (8, SEQ), generator=data).to(DEVICE)
             loss = torch.nn.functional.cross_entropy(
                 model(tokens)[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
             opt.zero_grad()
@@ -79,25 +89,29 @@ def trainer(out: str, steps: int, rollouts: int) -> None:
             if not outcome.committed:
                 raise SystemExit(f"version {v} aborted: {outcome.reason} {outcome.ranks}")
             refs[v] = logits_of(model)
+            weights[v] = weights_of(model)
             for r in range(rollouts):
                 wait_for(os.path.join(out, f"r{r}-v{v}"))
     torch.save(refs, os.path.join(out, "trainer.pt"))
+    torch.save(weights, os.path.join(out, "trainer-weights.pt"))
 
 
 def rollout(out: str, steps: int, rank: int) -> None:
     torch.manual_seed(100 + rank)
-    model = Decoder().eval()
-    seen = {}
-    with wsync.RolloutRank(model=model, rank=rank) as r:
+    model = Decoder().to(DEVICE).eval()
+    seen, weights = {}, {}
+    with wsync.RolloutRank(model=model, rank=rank, transport=TRANSPORT) as r:
         open(os.path.join(out, f"r{rank}-ready"), "w").close()
         for v in range(1, steps + 1):
             r.wait_for_version(v, timeout=120)
             with r.generating():
                 assert r.active_weight_version == v, (r.active_weight_version, v)
                 seen[v] = logits_of(model)
+                weights[v] = weights_of(model)
             open(os.path.join(out, f"r{rank}-v{v}"), "w").close()
         status = r.status()
-    torch.save({"logits": seen, "status": status}, os.path.join(out, f"rollout{rank}.pt"))
+    torch.save({"logits": seen, "weights": weights, "status": status},
+               os.path.join(out, f"rollout{rank}.pt"))
 
 
 class Blob(torch.nn.Module):

@@ -33,9 +33,12 @@ def finish(procs, limit=240):
     return codes
 
 
-def test_trained_decoder_reaches_two_rollout_processes_exactly(coordinator, tmp_path):
+def decoder_cluster_run(coordinator, tmp_path, exact_logits=True, **env_extra):
+    """The trainer and two rollout processes of cluster_roles.py through `coordinator`, with
+    `env_extra` added to their environment; asserts that every rollout rank installed every
+    version's exact weights and computed the trainer's logits from them."""
     steps = 4
-    env = dict(coordinator.env(), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    env = dict(coordinator.env(), PYTHONPATH=os.environ.get("PYTHONPATH", ""), **env_extra)
     log = open(tmp_path / "roles.log", "w")
     rollouts = [start(["rollout", str(tmp_path), str(steps), str(r)], env, log) for r in range(2)]
     trainer = start(["trainer", str(tmp_path), str(steps), "2"], env, log)
@@ -45,15 +48,26 @@ def test_trained_decoder_reaches_two_rollout_processes_exactly(coordinator, tmp_
     assert codes == [0, 0, 0], open(tmp_path / "roles.log").read()[-4000:]
 
     refs = torch.load(tmp_path / "trainer.pt")
+    weights = torch.load(tmp_path / "trainer-weights.pt")
     assert sorted(refs) == list(range(1, steps + 1))
     for r in range(2):
         got = torch.load(tmp_path / f"rollout{r}.pt")
         for v in range(1, steps + 1):
-            assert torch.equal(got["logits"][v], refs[v]), f"rank {r} version {v}"
+            assert got["weights"][v].keys() == weights[v].keys()
+            for name, t in weights[v].items():
+                assert torch.equal(got["weights"][v][name], t), f"rank {r} version {v} {name}"
+            if exact_logits:
+                assert torch.equal(got["logits"][v], refs[v]), f"rank {r} version {v}"
+            else:
+                torch.testing.assert_close(got["logits"][v], refs[v], rtol=0, atol=1e-5)
         assert got["status"]["installed"] == steps and got["status"]["rejected"] == 0
     # Versions differ (the trainer really trained).
     assert not torch.equal(refs[1], refs[steps])
     assert shm_entries(pids) == set()
+
+
+def test_trained_decoder_reaches_two_rollout_processes_exactly(coordinator, tmp_path):
+    decoder_cluster_run(coordinator, tmp_path)
 
 
 def test_trainer_killed_mid_publish_leaves_rollout_on_previous_version(coordinator, tmp_path):

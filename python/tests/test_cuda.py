@@ -1,11 +1,13 @@
 """CUDA tensors through the Python API: published from the device into host and device
-transports, imported as device views, installed into a module on the GPU.
+transports, imported as device views, installed into a module on the GPU; and a trainer process
+training on the GPU that reaches two rollout processes on the same GPU through a coordinator.
 wsync-test-requires: cuda (run.py skips the file where torch sees no CUDA device)."""
 
 import pytest
 import torch
 
 import wsync
+from test_cluster import decoder_cluster_run
 
 
 def cuda_state(seed: int, device: str = "cuda:0") -> dict:
@@ -85,3 +87,15 @@ def test_a_module_on_the_gpu_installs_each_version(transport):
         # A forward pass on the installed weights runs on the GPU.
         assert model(torch.ones(1, 16, device="cuda:0")).shape == (1, 32)
     rollout.release_weights()
+
+
+@pytest.mark.parametrize("transport", ["cuda-ipc", "cuda-vmm"])
+def test_a_trainer_on_the_gpu_reaches_two_rollout_processes_on_the_same_gpu(
+        coordinator, tmp_path, transport):
+    """The colocated case end to end: the trainer's CUDA parameters go into the transport's
+    device slots, each rollout process imports them as device views and installs them into its
+    module on the GPU. The weights must arrive exactly; the logits within 1e-5 (two processes
+    may pick different GPU kernels for the same product)."""
+    bridge_or_skip(transport)  # skips with the reason where this transport cannot run
+    decoder_cluster_run(coordinator, tmp_path, exact_logits=False, WSYNC_TEST_DEVICE="cuda:0",
+                        WSYNC_TEST_TRANSPORT=transport)

@@ -221,7 +221,8 @@ class TrainerRank:
         model: the module (or state dict) :meth:`publish` sends when given none.
         rank, ranks: this rank and how many trainer ranks share the model (default from
             torchrun / Slurm, see the module note).
-        transport: the data plane (``"shared-memory"``, ``"file-mmap"``, ``"ucx"``).
+        transport: the data plane (``"shared-memory"``, ``"file-mmap"``, ``"ucx"``; with CUDA
+            tensors on one GPU, ``"cuda-ipc"`` or ``"cuda-vmm"``).
         token: the cluster token (default ``$WSYNC_TOKEN``).
         model_id: the model's name in the cluster (default ``"model"``).
         options: transport options; node: this host's name for topology (default hostname);
