@@ -5,6 +5,7 @@ import gc
 import json
 import os
 import pickle
+import re
 import threading
 import time
 
@@ -314,12 +315,23 @@ def test_chunked_checksums_are_published_and_verified():
 
 
 def test_gpu_transports_say_why_they_cannot_run():
+    gpu_here = wsync._wsync.gpu_ready() == ""
     for name in ("cuda-ipc", "cuda-vmm", "nccl"):
         assert name in wsync.transports()
-        if name != "nccl" and wsync._wsync.gpu_ready() == "":
-            continue  # a GPU is here: cuda-ipc/vmm run (test_cuda.py); nccl still needs a group
+        if gpu_here and name != "nccl":
+            continue  # cuda-ipc/vmm run here (test_cuda.py)
+        bridge = wsync.make_weight_bridge(name)
+        if gpu_here:
+            # nccl runs where libnccl loads: the publish goes out to a group that nobody joins
+            # here, and closing the bridge ends that broadcast.
+            try:
+                bridge.publish({"w": torch.ones(2)}, weight_version=1)
+            except wsync.BlockedError as e:
+                assert re.match(r"^blocked: .*nccl", str(e)), str(e)
+            del bridge
+            continue
         with pytest.raises(wsync.BlockedError, match=f"^blocked: .*{name}"):
-            wsync.make_weight_bridge(name).publish({"w": torch.ones(2)}, weight_version=1)
+            bridge.publish({"w": torch.ones(2)}, weight_version=1)
     with pytest.raises(wsync.InvalidArgumentError,
                        match="tensor w: field device: meta: wsync publishes CPU and CUDA tensors"):
         wsync.SharedMemoryTensorBridge().publish({"w": torch.empty(2, device="meta")},

@@ -1,13 +1,18 @@
 """CUDA tensors through the Python API: published from the device into host and device
 transports, imported as device views, installed into a module on the GPU; and a trainer process
-training on the GPU that reaches two rollout processes on the same GPU through a coordinator.
+training on the GPU that reaches two rollout processes on the same GPU through a coordinator;
+wsync.vllm's engines with both models on the GPU.
 wsync-test-requires: cuda (run.py skips the file where torch sees no CUDA device)."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import wsync
+import test_vllm_engines as ve
 from test_cluster import decoder_cluster_run
+from wsync import vllm as wv
 
 
 def cuda_state(seed: int, device: str = "cuda:0") -> dict:
@@ -99,3 +104,32 @@ def test_a_trainer_on_the_gpu_reaches_two_rollout_processes_on_the_same_gpu(
     bridge_or_skip(transport)  # skips with the reason where this transport cannot run
     decoder_cluster_run(coordinator, tmp_path, exact_logits=False, WSYNC_TEST_DEVICE="cuda:0",
                         WSYNC_TEST_TRANSPORT=transport)
+
+
+@pytest.mark.parametrize("transport", ["cuda-ipc", "cuda-vmm", "shared-memory"])
+def test_vllm_engines_carry_a_model_on_the_gpu(transport):
+    """wsync.vllm's trainer engine sends a GPU model's parameters (vLLM's ModuleSource) and the
+    worker engine, built for cuda:0 as vLLM builds it, loads them into a GPU model through
+    load_weights: three versions, exact, nothing left held."""
+    bridge_or_skip(transport)
+    trainer_model, rollout_model = ve.TinyModel(seed=1).cuda(), ve.TinyModel(seed=2).cuda()
+    worker = wv.WsyncWeightTransferEngine(SimpleNamespace(backend="wsync"),
+                                          ve.stub_vllm_config(0), torch.device("cuda:0"),
+                                          rollout_model)
+    calls = []
+    client = ve.InProcessClient(worker, ve.copy_loader(rollout_model, calls))
+    engine = wv.WsyncTrainerEngine.trainer_init(
+        SimpleNamespace(backend="wsync"), {"rank": 0, "transport": transport, "model_id": "tiny"},
+        client=client, source=ve.ModuleSourceLike(trainer_model))
+    try:
+        for version in (1, 2, 3):
+            ve.train_step(trainer_model, version)
+            manifest = engine.send_weights()
+            assert manifest.weight_version == version
+            assert worker.weight_version == version
+            ve.assert_same(rollout_model, trainer_model)
+            assert rollout_model.proj.weight.device == torch.device("cuda:0")
+    finally:
+        engine.shutdown()
+        worker.shutdown()
+    assert wsync.releases_pending() == []

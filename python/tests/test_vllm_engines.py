@@ -141,7 +141,7 @@ def train_step(model: torch.nn.Module, step: int) -> None:
     g = torch.Generator().manual_seed(1000 + step)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g))
+            p.add_(torch.randn(p.shape, generator=g).to(p.device))
 
 
 def assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
