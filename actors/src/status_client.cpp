@@ -35,10 +35,9 @@ std::string status_once(const endpoint& coordinator, std::string& error, bool& l
 }  // namespace
 
 std::string coordinator_status(const endpoint& coordinator, std::string& error) {
-  // CAF 0.17 names a connection by its socket's descriptor, and a connection closed at the
-  // coordinator while another is accepted can leave the new one without answers (about 1 in
-  // 500 with a dozen status calls at once here). A retry over the same connection fails the
-  // same way; one over a new connection does not.
+  // An answer lost to CAF 0.17's late cleanup of a closed connection (cluster_system turns the
+  // cause off; about 1 in 100 with a dozen status calls at once here before) stays lost on that
+  // connection: the retry goes over a new one.
   for (int attempt = 1;; ++attempt) {
     bool lost = false;
     error.clear();
