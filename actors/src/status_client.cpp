@@ -5,6 +5,7 @@
 #include "protocol.hpp"
 #include "runtime_support.hpp"
 #include "wsync/actors/node.hpp"
+#include "wsync/manifest/log.hpp"
 
 namespace wsync {
 
@@ -47,6 +48,9 @@ std::string coordinator_status(const endpoint& coordinator, std::string& error) 
       error = "no answer after 3 tries of 5 s, each on a new connection: " + error;
       return out;
     }
+    log_warn("status: no answer from the coordinator at " + coordinator.host + ":" +
+             std::to_string(coordinator.port) + " within 5 s (" + error +
+             "); asking again on a new connection");
   }
 }
 
