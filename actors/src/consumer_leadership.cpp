@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "consumer_endpoint.hpp"
+#include "tcp_probe.hpp"
 #include "wsync/manifest/log.hpp"
 
 namespace wsync::consumer_detail {
@@ -102,11 +103,21 @@ void attach(endpoint_pointer self, const endpoint_state_ptr& st, std::uint16_t p
 }
 
 // connect_privately's helper. Its state comes as spawn arguments: CAF 0.17 dereferences an
-// empty argument tuple when a function actor takes none (UBSan reports it).
+// empty argument tuple when a function actor takes none (UBSan reports it). Detached: it probes
+// the address first, blocking its own thread, so that a host that drops SYNs never reaches the
+// middleman, whose blocking connect would hold every connect and publish of the process for
+// about two minutes (tcp_probe.hpp).
 void connect_helper(caf::event_based_actor* helper, caf::io::middleman_actor connector,
                     std::string host, std::uint16_t port, consumer_actor endpoint,
                     std::uint64_t nonce) {
-  helper->request(connector, std::chrono::seconds(5), caf::connect_atom::value, host, port)
+  constexpr auto limit = std::chrono::seconds(5);
+  if (auto why = tcp_answers(host, port, limit); !why.empty()) {
+    helper->send(endpoint, connected_atom::value, nonce, caf::strong_actor_ptr(),
+                 "cannot connect to " + host + ":" + std::to_string(port) + ": " + why);
+    helper->quit();
+    return;
+  }
+  helper->request(connector, limit, caf::connect_atom::value, host, port)
       .then(
           [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
             helper->send(endpoint, connected_atom::value, nonce, ptr, std::string());
@@ -124,8 +135,8 @@ void connect_privately(endpoint_pointer self, const endpoint_state_ptr& st, std:
                        std::function<void(caf::strong_actor_ptr, const std::string&)> done) {
   const auto nonce = random_u64();
   st->connects[nonce] = std::move(done);
-  self->system().spawn(connect_helper, st->connector, std::move(host), port,
-                       caf::actor_cast<consumer_actor>(self), nonce);
+  self->system().spawn<caf::detached>(connect_helper, st->connector, std::move(host), port,
+                                      caf::actor_cast<consumer_actor>(self), nonce);
 }
 
 // Takes a member endpoint's ranks on, for the leadership this endpoint holds: (token, refusal).

@@ -11,6 +11,7 @@
 
 #include "guard.hpp"
 #include "protocol.hpp"
+#include "tcp_probe.hpp"
 #include "wsync/actors/node.hpp"
 #include "wsync/actors/stop_signals.hpp"
 
@@ -99,8 +100,14 @@ class cluster_system {
   caf::actor_system& get() { return *sys_; }
   bool tls() const { return tls_; }
 
-  /// Connects to the coordinator (blocking: never call from inside an actor).
-  caf::expected<proto::coordinator_actor> connect(const endpoint& where) {
+  /// Connects to the coordinator (blocking: never call from inside an actor). One that takes no
+  /// TCP connection within `limit` is given up then (tcp_probe.hpp), not after the kernel's
+  /// SYN retries.
+  caf::expected<proto::coordinator_actor> connect(
+      const endpoint& where, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+    if (auto why = tcp_answers(where.host, where.port, limit); !why.empty()) {
+      return caf::make_error(caf::sec::cannot_connect_to_node, std::move(why));
+    }
     // CAF 0.17's heartbeat tick drops a connection whose handshake has not come back by then
     // (its last-seen time starts at zero): rare on loopback, less so with TLS across hosts. That
     // failure reads connection_timeout, and is worth another try or two.
