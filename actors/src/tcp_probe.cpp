@@ -22,9 +22,19 @@ std::string tcp_answers(const std::string& host, std::uint16_t port,
   if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc) {
     return "cannot resolve " + host + ": " + ::gai_strerror(rc);
   }
+  auto why = tcp_answers(found, limit);
+  ::freeaddrinfo(found);
+  return why == "no address" ? "no address for " + host : why;
+}
+
+std::string tcp_answers(const addrinfo* found, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  std::string why = "no address for " + host;
-  for (auto* a = found; a; a = a->ai_next) {  // each address the name has, within one limit
+  std::string why = "no address";
+  int untried = 0;
+  for (auto* a = found; a; a = a->ai_next) ++untried;
+  // Each address gets an equal share of the time left, so that a silent first address (a dead
+  // IPv6 route, say) leaves time for the next.
+  for (auto* a = found; a; a = a->ai_next, --untried) {
     const int fd =
         ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
@@ -34,11 +44,13 @@ std::string tcp_answers(const std::string& host, std::uint16_t port,
     int err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
     bool silent = false;
     if (err == EINPROGRESS) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+      const auto now = std::chrono::steady_clock::now();
+      const auto until = now + (deadline - now) / untried;
       pollfd p{fd, POLLOUT, 0};
       int ready = -1;
-      do {
+      do {  // an interrupted wait goes on for what is left of it, not the whole share again
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            until - std::chrono::steady_clock::now());
         ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
       } while (ready < 0 && errno == EINTR);
       socklen_t len = sizeof err;
@@ -57,7 +69,6 @@ std::string tcp_answers(const std::string& host, std::uint16_t port,
                  : std::string(std::strerror(err));
     if (std::chrono::steady_clock::now() >= deadline) break;
   }
-  ::freeaddrinfo(found);
   return why;
 }
 

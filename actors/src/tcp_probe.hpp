@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+struct addrinfo;
+
 namespace wsync {
 
 /// Empty when host:port took a TCP connection within `limit` (closed at once); else why not:
@@ -16,5 +18,9 @@ namespace wsync {
 /// <limit> ms".
 std::string tcp_answers(const std::string& host, std::uint16_t port,
                         std::chrono::milliseconds limit);
+
+/// The same over the addresses of `found` (a getaddrinfo list), tried in order within one
+/// limit, each with an equal share of the time left; "no address" when the list is empty.
+std::string tcp_answers(const addrinfo* found, std::chrono::milliseconds limit);
 
 }  // namespace wsync

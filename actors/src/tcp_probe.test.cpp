@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -86,6 +87,39 @@ TEST(tcp_probe, a_listener_answers_and_a_port_nobody_listens_on_refuses) {
   EXPECT_EQ(tcp_answers("127.0.0.1", shut, 2s), "Connection refused");
   ::close(listener);
   ::close(quiet);
+}
+
+// A name with several addresses, the first ones silent (a dead IPv6 route, say): the last still
+// gets its turn within the limit, where the first used to take all of it.
+TEST(tcp_probe, silent_first_addresses_leave_time_for_the_next) {
+  silent_listener silent;
+  ASSERT_NE(silent.port(), 0);
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in open{};
+  open.sin_family = AF_INET;
+  open.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof open;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&open), n), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&open), &n), 0);
+  sockaddr_in quiet = open;
+  quiet.sin_port = htons(silent.port());
+  addrinfo last{};
+  last.ai_family = AF_INET;
+  last.ai_socktype = SOCK_STREAM;
+  last.ai_addrlen = sizeof open;
+  last.ai_addr = reinterpret_cast<sockaddr*>(&open);
+  addrinfo second = last;
+  second.ai_addr = reinterpret_cast<sockaddr*>(&quiet);
+  second.ai_next = &last;
+  addrinfo first = second;
+  first.ai_next = &second;
+  // Three addresses, 1.5 s: each silent one waits its share (0.5 s), then the last answers. Taking
+  // the whole limit at the first, the probe reached the last only with no time left, if at all.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(tcp_answers(&first, 1500ms), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1400ms);
+  ::close(listener);
 }
 
 // The blocking connect every rank and `wsync status` make first: it used to wait in CAF's

@@ -191,10 +191,11 @@ bool updates_run(point_run& r) {
 }
 
 // GPU modes: the baseline's copy again, each after as long an idle spell as a publish had (the
-// median time from one publish's return to the next one's start: the consumer's import, install
-// and answer). A GPU that sat idle starts slower (the clocks ramp back up); this shows how much
-// of publish_over_d2d is that, against the copy timed back to back. A sleep is not the
-// consumer's work: the GPU idles in both, but the install's copy to host also runs in the gap.
+// median time from a publish's return to the end of its update: the consumer's import, install
+// and answer, and the publisher's bookkeeping; the next publish starts right after). A GPU that sat
+// idle starts slower (the clocks ramp back up); this shows how much of publish_over_d2d is that,
+// against the copy timed back to back. A sleep is not the consumer's work: the GPU idles in both,
+// but the install's copy to host also runs in the gap.
 void d2d_after_idle_measure(point_run& r) {
   if (!r.gpu || !r.d2d_dst || !r.device_source || r.s.total.empty()) return;
   std::vector<double> gaps;
@@ -204,7 +205,10 @@ void d2d_after_idle_measure(point_run& r) {
   for (unsigned k = 0; k < r.repeat; ++k) {
     std::this_thread::sleep_for(std::chrono::duration<double>(r.idle_gap_s));
     double t0 = now_s();
-    if (!gpu::copy_device(r.d2d_dst->data(), r.device_source->data(), r.src_bytes)) return;
+    if (auto c = gpu::copy_device(r.d2d_dst->data(), r.device_source->data(), r.src_bytes); !c) {
+      r.d2d_idle_error = c.error().message;
+      return;
+    }
     times.push_back(now_s() - t0);
   }
   r.d2d_idle_s = median(times);
@@ -303,6 +307,8 @@ bool row_fill(point_run& r, bool ok) {
                                {"idle_s", r.idle_gap_s},
                                {"gbps", gbps(r.src_bytes, *r.d2d_idle_s)}};
       row["publish_over_d2d_after_idle"] = *r.d2d_idle_s > 0 ? publish / *r.d2d_idle_s : 0;
+    } else if (!r.d2d_idle_error.empty()) {
+      row["d2d_after_idle"] = {{"error", r.d2d_idle_error}};
     }
   }
   if (r.nccl) {

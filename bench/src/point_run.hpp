@@ -119,6 +119,7 @@ struct point_run {
   std::optional<gpu::device_buffer> d2d_dst;  ///< gpu modes: where the baseline copies to
   std::optional<double> d2d_idle_s;           ///< the same copy after the gap between publishes
   double idle_gap_s = 0;                      ///< that gap: median of total - publish
+  std::string d2d_idle_error;                 ///< why that copy could not be timed
   std::optional<double> first_import_s;       ///< the first update's import (opens the slot)
 
   std::unique_ptr<transport> t;

@@ -323,9 +323,11 @@ def test_gpu_transports_say_why_they_cannot_run():
         bridge = wsync.make_weight_bridge(name)
         if gpu_here:
             # nccl runs where libnccl loads: the publish goes out to a group that nobody joins
-            # here, and closing the bridge ends that broadcast.
+            # here, and dropping the bridge ends that broadcast (its publisher closes the
+            # transport as it goes; seen on an H200: "cancelled: the transport is closing").
             try:
-                bridge.publish({"w": torch.ones(2)}, weight_version=1)
+                m = bridge.publish({"w": torch.ones(2)}, weight_version=1)
+                assert m.transport == "nccl" and m.weight_version == 1
             except wsync.BlockedError as e:
                 assert re.match(r"^blocked: .*nccl", str(e)), str(e)
             del bridge
