@@ -93,7 +93,7 @@ class cluster_system {
     // next accepted connection; the late cleanup then unmaps that new connection from its node,
     // and every answer to it is dropped for good. Measured here: 17 of 1,920 status calls (12 at
     // once) lost their answer with workers, 0 of 3,840 without; `--mode cluster` commit times
-    // did not change beyond noise (docs/cluster.md, "Limits").
+    // did not change beyond noise (docs/cluster.md, "Failures and what they look like").
     cfg_.set("middleman.workers", size_t{0});
     sys_ = std::make_unique<caf::actor_system>(cfg_);
   }

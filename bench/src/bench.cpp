@@ -2,16 +2,11 @@
 #include "wsync/manifest/checksum.hpp"
 
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -22,14 +17,8 @@
 #include "wsync/bench/rank_process.hpp"
 #include "wsync/bench/timing.hpp"
 #include "wsync/manifest/codec.hpp"
-#include "wsync/runtime/reference_runtime.hpp"
-#include "wsync/runtime/rollout_executor.hpp"
-#include "wsync/sources/layouts.hpp"
-#include "wsync/sources/shard.hpp"
 #include "wsync/transports/gpu.hpp"
-#include "wsync/transports/registry.hpp"
 #include "wsync/transports/shared_memory.hpp"
-#include "wsync/transports/ucx.hpp"
 #include "wsync/transports/weight_publisher.hpp"
 
 namespace wsync {
@@ -192,26 +181,23 @@ bool updates_run(point_run& r) {
 
 // GPU modes: the baseline's copy again, each after as long an idle spell as a publish had (the
 // median time from a publish's return to the end of its update: the consumer's import, install
-// and answer, and the publisher's bookkeeping; the next publish starts right after). A GPU that sat
-// idle starts slower (the clocks ramp back up); this shows how much of publish_over_d2d is that,
-// against the copy timed back to back. A sleep is not the consumer's work: the GPU idles in both,
-// but the install's copy to host also runs in the gap.
-void d2d_after_idle_measure(point_run& r) {
-  if (!r.gpu || !r.d2d_dst || !r.device_source || r.s.total.empty()) return;
+// and answer, and the publisher's bookkeeping; the next publish starts right after). A GPU that
+// sat idle starts slower (the clocks ramp back up); this shows how much of publish_over_d2d is
+// that, against the copy timed back to back. A sleep is not the consumer's work: the GPU idles
+// in both, but the install's copy to host also runs in the gap.
+void d2d_after_idle_add(point_run& r) {
+  if (!r.gpu || !r.d2d_dst || r.s.total.empty()) return;
   std::vector<double> gaps;
   for (std::size_t i = 0; i < r.s.total.size(); ++i) gaps.push_back(r.s.total[i] - r.s.publish[i]);
-  r.idle_gap_s = median(gaps);
-  std::vector<double> times;
-  for (unsigned k = 0; k < r.repeat; ++k) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(r.idle_gap_s));
-    double t0 = now_s();
-    if (auto c = gpu::copy_device(r.d2d_dst->data(), r.device_source->data(), r.src_bytes); !c) {
-      r.d2d_idle_error = c.error().message;
-      return;
-    }
-    times.push_back(now_s() - t0);
+  const double idle_s = median(gaps);
+  auto d2d = d2d_seconds(r, r.repeat, false, idle_s);
+  if (!d2d) {
+    r.row["d2d_after_idle"] = {{"error", d2d.error().message}};
+    return;
   }
-  r.d2d_idle_s = median(times);
+  r.row["d2d_after_idle"] = {
+      {"seconds", *d2d}, {"idle_s", idle_s}, {"gbps", gbps(r.src_bytes, *d2d)}};
+  r.row["publish_over_d2d_after_idle"] = *d2d > 0 ? median(r.s.publish) / *d2d : 0;
 }
 
 // Shutdown: the consumer releases what it still holds, then every segment must be gone.
@@ -302,14 +288,6 @@ bool row_fill(point_run& r, bool ok) {
     row["publish_over_d2d"] = *r.d2d_s > 0 ? publish / *r.d2d_s : 0;
     row["first_import_s"] = r.first_import_s.value_or(0);
     row["checksum"] = "xxh3-64-chunked";
-    if (r.d2d_idle_s) {
-      row["d2d_after_idle"] = {{"seconds", *r.d2d_idle_s},
-                               {"idle_s", r.idle_gap_s},
-                               {"gbps", gbps(r.src_bytes, *r.d2d_idle_s)}};
-      row["publish_over_d2d_after_idle"] = *r.d2d_idle_s > 0 ? publish / *r.d2d_idle_s : 0;
-    } else if (!r.d2d_idle_error.empty()) {
-      row["d2d_after_idle"] = {{"error", r.d2d_idle_error}};
-    }
   }
   if (r.nccl) {
     // No staging buffers: the sender broadcasts from the slot, the consumer receives into a
@@ -387,7 +365,7 @@ int bench_one(const bench_options& opt, std::ostream& out) {
   if (auto stop = publisher_start(r)) return row_finish(r, stop->status, stop->why);
   bool ok = updates_run(r);
   ok = run_shutdown(r, ok);
-  if (ok) d2d_after_idle_measure(r);
+  if (ok) d2d_after_idle_add(r);
   ok = row_fill(r, ok);
   if (ok) return row_finish(r, "pass", "");
   // A baseline this machine cannot measure (no ucx_perftest) blocks the row, not fails it.

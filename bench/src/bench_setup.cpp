@@ -4,17 +4,16 @@
 
 #include <sys/socket.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "point_run.hpp"
 #include "wsync/bench/timing.hpp"
 #include "wsync/sources/shard.hpp"
-#include "wsync/transports/shared_memory.hpp"
 #include "wsync/transports/ucx.hpp"
 
 namespace wsync::bench_detail {
@@ -215,22 +214,29 @@ std::optional<run_stop> device_source_fill(point_run& r) {
   if (auto up = src->upload(r.source->data(), r.src_bytes); !up) return failed(up.error().message);
   auto dst = gpu::device_buffer::make(r.src_bytes);
   if (!dst) return failed(dst.error().message);
-  std::vector<double> times;
-  for (unsigned k = 0; k <= r.repeat; ++k) {  // the first is a warm-up
-    double t0 = now_s();
-    if (auto c = gpu::copy_device(dst->data(), src->data(), r.src_bytes); !c) {
-      return failed(c.error().message);
-    }
-    if (k > 0) times.push_back(now_s() - t0);
-  }
-  r.d2d_s = median(times);
-  r.d2d_dst = std::move(*dst);
   for (auto& t : r.tensors) {
     t.data = static_cast<const std::byte*>(src->data()) + (t.data - r.source->data());
     t.cuda_device = 0;
   }
   r.device_source = std::move(*src);
+  r.d2d_dst = std::move(*dst);
+  auto d2d = d2d_seconds(r, r.repeat, true, 0.0);
+  if (!d2d) return failed(d2d.error().message);
+  r.d2d_s = *d2d;
   return std::nullopt;
+}
+
+result<double> d2d_seconds(point_run& r, unsigned rounds, bool warm_up, double idle_s) {
+  std::vector<double> times;
+  for (unsigned k = warm_up ? 0 : 1; k <= rounds; ++k) {
+    if (idle_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
+    double t0 = now_s();
+    if (auto c = gpu::copy_device(r.d2d_dst->data(), r.device_source->data(), r.src_bytes); !c) {
+      return c.error();
+    }
+    if (k > 0) times.push_back(now_s() - t0);
+  }
+  return median(times);
 }
 
 // The transport, its publisher and, in local mode, the consumer beside it.

@@ -117,9 +117,6 @@ struct point_run {
   copy_baselines copy;
   std::optional<double> d2d_s;  ///< gpu modes: cudaMemcpy device-to-device of the source
   std::optional<gpu::device_buffer> d2d_dst;  ///< gpu modes: where the baseline copies to
-  std::optional<double> d2d_idle_s;           ///< the same copy after the gap between publishes
-  double idle_gap_s = 0;                      ///< that gap: median of total - publish
-  std::string d2d_idle_error;                 ///< why that copy could not be timed
   std::optional<double> first_import_s;       ///< the first update's import (opens the slot)
 
   std::unique_ptr<transport> t;
@@ -143,5 +140,9 @@ std::optional<run_stop> consumer_start(point_run& r);
 void source_fill(point_run& r);
 std::optional<run_stop> device_source_fill(point_run& r);
 std::optional<run_stop> publisher_start(point_run& r);
+
+/// GPU modes: the median time of `rounds` copies of the device source into the baseline's
+/// buffer, each after `idle_s` of sleep; `warm_up`: one untimed copy first.
+result<double> d2d_seconds(point_run& r, unsigned rounds, bool warm_up, double idle_s);
 
 }  // namespace wsync::bench_detail

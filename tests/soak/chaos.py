@@ -234,14 +234,18 @@ class Cluster:
         self.log.close()
 
 
+def consumer_entry(status, rank):
+    """The status table's row of consumer `rank`, or None while it is not joined."""
+    return next((r for r in status.get("ranks", [])
+                 if r.get("role") == "consumer" and r.get("rank") == rank), None)
+
+
 def recovered(status, fault):
     kind, _, committed, rank = fault
     if rank is None:
         return status.get("committed_version", 0) > committed
-    for r in status.get("ranks", []):
-        if r.get("role") == "consumer" and r.get("rank") == rank:
-            return (r.get("active_weight_version") or 0) > committed
-    return False
+    entry = consumer_entry(status, rank)
+    return entry is not None and (entry.get("active_weight_version") or 0) > committed
 
 
 def drive(args):
@@ -308,8 +312,7 @@ def run_cluster(args, c, work, rng):
         for p in pending:
             seen = timelines.setdefault(id(p), [])
             if s and p[3] is not None:  # what the coordinator shows of the rank: when it changes
-                entry = next((r for r in s.get("ranks", []) if r.get("role") == "consumer"
-                              and r.get("rank") == p[3]), None)
+                entry = consumer_entry(s, p[3])
                 view = ("joined" if entry else "absent",
                         (entry or {}).get("active_weight_version"), s.get("committed_version"))
                 if not seen or seen[-1][1:3] != view[:2]:
