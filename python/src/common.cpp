@@ -13,18 +13,28 @@
 namespace wsync::py {
 
 namespace {
+
 std::atomic<unsigned long> main_thread_ident{0};
+
+// Never returns in a thread other than the main one while the interpreter shuts down: taking the
+// GIL there would end the thread inside a noexcept frame (an abort). The exiting process ends
+// it. Called right before taking the GIL back (gil_released, gil_taken).
+void park_if_exiting() {
+  if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident.load()) {
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+// Ctrl-C or sys.exit() raised inside a Python callback: kept and raised by the call that made it.
+bool is_interrupt(pyb::error_already_set& e) {
+  return e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit);
+}
+
 }  // namespace
 
 void main_thread_remember() {
   main_thread_ident =
       pyb::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
-}
-
-void park_if_exiting() {
-  if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident.load()) {
-    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
 }
 
 gil_released::gil_released() : state_(PyEval_SaveThread()) {}
@@ -317,7 +327,7 @@ result<void> python_adapter::stage(std::span<const imported_update* const> shard
       }
     } catch (pyb::error_already_set& e) {
       if (asked) discard(id);
-      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) {
+      if (is_interrupt(e)) {
         interrupt_.emplace(std::move(e));
         return make_error(errc::install_failed, "install interrupted (" + std::string(id) + ")");
       }
@@ -354,7 +364,7 @@ void python_adapter::activate(const update_id& id) noexcept {
   } catch (pyb::error_already_set& e) {
     // A custom installer's activate is Python: a Ctrl-C may stop it. The executor has switched
     // already; the interrupt is raised once update_weights returns, never swallowed.
-    if ((e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) && !interrupt_) {
+    if (is_interrupt(e) && !interrupt_) {
       log_error("activate of " + std::string(id) +
                 " was interrupted: the installer's switch may be incomplete");
       interrupt_.emplace(std::move(e));
@@ -377,7 +387,7 @@ void python_adapter::discard(const update_id& id) noexcept {
       target_.attr("discard")(id);
       return;
     } catch (pyb::error_already_set& e) {
-      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) {
+      if (is_interrupt(e)) {
         if (!interrupt_) interrupt_.emplace(std::move(e));
         continue;
       }
@@ -406,7 +416,7 @@ bool python_adapter::deactivate() noexcept {
   } catch (pyb::error_already_set& e) {
     // A Ctrl-C in a custom installer's deactivate: kept, raised once release_weights returns
     // (its weights stay as they were; the views' leases keep the memory they point into).
-    if ((e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) && !interrupt_) {
+    if (is_interrupt(e) && !interrupt_) {
       interrupt_.emplace(std::move(e));
       return false;
     }

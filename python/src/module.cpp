@@ -192,11 +192,7 @@ class executor_handle {
     return executor_.active_weight_version();
   }
   std::vector<update_id> release_active() {
-    std::vector<update_id> released;
-    {
-      gil_released unlocked;
-      released = executor_.release_active();
-    }
+    auto released = without_gil([&] { return executor_.release_active(); });
     adapter_.take_interrupt();  // Ctrl-C in a custom installer's deactivate: raised now
     return released;
   }

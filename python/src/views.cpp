@@ -7,9 +7,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <vector>
 
+#include "common.hpp"
 #include "wsync/transports/forwarding.hpp"
 
 namespace wsync::py {
@@ -127,11 +129,9 @@ view_lease::~view_lease() {
 #endif
   const bool holds = Py_IsInitialized() && !finalizing && current != nullptr &&
                      PyGILState_GetThisThreadState() == current && PyGILState_Check();
-  PyThreadState* saved = holds ? PyEval_SaveThread() : nullptr;
+  std::optional<gil_released> unlocked;  // parks if the shutdown starts during the release
+  if (holds) unlocked.emplace();
   for (auto& f : run) f();  // outside the lock: a release may take a while
-  if (!saved) return;
-  park_if_exiting();  // the shutdown may have started during the release
-  PyEval_RestoreThread(saved);
 }
 
 bool release_when_unviewed(const update_id& id, std::function<void()> release) {

@@ -20,10 +20,6 @@ namespace wsync::py {
 
 /// Whether the interpreter is shutting down (no thread may take the GIL again).
 bool interpreter_finalizing();
-/// Never returns in a thread other than the main one while the interpreter shuts down: taking
-/// the GIL there would end the thread inside a noexcept frame (an abort). The exiting process
-/// ends it. Call right before taking the GIL back (gil_released, gil_taken).
-void park_if_exiting();
 
 /// Keeps the releases of one update waiting while it exists.
 class view_lease {

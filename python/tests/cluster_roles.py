@@ -58,7 +58,7 @@ def logits_of(model: torch.nn.Module) -> torch.Tensor:
 
 def weights_of(model: torch.nn.Module) -> dict:
     """A host copy of every tensor of the model's state."""
-    return {k: t.detach().cpu().clone() for k, t in model.state_dict().items()}
+    return {k: t.detach().to("cpu", copy=True) for k, t in model.state_dict().items()}
 
 
 def wait_for(path: str, limit: float = 120.0) -> None:
