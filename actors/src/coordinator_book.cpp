@@ -17,7 +17,7 @@ void tally_add(update_record::tally& t, const rank_progress& p, int sign) {
   };
   add(t.unanswered, !answered(p.state));
   add(t.acknowledged, p.acknowledged);
-  add(t.holding, holds(p.state) || p.may_hold);
+  add(t.holding, may_read(p));
 }
 
 // A new entry for `rank` in `u`'s table (replacing any older one), pending since `now`.
@@ -568,7 +568,7 @@ std::vector<std::int32_t> coordinator_book::holders(const std::string& key) cons
   std::vector<std::int32_t> out;
   if (const auto* u = find(key)) {
     for (const auto& [r, p] : u->consumers) {
-      if (holds(p.state) || (p.state == rank_state::failed && p.may_hold)) out.push_back(r);
+      if (may_read(p)) out.push_back(r);
     }
   }
   return out;

@@ -287,6 +287,25 @@ TEST_F(book_test, a_late_or_restarted_consumer_catches_up_on_the_latest_committe
   EXPECT_EQ(again->back().ranks, std::vector<std::int32_t>{10});
 }
 
+// The ranks named as still reading an update are the ones the book waits for: a rank that came
+// back saying it holds a version it had released counts in both.
+TEST_F(book_test, holders_are_the_ranks_the_memory_waits_for) {
+  publish_both(1);
+  ack_all("m@1");
+  ASSERT_TRUE(book_.released("m@1", 10, now_));
+  EXPECT_EQ(book_.holders("m@1"), (std::vector<std::int32_t>{11, 12, 13}));
+  (void)book_.leave(10, rank_role::consumer, "link lost", now_);
+  auto back = info(10, rank_role::consumer);
+  back.active_weight_version = 1;
+  back.held = {"m@1"};
+  ASSERT_TRUE(book_.join(back, now_));
+  ASSERT_TRUE(book_.find("m@1")->consumers.at(10).may_hold);
+  EXPECT_EQ(book_.holders("m@1"), (std::vector<std::int32_t>{10, 11, 12, 13}));
+  for (int r : {11, 12, 13}) ASSERT_TRUE(book_.released("m@1", r, now_));
+  EXPECT_FALSE(book_.find("m@1")->publishers_released) << "rank 10 still reads it";
+  EXPECT_EQ(book_.holders("m@1"), (std::vector<std::int32_t>{10}));
+}
+
 // A rank whose link went (or that was stopped) comes back still serving m@2: the book had
 // counted it as holding nothing when it left, and would have given m@2's memory back to the
 // publishers under it. It holds m@2 again until it lets go, and gets no catch-up of the version

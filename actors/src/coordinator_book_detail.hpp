@@ -29,6 +29,12 @@ inline bool holds(rank_state s) {
   return s != rank_state::released && s != rank_state::failed && s != rank_state::waiting;
 }
 
+// Whether the rank of entry `p` may still read the update's memory: by its state, or because it
+// said so when it came back (may_hold). What the publishers' memory waits for.
+inline bool may_read(const rank_progress& p) {
+  return holds(p.state) || p.may_hold;
+}
+
 // A rank the deadline failed while it was joined (fail_silent), answering late: a catch-up of a
 // committed version, or an update that finished without it (committed, or aborted because nobody
 // acknowledged in time). The rank's answer stands, as it would have in time: an acknowledgement

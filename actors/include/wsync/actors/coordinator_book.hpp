@@ -94,7 +94,7 @@ struct update_record {
   struct tally {
     std::size_t unanswered = 0;    ///< pending or importing
     std::size_t acknowledged = 0;  ///< acknowledged at some point
-    std::size_t holding = 0;       ///< neither released nor failed, or failed but may_hold
+    std::size_t holding = 0;       ///< ranks that may still read it (book_detail::may_read)
   } counts;
 };
 
